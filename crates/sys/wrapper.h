@@ -1,0 +1,4 @@
+/* The rdma-core headers rdmx binds. */
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
