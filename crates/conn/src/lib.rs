@@ -1,0 +1,58 @@
+//! Safe wrappers over rdmacm and verbs for rdmx.
+//!
+//! - [`AddrInfo`]: `rdma_getaddrinfo` for either side, from `"host:port"` or a `SocketAddr`.
+//! - [`Listener`] → [`ConnectionRequest`] → [`ConnectionRequest::accept`] / `reject`, and
+//!   [`connect`]: rdmacm connections, each on its own event channel so every wait has a deadline.
+//! - [`ProtectionDomain`], [`CompletionQueue`] (with an optional completion channel and the
+//!   classic arm/re-poll/sleep loop in [`CompletionQueue::wait`]), [`SharedReceiveQueue`]:
+//!   many connections of one worker share one of each, through [`QpConfig`].
+//! - [`RegisteredBuf`]: registered memory with exclusive ownership; posting moves a buffer into
+//!   the CQ's table of pending work and its [`Completion`] hands it back, so the NIC never touches
+//!   memory the user can reach, free or reuse.
+//!
+//! Teardown order is enforced by ownership: a connection holds its PD, CQ and SRQ; an SRQ holds
+//! its PD and CQ; a buffer holds its region, and a region its PD. So a QP is always destroyed
+//! before its CQ and SRQ, and an MR before its PD, whatever order the user drops things in.
+//!
+//! Every failure is an [`Error`] naming the call, its errno and what it means.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use rdmx_conn::*;
+//!
+//! # fn main() -> Result<()> {
+//! let listener = Listener::bind(&AddrInfo::resolve("192.0.2.1:7471", Side::Passive)?, 16)?;
+//! let device = listener.device().expect("bound to a device address");
+//! let pd = ProtectionDomain::new(&device)?;
+//! let cq = CompletionQueue::new(&device, 256, true)?;
+//! let srq = SharedReceiveQueue::new(&pd, &cq, 128)?;
+//! for buf in pd.register_chunks(4096, 128, Access::LOCAL_WRITE)? {
+//!     srq.post_recv(buf, 0).map_err(|(e, _)| e)?;
+//! }
+//! let request = listener.get_request(Some(Duration::from_secs(10)))?.expect("a client");
+//! let conn = request.accept(&QpConfig::new(&pd, &cq, Some(&srq)), b"welcome", Duration::from_secs(5))?;
+//! let mut done = Vec::new();
+//! cq.wait(&mut done, 16, Some(Duration::from_secs(5)))?;
+//! # drop(conn);
+//! # Ok(())
+//! # }
+//! ```
+
+mod addr;
+mod cm;
+mod cq;
+mod device;
+mod error;
+mod memory;
+mod srq;
+
+pub use addr::{split_host_port, AddrInfo, Side};
+pub use cm::{
+    connect, CmEvent, CmEventKind, Connection, ConnectionRequest, Listener, QpConfig, MAX_ACCEPT_PRIVATE_DATA,
+    MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
+};
+pub use cq::{Completion, CompletionQueue, WcStatus, WorkKind};
+pub use device::{Device, DeviceLimits, PortInfo};
+pub use error::{Error, Result};
+pub use memory::{Access, ProtectionDomain, RegisteredBuf, RemoteBuf};
+pub use srq::SharedReceiveQueue;

@@ -1,0 +1,304 @@
+//! Protection domains and registered memory.
+//!
+//! Registered memory is handed out as [`RegisteredBuf`]s: each one owns a disjoint byte range of
+//! a region, the way a `Vec<u8>` owns its bytes. Posting work moves the buffer into the
+//! completion queue's table of pending work; the completion hands it back. So while the NIC may
+//! write a buffer (a receive, or the target of an RDMA READ) nobody else can reach it, and while
+//! the user holds it the NIC is not using it. A region's memory is freed only after the region is
+//! deregistered, which happens only when no buffer of it is left anywhere — in user hands or in
+//! flight — so the NIC can never touch freed memory, even if a buffer is `mem::forget`-ed (that
+//! leaks the region instead).
+//!
+//! The safe API never grants `REMOTE_WRITE`: a peer writing into memory the user can hold a
+//! `&[u8]` to would be a data race. `REMOTE_READ` is granted only when asked for.
+
+use std::alloc::{self, Layout};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use rdmx_sys as sys;
+
+use crate::device::Device;
+use crate::{Error, Result};
+
+pub(crate) struct PdInner {
+    pub(crate) pd: *mut sys::ibv_pd,
+    pub(crate) device: Device,
+}
+
+// SAFETY: a PD is a kernel object handle; verbs calls that take it are thread-safe.
+unsafe impl Send for PdInner {}
+// SAFETY: as above.
+unsafe impl Sync for PdInner {}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        // SAFETY: every MR, SRQ and QP of this PD holds an Arc<PdInner>, so all are gone by now.
+        let ret = unsafe { sys::ibv_dealloc_pd(self.pd) };
+        if ret != 0 {
+            log::error!("ibv_dealloc_pd on {} failed: {}", self.device.name(), std::io::Error::from_raw_os_error(ret));
+        }
+    }
+}
+
+/// A protection domain on one device. Cheap to clone; the PD is deallocated when the last clone
+/// and the last object made from it (memory region, SRQ, connection) are gone.
+#[derive(Clone)]
+pub struct ProtectionDomain {
+    pub(crate) inner: Arc<PdInner>,
+}
+
+/// Access rights of a memory region. Local read is always allowed; remote write is never
+/// offered by the safe API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Access {
+    /// The NIC may write the region: needed for receive buffers and RDMA READ targets.
+    pub local_write: bool,
+    /// Peers holding the region's rkey may RDMA READ it.
+    pub remote_read: bool,
+}
+
+impl Access {
+    /// Send sources only: the NIC reads, nobody writes, no peer access.
+    pub const SEND: Access = Access { local_write: false, remote_read: false };
+    /// Receive buffers and RDMA READ targets: the NIC writes locally.
+    pub const LOCAL_WRITE: Access = Access { local_write: true, remote_read: false };
+    /// Rendezvous sources: peers may RDMA READ with the rkey.
+    pub const REMOTE_READ: Access = Access { local_write: false, remote_read: true };
+
+    fn verbs_flags(self) -> u32 {
+        let mut flags = 0;
+        if self.local_write {
+            flags |= sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        }
+        if self.remote_read {
+            flags |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+        }
+        flags
+    }
+}
+
+impl ProtectionDomain {
+    /// Allocates a protection domain on `device`.
+    pub fn new(device: &Device) -> Result<Self> {
+        // SAFETY: the device's context is open while `device` lives, and the PD keeps a clone.
+        let pd = unsafe { sys::ibv_alloc_pd(device.context()) };
+        if pd.is_null() {
+            return Err(Error::last_os("ibv_alloc_pd", format!("cannot allocate a protection domain on {}", device.name())));
+        }
+        Ok(ProtectionDomain { inner: Arc::new(PdInner { pd, device: device.clone() }) })
+    }
+
+    /// The device this PD belongs to.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// Registers a new zeroed region of `len` bytes and returns it as one buffer.
+    pub fn register(&self, len: usize, access: Access) -> Result<RegisteredBuf> {
+        let region = Region::new(self, len, access)?;
+        Ok(RegisteredBuf { offset: 0, len, region })
+    }
+
+    /// Registers a region of the given contents (copied into registered memory).
+    pub fn register_from(&self, data: &[u8], access: Access) -> Result<RegisteredBuf> {
+        let mut buf = self.register(data.len(), access)?;
+        buf.copy_from_slice(data);
+        Ok(buf)
+    }
+
+    /// Registers one region of `count * chunk_len` bytes and splits it into `count` buffers of
+    /// `chunk_len` bytes: one registration for a whole pool of send or receive buffers.
+    pub fn register_chunks(&self, chunk_len: usize, count: usize, access: Access) -> Result<Vec<RegisteredBuf>> {
+        let total = chunk_len
+            .checked_mul(count)
+            .ok_or_else(|| Error::invalid("ibv_reg_mr", format!("{count} chunks of {chunk_len} bytes overflow")))?;
+        if chunk_len == 0 {
+            return Err(Error::invalid("ibv_reg_mr", "chunks must be at least one byte long"));
+        }
+        let mut rest = self.register(total, access)?;
+        let mut chunks = Vec::with_capacity(count);
+        for _ in 1..count {
+            let tail = rest.split_off(chunk_len);
+            chunks.push(rest);
+            rest = tail;
+        }
+        chunks.push(rest);
+        Ok(chunks)
+    }
+}
+
+/// One registered region: memory allocated here, registered with `ibv_reg_mr`.
+pub(crate) struct Region {
+    mr: *mut sys::ibv_mr,
+    base: NonNull<u8>,
+    layout: Layout,
+    access: Access,
+    pd: ProtectionDomain,
+}
+
+// SAFETY: the region's memory is only reached through RegisteredBufs that own disjoint ranges
+// (or by the NIC while a buffer is in flight); the MR handle itself is thread-safe.
+unsafe impl Send for Region {}
+// SAFETY: shared references to Region only read immutable fields (keys, base address).
+unsafe impl Sync for Region {}
+
+impl Region {
+    fn new(pd: &ProtectionDomain, len: usize, access: Access) -> Result<Arc<Region>> {
+        // Page alignment keeps registrations from sharing pages with unrelated heap data.
+        let layout = Layout::from_size_align(len.max(1), 4096)
+            .map_err(|_| Error::invalid("ibv_reg_mr", format!("a region of {len} bytes is too large")))?;
+        // SAFETY: layout has a non-zero size.
+        let base = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(base) = NonNull::new(base) else {
+            return Err(Error::new("ibv_reg_mr", libc::ENOMEM, format!("cannot allocate {len} bytes to register")));
+        };
+        // SAFETY: base points to layout.size() bytes that stay allocated until after the MR is
+        // deregistered (Region::drop deregisters first, then frees).
+        let mr = unsafe {
+            sys::__ibv_reg_mr(pd.inner.pd, base.as_ptr().cast(), layout.size(), access.verbs_flags(), 1)
+        };
+        if mr.is_null() {
+            let err = Error::last_os(
+                "ibv_reg_mr",
+                format!("cannot register {len} bytes on {} (locked-memory limit? see `ulimit -l`)", pd.device().name()),
+            );
+            // SAFETY: base was allocated above with this layout and never registered.
+            unsafe { alloc::dealloc(base.as_ptr(), layout) };
+            return Err(err);
+        }
+        Ok(Arc::new(Region { mr, base, layout, access, pd: pd.clone() }))
+    }
+
+    fn lkey(&self) -> u32 {
+        // SAFETY: mr is valid until drop.
+        unsafe { (*self.mr).lkey }
+    }
+
+    fn rkey(&self) -> u32 {
+        // SAFETY: mr is valid until drop.
+        unsafe { (*self.mr).rkey }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: no RegisteredBuf of this region exists any more (each holds an Arc), so no work
+        // using it is posted: deregister, then free the memory.
+        let ret = unsafe { sys::ibv_dereg_mr(self.mr) };
+        if ret != 0 {
+            // The NIC may still map this memory: leaking it is the only safe choice.
+            log::error!("ibv_dereg_mr failed ({}); leaking {} bytes", std::io::Error::from_raw_os_error(ret), self.layout.size());
+            return;
+        }
+        // SAFETY: base was allocated with layout in Region::new and is freed once, here.
+        unsafe { alloc::dealloc(self.base.as_ptr(), self.layout) };
+    }
+}
+
+/// Exclusive ownership of a byte range of registered memory. Derefs to `[u8]`.
+///
+/// Buffers are moved into posted work and handed back by its [`crate::Completion`].
+pub struct RegisteredBuf {
+    region: Arc<Region>,
+    offset: usize,
+    len: usize,
+}
+
+/// What a peer needs to RDMA READ a buffer: its address, length and rkey.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RemoteBuf {
+    /// Virtual address of the first byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// The region's rkey.
+    pub rkey: u32,
+}
+
+impl RegisteredBuf {
+    /// The local key for scatter/gather entries.
+    pub fn lkey(&self) -> u32 {
+        self.region.lkey()
+    }
+
+    /// The address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.as_ptr() as u64
+    }
+
+    /// The access rights of the region this buffer belongs to.
+    pub fn access(&self) -> Access {
+        self.region.access
+    }
+
+    /// The protection domain this buffer is registered in.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.region.pd
+    }
+
+    /// The address, length and rkey a peer uses to RDMA READ this buffer, or `None` when the
+    /// region was not registered with [`Access::remote_read`].
+    pub fn remote(&self) -> Option<RemoteBuf> {
+        if !self.region.access.remote_read {
+            return None;
+        }
+        Some(RemoteBuf { addr: self.addr(), len: u32::try_from(self.len).ok()?, rkey: self.region.rkey() })
+    }
+
+    /// Splits the buffer in two at `at`: `self` keeps `[0, at)`, the result owns `[at, len)`.
+    ///
+    /// # Panics
+    /// When `at > len`, as `Vec::split_off` does.
+    pub fn split_off(&mut self, at: usize) -> RegisteredBuf {
+        assert!(at <= self.len, "split_off at {at} past the end of a {}-byte buffer", self.len);
+        let tail = RegisteredBuf { region: self.region.clone(), offset: self.offset + at, len: self.len - at };
+        self.len = at;
+        tail
+    }
+
+    /// Joins `next` back onto the end of `self` when it is the adjacent range of the same
+    /// region; otherwise gives `next` back.
+    pub fn unsplit(&mut self, next: RegisteredBuf) -> Result<(), RegisteredBuf> {
+        if Arc::ptr_eq(&self.region, &next.region) && self.offset + self.len == next.offset {
+            self.len += next.len;
+            Ok(())
+        } else {
+            Err(next)
+        }
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        // SAFETY: offset <= region size, so the result stays inside (or one past) the allocation.
+        unsafe { self.region.base.as_ptr().add(self.offset) }
+    }
+
+    /// A scatter/gather entry covering the first `len` bytes.
+    pub(crate) fn sge(&self, len: usize) -> sys::ibv_sge {
+        debug_assert!(len <= self.len);
+        sys::ibv_sge { addr: self.addr(), length: len as u32, lkey: self.lkey() }
+    }
+}
+
+impl Deref for RegisteredBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: this buffer exclusively owns [offset, offset+len) of the live region, and the
+        // NIC is not writing it (it is not posted while the user can reach it).
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for RegisteredBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for deref; &mut self guarantees no other reference to this range.
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for RegisteredBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegisteredBuf").field("addr", &format_args!("{:#x}", self.addr())).field("len", &self.len).finish()
+    }
+}
