@@ -28,7 +28,7 @@ fn main() {
         // `ibv_reg_mr` (-> `__ibv_reg_mr`) and `ibv_query_port` (-> `___ibv_query_port`).
         .allowlist_function("_*ibv_.*|rdma_.*")
         .allowlist_type("ibv_.*|rdma_.*")
-        .allowlist_var("IBV_.*|RDMA_.*")
+        .allowlist_var("IBV_.*|RDMA_.*|RAI_.*")
         // C enums read back from the kernel or the NIC may hold values newer than these headers;
         // newtype enums make any value representable, so no read is undefined behaviour.
         .default_enum_style(bindgen::EnumVariation::NewType { is_bitfield: false, is_global: false })

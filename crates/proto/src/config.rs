@@ -1,0 +1,205 @@
+//! Engine configuration, with `RDMX_EAGER_THRESHOLD` parsing.
+
+use crate::wire::{HEADER_LEN, MAX_CTRL_FRAME};
+use crate::Error;
+
+/// Environment variable holding the eager/rendezvous threshold in bytes.
+pub const EAGER_THRESHOLD_VAR: &str = "RDMX_EAGER_THRESHOLD";
+/// Largest accepted eager threshold (1 MiB).
+pub const MAX_EAGER_THRESHOLD: u64 = 1 << 20;
+/// Default receive (SRQ) buffer size: 8 KiB.
+pub const DEFAULT_RECV_BUF_SIZE: u32 = 8192;
+/// Default eager threshold: the largest payload that fits a default receive buffer
+/// together with the header (8192 − 40 = 8152 bytes).
+pub const DEFAULT_EAGER_THRESHOLD: u64 = DEFAULT_RECV_BUF_SIZE as u64 - HEADER_LEN as u64;
+/// Smallest allowed per-connection credit count (the flow-control scheme needs ≥ 4).
+pub const MIN_CREDITS: u16 = 4;
+
+/// Engine configuration. Build with [`Config::builder`] or [`ConfigBuilder::from_env`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Largest payload (bytes) sent eagerly; larger messages use rendezvous. The value
+    /// actually used per connection is also capped by the peer's receive buffer size.
+    pub eager_threshold: u64,
+    /// Size of each local SRQ receive buffer (advertised to peers in the handshake).
+    pub recv_buf_size: u32,
+    /// Number of receive buffers in the local SRQ, shared by all connections.
+    pub srq_depth: u32,
+    /// Credits (frames in flight) granted to each peer; at most `srq_depth / credits`
+    /// connections are admitted.
+    pub credits: u16,
+    /// Largest single RDMA READ issued by the rendezvous receiver.
+    pub rndv_chunk_size: u64,
+    /// Maximum RDMA READs outstanding per rendezvous receive.
+    pub max_reads_in_flight: u32,
+    /// How long (ns) a failed connection's in-flight READs may take to be reported before
+    /// the requests that issued them are completed anyway.
+    pub drain_timeout_ns: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            eager_threshold: DEFAULT_EAGER_THRESHOLD,
+            recv_buf_size: DEFAULT_RECV_BUF_SIZE,
+            srq_depth: 4096,
+            credits: 64,
+            rndv_chunk_size: 256 * 1024,
+            max_reads_in_flight: 4,
+            drain_timeout_ns: 1_000_000_000,
+        }
+    }
+}
+
+impl Config {
+    /// A builder starting from the defaults (the environment is not read).
+    pub fn builder() -> ConfigBuilder {
+        ConfigBuilder {
+            cfg: Config::default(),
+        }
+    }
+}
+
+/// Builder for [`Config`]; programmatic setters override values read from the environment.
+#[derive(Debug, Clone)]
+pub struct ConfigBuilder {
+    cfg: Config,
+}
+
+fn invalid(var: &'static str, value: &str, reason: impl Into<String>, min: u64, max: u64) -> Error {
+    Error::InvalidConfig {
+        var,
+        value: value.to_string(),
+        reason: reason.into(),
+        min,
+        max,
+    }
+}
+
+/// Parses a byte size: a decimal integer with an optional `k`, `K`, `KiB`, `m`, `M` or
+/// `MiB` suffix (binary multiples), checked against `min..=max`.
+pub fn parse_size(var: &'static str, value: &str, min: u64, max: u64) -> Result<u64, Error> {
+    let t = value.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, suffix) = t.split_at(split);
+    if digits.is_empty() {
+        return Err(invalid(var, value, "not a number", min, max));
+    }
+    let mult: u64 = match suffix {
+        "" => 1,
+        "k" | "K" | "KiB" => 1024,
+        "m" | "M" | "MiB" => 1024 * 1024,
+        _ => {
+            return Err(invalid(
+                var,
+                value,
+                format!("unknown suffix {suffix:?}"),
+                min,
+                max,
+            ))
+        }
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| invalid(var, value, "number too large", min, max))?;
+    let v = n
+        .checked_mul(mult)
+        .ok_or_else(|| invalid(var, value, "number too large", min, max))?;
+    if v < min || v > max {
+        return Err(invalid(var, value, "out of range", min, max));
+    }
+    Ok(v)
+}
+
+impl ConfigBuilder {
+    /// Defaults overridden by the process environment (`RDMX_EAGER_THRESHOLD`).
+    pub fn from_env() -> Result<Self, Error> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Defaults overridden by variables found through `lookup` (testable without touching
+    /// the process environment). An unset variable keeps the default; a set but invalid
+    /// one is an error naming the variable, the value and the allowed range.
+    pub fn from_lookup<F: Fn(&str) -> Option<String>>(lookup: F) -> Result<Self, Error> {
+        let mut b = Config::builder();
+        if let Some(v) = lookup(EAGER_THRESHOLD_VAR) {
+            b.cfg.eager_threshold = parse_size(EAGER_THRESHOLD_VAR, &v, 0, MAX_EAGER_THRESHOLD)?;
+        }
+        Ok(b)
+    }
+
+    /// Overrides the eager threshold (bytes).
+    pub fn eager_threshold(mut self, bytes: u64) -> Self {
+        self.cfg.eager_threshold = bytes;
+        self
+    }
+    /// Overrides the receive buffer size.
+    pub fn recv_buf_size(mut self, bytes: u32) -> Self {
+        self.cfg.recv_buf_size = bytes;
+        self
+    }
+    /// Overrides the SRQ depth.
+    pub fn srq_depth(mut self, n: u32) -> Self {
+        self.cfg.srq_depth = n;
+        self
+    }
+    /// Overrides the per-connection credits.
+    pub fn credits(mut self, n: u16) -> Self {
+        self.cfg.credits = n;
+        self
+    }
+    /// Overrides the rendezvous READ chunk size.
+    pub fn rndv_chunk_size(mut self, bytes: u64) -> Self {
+        self.cfg.rndv_chunk_size = bytes;
+        self
+    }
+    /// Overrides the number of READs in flight per rendezvous receive.
+    pub fn max_reads_in_flight(mut self, n: u32) -> Self {
+        self.cfg.max_reads_in_flight = n;
+        self
+    }
+    /// Overrides the drain timeout (nanoseconds).
+    pub fn drain_timeout_ns(mut self, ns: u64) -> Self {
+        self.cfg.drain_timeout_ns = ns;
+        self
+    }
+
+    /// Validates and returns the configuration.
+    pub fn build(self) -> Result<Config, Error> {
+        let c = self.cfg;
+        let chk = |var: &'static str, v: u64, min: u64, max: u64| {
+            if v < min || v > max {
+                Err(invalid(var, &v.to_string(), "out of range", min, max))
+            } else {
+                Ok(())
+            }
+        };
+        chk("eager_threshold", c.eager_threshold, 0, MAX_EAGER_THRESHOLD)?;
+        chk(
+            "recv_buf_size",
+            c.recv_buf_size.into(),
+            MAX_CTRL_FRAME as u64,
+            u32::MAX as u64,
+        )?;
+        chk(
+            "credits",
+            c.credits.into(),
+            MIN_CREDITS.into(),
+            u16::MAX.into(),
+        )?;
+        chk(
+            "srq_depth",
+            c.srq_depth.into(),
+            c.credits.into(),
+            u32::MAX.into(),
+        )?;
+        chk("rndv_chunk_size", c.rndv_chunk_size, 1, u32::MAX as u64)?;
+        chk(
+            "max_reads_in_flight",
+            c.max_reads_in_flight.into(),
+            1,
+            1 << 16,
+        )?;
+        Ok(c)
+    }
+}

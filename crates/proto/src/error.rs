@@ -1,0 +1,51 @@
+//! The crate's single error type.
+
+use crate::wire::DecodeError;
+use crate::ConnId;
+
+/// Every error returned by `rdmx-proto`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A configuration variable (environment or programmatic) has an invalid value.
+    #[error(
+        "invalid value {value:?} for {var}: {reason}; allowed range is {min}..={max} bytes \
+         (integer with optional suffix k, K, KiB, m, M or MiB)"
+    )]
+    InvalidConfig {
+        /// Name of the variable, e.g. `RDMX_EAGER_THRESHOLD`.
+        var: &'static str,
+        /// The offending value as given.
+        value: String,
+        /// Why it was rejected.
+        reason: String,
+        /// Smallest allowed value.
+        min: u64,
+        /// Largest allowed value.
+        max: u64,
+    },
+    /// A frame or handshake could not be decoded.
+    #[error("malformed input: {0}")]
+    Decode(#[from] DecodeError),
+    /// The peer's handshake is incompatible with this engine.
+    #[error("incompatible peer handshake: {0}")]
+    Handshake(String),
+    /// The connection id is not known to the engine (never up, or already down).
+    #[error("unknown or closed connection {0:?}")]
+    UnknownConnection(ConnId),
+    /// The connection id is already in use.
+    #[error("connection {0:?} is already up")]
+    DuplicateConnection(ConnId),
+    /// Admitting another connection would let senders overrun the shared receive queue.
+    #[error(
+        "shared receive queue exhausted: {in_use} of {srq_depth} buffers already promised as \
+         credits, cannot promise {credits} more"
+    )]
+    SrqExhausted {
+        /// Buffers already promised to open connections.
+        in_use: u64,
+        /// Total SRQ depth from the configuration.
+        srq_depth: u64,
+        /// Credits a new connection would need.
+        credits: u64,
+    },
+}

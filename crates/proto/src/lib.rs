@@ -1,0 +1,132 @@
+//! # rdmx-proto — the sans-IO protocol engine of rdmx
+//!
+//! Modelled on `quinn-proto`: the [`Engine`] performs no IO, reads no clock, owns no IO
+//! memory and contains no `unsafe`. The driver (an RDMA worker, or later a TCP one) feeds
+//! it inputs — frames received into SRQ buffers ([`Engine::handle_frame`]), send and RDMA
+//! READ completions, user operations ([`Engine::tag_send`], [`Engine::tag_recv`],
+//! [`Engine::probe`], [`Engine::msg_recv`], [`Engine::cancel`]), connection up/down and
+//! the current time — and executes the [`Action`]s returned by [`Engine::poll_action`]
+//! **in order**. Buffers are named by handles ([`RecvBufId`], [`UserBufId`]); remote
+//! addresses and keys are opaque `u64`/`u32` values ([`RemoteBuf`]).
+//!
+//! ## Protocols
+//!
+//! * **Eager** — a message of at most the connection's eager limit
+//!   (`min(Config::eager_threshold, peer recv_buf_size − 40)`) travels in one EAGER frame;
+//!   the driver appends the payload to the header ([`Action::SendFrame`]) and the send
+//!   request completes right after that action (the data has been copied, as in UCP).
+//!   At the receiver, a matching posted receive gets an [`Action::CopyFromRecvBuf`];
+//!   otherwise the payload is copied into the engine's unexpected queue. Either way the
+//!   SRQ buffer is reposted at once ([`Action::RepostRecv`]), so a slow application never
+//!   starves the SRQ. A later matching receive gets an [`Action::CopyToUser`].
+//! * **Rendezvous** — larger messages: the engine asks the driver to expose the send
+//!   buffer ([`Action::ExposeSendBuffer`] → [`Engine::handle_send_buffer_exposed`]), then
+//!   sends RTS(addr, len, rkey, request id). When a receive matches, the receiver issues
+//!   [`Action::RdmaRead`]s of at most `rndv_chunk_size` straight into the user buffer,
+//!   at most `max_reads_in_flight` at a time, then sends ATS; the sender releases its
+//!   buffer ([`Action::ReleaseSendBuffer`]) and completes. An unexpected RTS waits for a
+//!   matching receive. A too-small receive buffer completes the receive with
+//!   [`Status::Truncated`] and the send with [`Status::RemoteTruncated`] — nothing is
+//!   delivered. (An eager send has already completed when the receiver sees the
+//!   truncation; only the receiver gets `Truncated`.)
+//! * **Tag matching** (UCP semantics) — `(msg_tag & mask) == (tag & mask)`; mask 0 is a
+//!   wildcard. Messages of one connection are matched in send order (RC delivers frames in
+//!   order and the engine keeps a FIFO per connection, including a rendezvous send whose
+//!   buffer exposure is pending); posted receives are matched in posting order; the
+//!   unexpected queue is searched in arrival order. [`Engine::probe`] peeks without
+//!   receiving.
+//! * **Cancel** — an unmatched receive completes with [`Status::Cancelled`]; a matched one
+//!   cannot be cancelled. A send that has not completed (a queued eager, or a rendezvous
+//!   before ATS) completes with `Cancelled` and its exposure is released; a receiver that
+//!   later reads it gets [`Status::ReadFailed`].
+//! * **Connection down** — every pending send on the connection and every receive
+//!   reading from it completes with [`Status::ConnectionClosed`] (receives with READs in
+//!   flight once those are reported, at the latest `drain_timeout_ns` later, see
+//!   [`Engine::handle_timeout`]); its unexpected RTSs are dropped. Other connections are
+//!   untouched. Posted receives are worker-wide and stay posted.
+//!
+//! ## Wire format (version 1)
+//!
+//! Every frame starts with a 40-byte little-endian header:
+//!
+//! | offset | size | field |
+//! |-------:|-----:|-------|
+//! | 0  | 2 | magic `b"RX"` |
+//! | 2  | 1 | version (1) |
+//! | 3  | 1 | opcode: 1 EAGER, 2 RTS, 3 ATS, 4 ERROR/NACK, 5 CREDIT, 6 HANDSHAKE |
+//! | 4  | 1 | flags (must be 0) |
+//! | 5  | 1 | status (ATS/ERROR: 0 ok, 1 truncated, 2 read failed, 3 protocol; else 0) |
+//! | 6  | 2 | credits granted back to the frame's receiver |
+//! | 8  | 4 | sequence number (per connection and direction, every frame, wrapping) |
+//! | 12 | 4 | payload length (bytes after the header; must match exactly) |
+//! | 16 | 8 | tag |
+//! | 24 | 8 | sender request id (RTS, ATS) |
+//! | 32 | 8 | receiver request id (ATS, informational) |
+//!
+//! EAGER carries the payload; RTS carries a 24-byte body `addr: u64, rkey: u32,
+//! reserved: u32 (0), len: u64`; ATS, ERROR and CREDIT have no body. [`wire::decode`]
+//! never panics; any malformed frame, a sequence gap, a credit overrun or an ERROR from
+//! the peer closes that connection only ([`Action::CloseConnection`]).
+//!
+//! The connection [`Handshake`] (magic, version, receive-buffer size, initial credits,
+//! flags) is bincode-1.3 encoded in 14 bytes for rdmacm private data (≤ 56 bytes); it is
+//! the only place serde is used. A sender's eager limit honours the peer's buffer size, so
+//! peers with different thresholds and buffer sizes interoperate.
+//!
+//! ## Flow control
+//!
+//! Each side grants its peer `Config::credits` frames at connect (the handshake's
+//! `credits`); every frame costs the sender one credit, and the receiver returns a credit
+//! for each frame whose SRQ buffer it reposted, piggybacked on the `credits` header field
+//! of any frame it sends, or in a standalone CREDIT frame once
+//! `max(2, credits / 4)` are owed. Data and ATS frames are only sent while at least two
+//! credits remain, the last credit being reserved for a CREDIT frame, which rules out
+//! credit deadlock; an engine admits at most `srq_depth / credits` connections, so the
+//! shared SRQ can never be overrun by well-behaved peers (RNR retry is only a backstop),
+//! and a peer exceeding its credits is a protocol error.
+//!
+//! ## Configuration
+//!
+//! [`Config`] defaults: 8 KiB receive buffers, eager threshold 8152 bytes (a full buffer
+//! minus the header), 64 credits per connection, SRQ depth 4096, 256 KiB READ chunks,
+//! 4 READs in flight. [`ConfigBuilder::from_env`] reads `RDMX_EAGER_THRESHOLD` (bytes,
+//! suffixes `k`/`K`/`KiB`/`m`/`M`/`MiB`, range 0..=1 MiB); an invalid value is an
+//! [`Error::InvalidConfig`] naming the variable, the value and the allowed range.
+//! Programmatic setters on [`ConfigBuilder`] override the environment.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod engine;
+mod error;
+pub mod wire;
+
+pub use config::{Config, ConfigBuilder, EAGER_THRESHOLD_VAR};
+pub use engine::{
+    Action, CloseReason, Completion, ConnStats, Engine, PayloadRef, ProbeInfo, RemoteBuf,
+    RequestKind, Status,
+};
+pub use error::Error;
+pub use wire::{Handshake, HEADER_LEN};
+
+/// A message tag.
+pub type Tag = u64;
+
+/// A connection, named by the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+/// A user request (send or receive), named by the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// An SRQ receive buffer, named by the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecvBufId(pub u64);
+
+/// A user buffer, named by the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UserBufId(pub u64);
+
+/// An unexpected message found by [`Engine::probe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageId(pub u64);

@@ -1,0 +1,428 @@
+//! Wire format: a fixed-layout little-endian frame header, the rendezvous body, and the
+//! compact connection handshake.
+//!
+//! See the crate-level documentation for the byte layout. Decoding never panics: every
+//! malformed input yields a [`DecodeError`].
+
+use serde::{Deserialize, Serialize};
+
+/// Magic number at offset 0 of every frame (`b"RX"` little-endian).
+pub const MAGIC: u16 = u16::from_le_bytes(*b"RX");
+/// Wire protocol version carried in every frame and in the handshake.
+pub const VERSION: u8 = 1;
+/// Size in bytes of the fixed frame header.
+pub const HEADER_LEN: usize = 40;
+/// Size in bytes of the RTS body (address, rkey, reserved, length).
+pub const RTS_BODY_LEN: usize = 24;
+/// Largest control frame (header plus the largest fixed body) the engine ever emits.
+pub const MAX_CTRL_FRAME: usize = HEADER_LEN + RTS_BODY_LEN;
+/// Largest encoded handshake accepted (rdmacm private data limit on connect).
+pub const MAX_HANDSHAKE_LEN: usize = 56;
+
+/// Frame operation code (byte 3 of the header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    /// Eager tagged message; the payload follows the header.
+    Eager = 1,
+    /// Rendezvous request-to-send; a 24-byte [`RtsBody`] follows the header.
+    Rts = 2,
+    /// Rendezvous acknowledgement-to-send; `status` tells the outcome, `sreq` the request.
+    Ats = 3,
+    /// Error / negative acknowledgement: the peer is closing the connection.
+    Error = 4,
+    /// Standalone credit update (the `credits` field carries the grant).
+    Credit = 5,
+    /// In-band handshake (reserved for transports without connect private data).
+    Handshake = 6,
+}
+
+impl Opcode {
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Self::Eager,
+            2 => Self::Rts,
+            3 => Self::Ats,
+            4 => Self::Error,
+            5 => Self::Credit,
+            6 => Self::Handshake,
+            _ => return None,
+        })
+    }
+}
+
+/// Outcome code carried in the `status` byte of ATS and ERROR frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum WireStatus {
+    /// Success.
+    Ok = 0,
+    /// The receiver's buffer was smaller than the message.
+    Truncated = 1,
+    /// The receiver failed to read the sender's buffer.
+    ReadFailed = 2,
+    /// The receiver detected a protocol violation.
+    Protocol = 3,
+}
+
+impl WireStatus {
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            0 => Self::Ok,
+            1 => Self::Truncated,
+            2 => Self::ReadFailed,
+            3 => Self::Protocol,
+            _ => return None,
+        })
+    }
+}
+
+/// Why a byte string is not a valid frame or handshake.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Fewer bytes than the fixed header.
+    #[error("frame of {0} bytes is shorter than the {HEADER_LEN}-byte header")]
+    Short(usize),
+    /// Wrong magic number.
+    #[error("bad magic {0:#06x}")]
+    BadMagic(u16),
+    /// Unsupported protocol version.
+    #[error("unsupported protocol version {0}")]
+    BadVersion(u8),
+    /// Unknown opcode.
+    #[error("unknown opcode {0}")]
+    BadOpcode(u8),
+    /// Reserved flag bits set.
+    #[error("reserved flags {0:#04x} set")]
+    BadFlags(u8),
+    /// Unknown status code.
+    #[error("unknown status code {0}")]
+    BadStatus(u8),
+    /// `payload_len` disagrees with the number of bytes received.
+    #[error("payload length {declared} disagrees with {actual} bytes received after the header")]
+    LengthMismatch {
+        /// Length declared in the header.
+        declared: u32,
+        /// Bytes actually present after the header.
+        actual: usize,
+    },
+    /// The body size is wrong for the opcode.
+    #[error("{opcode:?} frame with a {len}-byte body")]
+    BadBody {
+        /// The opcode.
+        opcode: Opcode,
+        /// Its body length.
+        len: usize,
+    },
+    /// A reserved field was not zero.
+    #[error("reserved field not zero")]
+    Reserved,
+    /// The handshake could not be decoded.
+    #[error("bad handshake: {0}")]
+    Handshake(String),
+}
+
+/// The fixed 40-byte frame header, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Operation code.
+    pub opcode: Opcode,
+    /// Flag bits (none defined in version 1; must be zero).
+    pub flags: u8,
+    /// Status (ATS / ERROR); zero otherwise.
+    pub status: WireStatus,
+    /// Credits granted back to the receiver of this frame (piggybacked flow control).
+    pub credits: u16,
+    /// Per-connection, per-direction frame sequence number (wrapping).
+    pub seq: u32,
+    /// Bytes following the header.
+    pub payload_len: u32,
+    /// Message tag (EAGER, RTS); zero otherwise.
+    pub tag: u64,
+    /// Sender-side request id (RTS, ATS).
+    pub sreq: u64,
+    /// Receiver-side request id (ATS; informational).
+    pub rreq: u64,
+}
+
+impl Header {
+    /// A header with the given opcode and every other field zero.
+    pub fn new(opcode: Opcode) -> Self {
+        Header {
+            opcode,
+            flags: 0,
+            status: WireStatus::Ok,
+            credits: 0,
+            seq: 0,
+            payload_len: 0,
+            tag: 0,
+            sreq: 0,
+            rreq: 0,
+        }
+    }
+
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `out`.
+    ///
+    /// # Panics
+    /// If `out` is shorter than [`HEADER_LEN`] (a caller bug, never input-dependent).
+    pub fn write(&self, out: &mut [u8]) {
+        let out = &mut out[..HEADER_LEN];
+        out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+        out[2] = VERSION;
+        out[3] = self.opcode as u8;
+        out[4] = self.flags;
+        out[5] = self.status as u8;
+        out[6..8].copy_from_slice(&self.credits.to_le_bytes());
+        out[8..12].copy_from_slice(&self.seq.to_le_bytes());
+        out[12..16].copy_from_slice(&self.payload_len.to_le_bytes());
+        out[16..24].copy_from_slice(&self.tag.to_le_bytes());
+        out[24..32].copy_from_slice(&self.sreq.to_le_bytes());
+        out[32..40].copy_from_slice(&self.rreq.to_le_bytes());
+    }
+}
+
+/// Body of an RTS frame: where and how large the sender's exposed buffer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RtsBody {
+    /// Remote address (opaque to the engine).
+    pub addr: u64,
+    /// Remote key (opaque to the engine).
+    pub rkey: u32,
+    /// Message length in bytes.
+    pub len: u64,
+}
+
+impl RtsBody {
+    fn write(&self, out: &mut [u8]) {
+        out[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        out[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        out[12..16].copy_from_slice(&0u32.to_le_bytes());
+        out[16..24].copy_from_slice(&self.len.to_le_bytes());
+    }
+}
+
+/// Body of a decoded frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body<'a> {
+    /// Eager payload.
+    Eager(&'a [u8]),
+    /// Rendezvous descriptor.
+    Rts(RtsBody),
+    /// ATS (no body).
+    Ats,
+    /// ERROR (no body).
+    Error,
+    /// Credit update (no body).
+    Credit,
+    /// Encoded [`Handshake`] bytes (not yet validated).
+    Handshake(&'a [u8]),
+}
+
+/// A decoded frame borrowing from the receive buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// The header.
+    pub header: Header,
+    /// The opcode-specific body.
+    pub body: Body<'a>,
+}
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[o..o + 4]);
+    u32::from_le_bytes(a)
+}
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Decodes only the fixed header (no payload-length check). Never panics.
+pub fn decode_header(bytes: &[u8]) -> Result<Header, DecodeError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(DecodeError::Short(bytes.len()));
+    }
+    let magic = u16_at(bytes, 0);
+    if magic != MAGIC {
+        return Err(DecodeError::BadMagic(magic));
+    }
+    if bytes[2] != VERSION {
+        return Err(DecodeError::BadVersion(bytes[2]));
+    }
+    let opcode = Opcode::from_u8(bytes[3]).ok_or(DecodeError::BadOpcode(bytes[3]))?;
+    if bytes[4] != 0 {
+        return Err(DecodeError::BadFlags(bytes[4]));
+    }
+    let status = WireStatus::from_u8(bytes[5]).ok_or(DecodeError::BadStatus(bytes[5]))?;
+    Ok(Header {
+        opcode,
+        flags: 0,
+        status,
+        credits: u16_at(bytes, 6),
+        seq: u32_at(bytes, 8),
+        payload_len: u32_at(bytes, 12),
+        tag: u64_at(bytes, 16),
+        sreq: u64_at(bytes, 24),
+        rreq: u64_at(bytes, 32),
+    })
+}
+
+/// Decodes one frame from untrusted bytes. Never panics.
+pub fn decode(bytes: &[u8]) -> Result<Frame<'_>, DecodeError> {
+    let header = decode_header(bytes)?;
+    let opcode = header.opcode;
+    let status = header.status;
+    let payload = &bytes[HEADER_LEN..];
+    if header.payload_len as usize != payload.len() {
+        return Err(DecodeError::LengthMismatch {
+            declared: header.payload_len,
+            actual: payload.len(),
+        });
+    }
+    let bad_body = || DecodeError::BadBody {
+        opcode,
+        len: payload.len(),
+    };
+    let body = match opcode {
+        Opcode::Eager => Body::Eager(payload),
+        Opcode::Rts => {
+            if payload.len() != RTS_BODY_LEN {
+                return Err(bad_body());
+            }
+            if u32_at(payload, 12) != 0 {
+                return Err(DecodeError::Reserved);
+            }
+            Body::Rts(RtsBody {
+                addr: u64_at(payload, 0),
+                rkey: u32_at(payload, 8),
+                len: u64_at(payload, 16),
+            })
+        }
+        Opcode::Ats | Opcode::Error | Opcode::Credit => {
+            if !payload.is_empty() {
+                return Err(bad_body());
+            }
+            match opcode {
+                Opcode::Ats => Body::Ats,
+                Opcode::Error => Body::Error,
+                _ => Body::Credit,
+            }
+        }
+        Opcode::Handshake => {
+            if payload.len() > MAX_HANDSHAKE_LEN {
+                return Err(bad_body());
+            }
+            Body::Handshake(payload)
+        }
+    };
+    if !matches!(opcode, Opcode::Ats | Opcode::Error) && status != WireStatus::Ok {
+        return Err(DecodeError::BadStatus(status as u8));
+    }
+    Ok(Frame { header, body })
+}
+
+/// An encoded control frame (header plus optional RTS body) held inline, without allocation.
+///
+/// For EAGER frames this holds only the header; the driver appends the user's payload.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct FrameBuf {
+    buf: [u8; MAX_CTRL_FRAME],
+    len: u8,
+}
+
+impl FrameBuf {
+    /// Encodes `header` followed by an optional RTS body.
+    ///
+    /// `header.payload_len` must already describe the whole payload (for EAGER, the user
+    /// payload the driver will append).
+    pub fn encode(header: &Header, rts: Option<&RtsBody>) -> Self {
+        let mut buf = [0u8; MAX_CTRL_FRAME];
+        header.write(&mut buf);
+        let mut len = HEADER_LEN;
+        if let Some(r) = rts {
+            r.write(&mut buf[HEADER_LEN..]);
+            len += RTS_BODY_LEN;
+        }
+        FrameBuf {
+            buf,
+            len: len as u8,
+        }
+    }
+
+    /// The encoded bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len as usize]
+    }
+
+    /// The decoded header (always valid: it was produced by [`FrameBuf::encode`]).
+    pub fn header(&self) -> Header {
+        decode_header(self.as_bytes()).unwrap_or_else(|_| Header::new(Opcode::Error))
+    }
+}
+
+impl std::fmt::Debug for FrameBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameBuf")
+            .field("header", &self.header())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// Magic word opening an encoded [`Handshake`].
+pub const HANDSHAKE_MAGIC: u32 = u32::from_le_bytes(*b"RDMX");
+
+/// Connection handshake exchanged in rdmacm private data (at most 56 bytes; 14 encoded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Handshake {
+    /// Must be [`HANDSHAKE_MAGIC`].
+    pub magic: u32,
+    /// Wire protocol version ([`VERSION`]).
+    pub version: u16,
+    /// Size in bytes of each receive buffer the sender of this handshake posts.
+    pub recv_buf_size: u32,
+    /// Frames the peer may send before waiting for credit returns.
+    pub credits: u16,
+    /// Reserved for future use (zero).
+    pub flags: u16,
+}
+
+fn handshake_options() -> impl bincode::Options {
+    use bincode::Options;
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_little_endian()
+        .with_limit(MAX_HANDSHAKE_LEN as u64)
+        .allow_trailing_bytes()
+}
+
+impl Handshake {
+    /// Encodes the handshake with bincode 1.3 (fixed-width little-endian, 14 bytes).
+    pub fn encode(&self) -> Vec<u8> {
+        use bincode::Options;
+        // Serialising a plain struct of integers into a Vec cannot fail.
+        handshake_options().serialize(self).unwrap_or_default()
+    }
+
+    /// Decodes untrusted bytes (trailing padding, as rdmacm adds, is ignored). Never panics.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        use bincode::Options;
+        if bytes.len() > MAX_HANDSHAKE_LEN {
+            return Err(DecodeError::Handshake(format!(
+                "{} bytes exceed the {MAX_HANDSHAKE_LEN}-byte limit",
+                bytes.len()
+            )));
+        }
+        let hs: Handshake = handshake_options()
+            .deserialize(bytes)
+            .map_err(|e| DecodeError::Handshake(e.to_string()))?;
+        if hs.magic != HANDSHAKE_MAGIC {
+            return Err(DecodeError::Handshake(format!("bad magic {:#x}", hs.magic)));
+        }
+        Ok(hs)
+    }
+}

@@ -1,0 +1,670 @@
+//! Scenario tests of the engine on the simulated fabric.
+
+mod common;
+
+use common::*;
+use rdmx_proto::wire::{self, FrameBuf, Header, Opcode};
+use rdmx_proto::*;
+
+fn sim3(seed: u64) -> Sim {
+    Sim::uniform(3, small_cfg(), seed)
+}
+
+#[test]
+fn eager_to_posted_receive() {
+    let mut s = sim3(1);
+    let (r, buf) = s.recv(1, 7, !0, 100);
+    let data = pattern(50, 1);
+    let sr = s.send(0, 1, 7, data.clone());
+    // Eager sends complete once the driver copied the payload.
+    assert_eq!(s.completion(0, sr).unwrap().status, Status::Ok);
+    s.run();
+    let c = s.completion(1, r).unwrap();
+    assert_eq!(
+        (c.status, c.length, c.tag, c.conn),
+        (Status::Ok, 50, 7, Some(conn(0)))
+    );
+    assert_eq!(s.data(1, buf, 50), data);
+    s.assert_srq_full();
+}
+
+#[test]
+fn unexpected_eager_reposts_at_once() {
+    let mut s = sim3(2);
+    let data = pattern(120, 2);
+    s.send(0, 1, 9, data.clone());
+    s.run();
+    assert_eq!(s.peers[1].engine.unexpected_len(), 1);
+    s.assert_srq_full();
+    let (r, buf) = s.recv(1, 9, !0, 200);
+    let c = s.completion(1, r).unwrap();
+    assert_eq!((c.status, c.length), (Status::Ok, 120));
+    assert_eq!(s.data(1, buf, 120), data);
+    assert_eq!(s.peers[1].engine.pending_requests(), 0);
+}
+
+#[test]
+fn rendezvous_multi_chunk_pipelined() {
+    let mut s = sim3(3);
+    let (r, buf) = s.recv(2, 1, !0, 5000);
+    let data = pattern(1234, 3);
+    let sr = s.send(0, 2, 1, data.clone());
+    assert!(
+        s.completion(0, sr).is_none(),
+        "rendezvous send waits for ATS"
+    );
+    s.run();
+    assert_eq!(s.completion(0, sr).unwrap().status, Status::Ok);
+    let c = s.completion(2, r).unwrap();
+    assert_eq!((c.status, c.length, c.tag), (Status::Ok, 1234, 1));
+    assert_eq!(s.data(2, buf, 1234), data);
+    s.assert_srq_full();
+}
+
+#[test]
+fn rendezvous_reads_are_chunked_and_bounded() {
+    // Drive one engine by hand to observe the READ pipeline.
+    let cfg = small_cfg();
+    let mut e = Engine::new(cfg.clone());
+    let peer = Engine::new(cfg).local_handshake();
+    e.handle_connection_up(ConnId(5), &peer).unwrap();
+    let r = e.tag_recv(3, !0, UserBufId(1), 1000);
+    let mut h = Header::new(Opcode::Rts);
+    h.tag = 3;
+    h.sreq = 77;
+    h.payload_len = wire::RTS_BODY_LEN as u32;
+    let body = wire::RtsBody {
+        addr: 1 << 40,
+        rkey: 9,
+        len: 950,
+    };
+    let f = FrameBuf::encode(&h, Some(&body));
+    e.handle_frame(ConnId(5), RecvBufId(0), f.as_bytes());
+    let mut reads = Vec::new();
+    while let Some(a) = e.poll_action() {
+        if let Action::RdmaRead {
+            remote,
+            len,
+            dst_offset,
+            ..
+        } = a
+        {
+            assert_eq!(remote.addr, (1 << 40) + dst_offset);
+            assert_eq!(remote.rkey, 9);
+            reads.push((dst_offset, len));
+        }
+    }
+    assert_eq!(
+        reads,
+        vec![(0, 100), (100, 100), (200, 100)],
+        "3 in flight, 100-byte chunks"
+    );
+    // Complete out of order; each completion issues the next chunk.
+    let mut all = reads.clone();
+    let mut done = 0;
+    let mut ats = None;
+    let mut queue = reads;
+    while let Some((off, _)) = queue.pop() {
+        e.handle_read_complete(r, off, true);
+        done += 1;
+        while let Some(a) = e.poll_action() {
+            match a {
+                Action::RdmaRead {
+                    len, dst_offset, ..
+                } => {
+                    queue.insert(0, (dst_offset, len));
+                    all.push((dst_offset, len));
+                }
+                Action::SendFrame { frame, .. } if frame.header().opcode == Opcode::Ats => {
+                    ats = Some(frame.header());
+                }
+                Action::Complete(c) => assert_eq!((c.status, c.length), (Status::Ok, 950)),
+                _ => {}
+            }
+        }
+        assert!(queue.len() <= 3);
+    }
+    assert_eq!(done, 10);
+    all.sort();
+    assert_eq!(all.last(), Some(&(900, 50)));
+    assert_eq!(all.iter().map(|x| x.1).sum::<u64>(), 950);
+    let ats = ats.expect("ATS sent");
+    assert_eq!((ats.sreq, ats.status), (77, wire::WireStatus::Ok));
+    assert_eq!(e.pending_requests(), 0);
+}
+
+#[test]
+fn unexpected_rts_waits_for_receive() {
+    let mut s = sim3(4);
+    let data = pattern(700, 4);
+    let sr = s.send(1, 0, 44, data.clone());
+    s.run();
+    assert!(s.completion(1, sr).is_none());
+    let p = s.peers[0].engine.probe(44, !0).unwrap();
+    assert!(p.rendezvous);
+    assert_eq!((p.len, p.conn), (700, conn(1)));
+    let (r, buf) = s.recv(0, 0, 0, 1000);
+    s.run();
+    assert_eq!(s.completion(1, sr).unwrap().status, Status::Ok);
+    assert_eq!(s.completion(0, r).unwrap().length, 700);
+    assert_eq!(s.data(0, buf, 700), data);
+}
+
+#[test]
+fn wildcard_and_mask_matching() {
+    let mut s = sim3(5);
+    // Receives posted in order; the first matching one wins.
+    let (r_hi, _) = s.recv(2, 0xAB00, 0xFF00, 64); // matches 0xAB??
+    let (r_any, _) = s.recv(2, 0, 0, 64); // wildcard
+    let (r_exact, _) = s.recv(2, 0x1234, !0, 64);
+    s.send(0, 2, 0x1234, pattern(4, 1)); // r_hi does not match, r_any does (posted first)
+    s.run();
+    assert_eq!(s.completion(2, r_any).unwrap().tag, 0x1234);
+    s.send(1, 2, 0xAB42, pattern(4, 2));
+    s.run();
+    assert_eq!(s.completion(2, r_hi).unwrap().tag, 0xAB42);
+    assert!(s.completion(2, r_exact).is_none());
+    s.send(1, 2, 0x1234, pattern(4, 3));
+    s.run();
+    assert_eq!(s.completion(2, r_exact).unwrap().conn, Some(conn(1)));
+}
+
+#[test]
+fn per_connection_order_with_unexpected_messages() {
+    let mut s = sim3(6);
+    for k in 0..6u64 {
+        let len = if k % 2 == 0 { 30 } else { 600 };
+        s.send(0, 1, 100 + k, pattern(len, k));
+    }
+    s.run();
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        let (r, _) = s.recv(1, 0, 0, 1000);
+        got.push(r);
+    }
+    s.run();
+    let tags: Vec<u64> = got
+        .iter()
+        .map(|r| s.completion(1, *r).unwrap().tag)
+        .collect();
+    assert_eq!(tags, (100..106).collect::<Vec<_>>());
+}
+
+#[test]
+fn send_order_kept_while_exposure_pending() {
+    let mut s = sim3(7);
+    s.expose_immediately = false;
+    let big = s.send(0, 1, 1, pattern(900, 1));
+    let small = s.send(0, 1, 2, pattern(10, 2));
+    s.run();
+    // Nothing may overtake the RTS while its buffer is not yet exposed.
+    assert_eq!(s.peers[1].engine.unexpected_len(), 0);
+    assert!(s.completion(0, small).is_none());
+    s.finish_exposures();
+    s.run();
+    let (r1, _) = s.recv(1, 0, 0, 1000);
+    let (r2, _) = s.recv(1, 0, 0, 1000);
+    s.run();
+    assert_eq!(s.completion(1, r1).unwrap().tag, 1);
+    assert_eq!(s.completion(1, r2).unwrap().tag, 2);
+    assert_eq!(s.completion(0, big).unwrap().status, Status::Ok);
+}
+
+#[test]
+fn probe_then_msg_recv() {
+    let mut s = sim3(8);
+    assert!(s.peers[1].engine.probe(0, 0).is_none());
+    let data = pattern(33, 8);
+    s.send(2, 1, 0x55, data.clone());
+    s.run();
+    let p = s.peers[1].engine.probe(0x50, 0xF0).unwrap();
+    assert_eq!((p.tag, p.len, p.rendezvous), (0x55, 33, false));
+    // Probing does not remove.
+    assert!(s.peers[1].engine.probe(0x55, !0).is_some());
+    let buf = s.alloc(1, vec![0; 40]);
+    let r = s.peers[1].engine.msg_recv(p.msg, buf, 40).unwrap();
+    s.pump(1);
+    assert_eq!(s.completion(1, r).unwrap().status, Status::Ok);
+    assert_eq!(s.data(1, buf, 33), data);
+    assert!(s.peers[1].engine.probe(0, 0).is_none());
+    assert!(s.peers[1].engine.msg_recv(p.msg, buf, 40).is_none());
+}
+
+#[test]
+fn eager_truncation() {
+    let mut s = sim3(9);
+    let (r, buf) = s.recv(1, 0, 0, 10);
+    let sr = s.send(0, 1, 3, pattern(50, 9));
+    s.run();
+    let c = s.completion(1, r).unwrap();
+    assert_eq!((c.status, c.length), (Status::Truncated, 50));
+    assert_eq!(s.data(1, buf, 10), vec![0xEE; 10], "no partial delivery");
+    assert_eq!(s.completion(0, sr).unwrap().status, Status::Ok);
+    // Unexpected path too.
+    s.send(0, 1, 3, pattern(50, 9));
+    s.run();
+    let (r, _) = s.recv(1, 0, 0, 49);
+    assert_eq!(s.completion(1, r).unwrap().status, Status::Truncated);
+}
+
+#[test]
+fn rendezvous_truncation_fails_both_sides() {
+    let mut s = sim3(10);
+    let (r, buf) = s.recv(1, 0, 0, 500);
+    let sr = s.send(0, 1, 3, pattern(1000, 10));
+    s.run();
+    let c = s.completion(1, r).unwrap();
+    assert_eq!((c.status, c.length), (Status::Truncated, 1000));
+    assert_eq!(s.data(1, buf, 500), vec![0xEE; 500]);
+    assert_eq!(s.completion(0, sr).unwrap().status, Status::RemoteTruncated);
+    assert_eq!(s.peers[0].engine.pending_requests(), 0);
+}
+
+#[test]
+fn cancel_receive_and_sends() {
+    let mut s = sim3(11);
+    let (r, _) = s.recv(1, 5, !0, 10);
+    assert!(s.cancel(1, r));
+    assert_eq!(s.completion(1, r).unwrap().status, Status::Cancelled);
+    assert!(!s.cancel(1, r), "already completed");
+    // The cancelled receive does not match.
+    s.send(0, 1, 5, pattern(3, 1));
+    s.run();
+    assert_eq!(s.peers[1].engine.unexpected_len(), 1);
+
+    // Cancel of an in-flight rendezvous send fails it; the receiver later sees a READ failure.
+    let sr = s.send(0, 2, 6, pattern(900, 2));
+    s.run();
+    assert!(s.cancel(0, sr));
+    assert_eq!(s.completion(0, sr).unwrap().status, Status::Cancelled);
+    let (rr, _) = s.recv(2, 6, !0, 1000);
+    s.run();
+    assert_eq!(s.completion(2, rr).unwrap().status, Status::ReadFailed);
+    assert_eq!(s.peers[0].engine.pending_requests(), 0);
+    assert_eq!(s.peers[2].engine.pending_requests(), 0);
+
+    // A matched rendezvous receive cannot be cancelled.
+    let (rr, _) = s.recv(2, 8, !0, 1000);
+    s.send(0, 2, 8, pattern(900, 3));
+    for _ in 0..3 {
+        s.step();
+    }
+    if s.completion(2, rr).is_none() && s.peers[2].engine.probe(8, !0).is_none() {
+        assert!(!s.cancel(2, rr));
+    }
+    s.run();
+    assert_eq!(s.completion(2, rr).unwrap().status, Status::Ok);
+}
+
+#[test]
+fn cancel_queued_eager_send() {
+    let mut s = sim3(12);
+    // Exhaust credits towards peer 1 so later sends queue.
+    let mut reqs = Vec::new();
+    for k in 0..12 {
+        reqs.push(s.send(0, 1, k, pattern(5, k)));
+    }
+    let queued = *reqs.last().unwrap();
+    assert!(s.completion(0, queued).is_none(), "waiting for credits");
+    assert!(s.cancel(0, queued));
+    assert_eq!(s.completion(0, queued).unwrap().status, Status::Cancelled);
+    s.run();
+    assert_eq!(s.peers[1].engine.unexpected_len(), 11);
+    assert_eq!(s.peers[0].engine.pending_requests(), 0);
+}
+
+#[test]
+fn zero_byte_messages() {
+    let mut s = sim3(13);
+    let (r, _) = s.recv(1, 1, !0, 0);
+    let sr = s.send(0, 1, 1, vec![]);
+    s.run();
+    assert_eq!(s.completion(0, sr).unwrap().status, Status::Ok);
+    let c = s.completion(1, r).unwrap();
+    assert_eq!((c.status, c.length), (Status::Ok, 0));
+    s.send(0, 1, 2, vec![]);
+    s.run();
+    let (r, _) = s.recv(1, 2, !0, 0);
+    assert_eq!(s.completion(1, r).unwrap().length, 0);
+}
+
+fn first_action_is_expose(e: &mut Engine, len: u64) -> bool {
+    e.tag_send(ConnId(1), 0, UserBufId(len), len).unwrap();
+    let mut expose = false;
+    while let Some(a) = e.poll_action() {
+        if matches!(a, Action::ExposeSendBuffer { .. }) {
+            expose = true;
+        }
+    }
+    expose
+}
+
+#[test]
+fn threshold_exact_and_plus_minus_one() {
+    for t in [0u64, 1, 100, 200] {
+        let cfg = Config::builder()
+            .recv_buf_size(256)
+            .eager_threshold(t)
+            .build()
+            .unwrap();
+        let mut e = Engine::new(cfg.clone());
+        e.handle_connection_up(ConnId(1), &Engine::new(cfg).local_handshake())
+            .unwrap();
+        assert_eq!(e.conn_stats(ConnId(1)).unwrap().eager_limit, t);
+        if t > 0 {
+            assert!(!first_action_is_expose(&mut e, t - 1), "t-1 is eager");
+        }
+        assert!(!first_action_is_expose(&mut e, t), "exactly t is eager");
+        assert!(first_action_is_expose(&mut e, t + 1), "t+1 is rendezvous");
+    }
+    // Messages at the threshold really travel, both sides of it.
+    let mut s = sim3(14);
+    for len in [199usize, 200, 201] {
+        let (r, buf) = s.recv(1, len as u64, !0, 300);
+        let data = pattern(len, len as u64);
+        s.send(0, 1, len as u64, data.clone());
+        s.run();
+        assert_eq!(s.completion(1, r).unwrap().length, len as u64);
+        assert_eq!(s.data(1, buf, len as u64), data);
+    }
+}
+
+#[test]
+fn peer_buffer_size_caps_eager() {
+    let small = Config::builder()
+        .recv_buf_size(128)
+        .eager_threshold(100_000)
+        .srq_depth(16)
+        .credits(8)
+        .rndv_chunk_size(64)
+        .build()
+        .unwrap();
+    let big = Config::builder()
+        .recv_buf_size(1024)
+        .eager_threshold(50)
+        .srq_depth(16)
+        .credits(8)
+        .build()
+        .unwrap();
+    let mut s = Sim::new(vec![small, big, small_cfg()], 15);
+    assert_eq!(
+        s.peers[0].engine.conn_stats(conn(1)).unwrap().eager_limit,
+        984
+    );
+    assert_eq!(
+        s.peers[1].engine.conn_stats(conn(0)).unwrap().eager_limit,
+        50
+    );
+    assert_eq!(
+        s.peers[0].engine.conn_stats(conn(2)).unwrap().eager_limit,
+        216
+    );
+    assert_eq!(
+        s.peers[2].engine.conn_stats(conn(0)).unwrap().eager_limit,
+        88
+    );
+    for (a, b) in [(0, 1), (1, 0), (0, 2), (2, 0), (1, 2), (2, 1)] {
+        for len in [0usize, 49, 50, 51, 88, 89, 300, 984, 985, 3000] {
+            let (r, buf) = s.recv(b, len as u64, !0, 4000);
+            let data = pattern(len, (a * 10 + b) as u64);
+            let sr = s.send(a, b, len as u64, data.clone());
+            s.run();
+            assert_eq!(s.completion(a, sr).unwrap().status, Status::Ok);
+            assert_eq!(s.completion(b, r).unwrap().length, len as u64);
+            assert_eq!(s.data(b, buf, len as u64), data, "{a}->{b} len {len}");
+        }
+    }
+    assert_eq!(s.rnr_stalls, 0);
+}
+
+#[test]
+fn flow_control_never_overruns_the_srq() {
+    let mut s = sim3(16);
+    // Two senders blast a slow receiver that has posted nothing.
+    for k in 0..200u64 {
+        s.send(0, 2, k, pattern(150, k));
+        s.send(1, 2, 1000 + k, pattern(150, k));
+        assert!(s.in_flight(0, 2) <= 8 && s.in_flight(1, 2) <= 8);
+        // Deliver only some events so queues build up.
+        for _ in 0..(k % 3) {
+            s.step();
+        }
+    }
+    s.run();
+    assert_eq!(s.rnr_stalls, 0, "a frame found the receiver's SRQ empty");
+    assert_eq!(s.peers[2].engine.unexpected_len(), 400);
+    for _ in 0..400 {
+        s.recv(2, 0, 0, 200);
+    }
+    assert_eq!(s.peers[2].engine.pending_requests(), 0);
+    assert_eq!(s.peers[0].engine.pending_requests(), 0);
+    s.assert_srq_full();
+}
+
+#[test]
+fn srq_admission_is_bounded() {
+    let cfg = small_cfg(); // depth 16, 8 credits: two connections
+    let hs = Engine::new(cfg.clone()).local_handshake();
+    let mut e = Engine::new(cfg);
+    e.handle_connection_up(ConnId(1), &hs).unwrap();
+    assert!(matches!(
+        e.handle_connection_up(ConnId(1), &hs),
+        Err(Error::DuplicateConnection(_))
+    ));
+    e.handle_connection_up(ConnId(2), &hs).unwrap();
+    assert!(matches!(
+        e.handle_connection_up(ConnId(3), &hs),
+        Err(Error::SrqExhausted { .. })
+    ));
+    let mut bad = hs;
+    bad.version = 9;
+    assert!(matches!(
+        Engine::new(small_cfg()).handle_connection_up(ConnId(1), &bad),
+        Err(Error::Handshake(_))
+    ));
+}
+
+#[test]
+fn malformed_frame_closes_only_that_connection() {
+    let mut s = sim3(17);
+    // Peer 2 has a pending rendezvous send to peer 0 and a posted wildcard receive.
+    let pending = s.send(2, 0, 1, pattern(900, 1));
+    let other = s.send(2, 1, 1, pattern(900, 2));
+    let (wild, _) = s.recv(2, 0, 0, 100);
+    s.run();
+    s.inject(0, 2, b"definitely not a frame".to_vec());
+    s.run();
+    assert!(matches!(
+        s.peers[2].closed.as_slice(),
+        [(c, CloseReason::ProtocolError(_))] if *c == conn(0)
+    ));
+    assert_eq!(
+        s.completion(2, pending).unwrap().status,
+        Status::ConnectionClosed
+    );
+    assert!(s.completion(2, other).is_none());
+    assert!(
+        s.completion(2, wild).is_none(),
+        "worker-wide receive stays posted"
+    );
+    // The other connection still works.
+    let (r, buf) = s.recv(1, 1, !0, 1000);
+    s.run();
+    assert_eq!(s.completion(2, other).unwrap().status, Status::Ok);
+    assert_eq!(s.data(1, buf, 900), pattern(900, 2));
+    assert_eq!(s.completion(1, r).unwrap().status, Status::Ok);
+    let sr = s.send(1, 2, 5, pattern(20, 5));
+    s.run();
+    assert_eq!(s.completion(2, wild).unwrap().conn, Some(conn(1)));
+    assert_eq!(s.completion(1, sr).unwrap().status, Status::Ok);
+    // Peer 0 learnt that the connection is gone.
+    assert!(s.peers[0].engine.conn_stats(conn(2)).is_none());
+    assert!(s.peers[2]
+        .engine
+        .tag_send(conn(0), 0, UserBufId(1), 1)
+        .is_err());
+}
+
+#[test]
+fn every_malformation_is_a_protocol_error() {
+    let good = {
+        let mut h = Header::new(Opcode::Eager);
+        h.payload_len = 4;
+        let mut v = FrameBuf::encode(&h, None).as_bytes().to_vec();
+        v.extend_from_slice(b"abcd");
+        v
+    };
+    assert!(wire::decode(&good).is_ok());
+    let mut cases: Vec<Vec<u8>> = vec![vec![], good[..39].to_vec(), good[..43].to_vec()];
+    for (off, val) in [(0, 0u8), (2, 2), (3, 0), (3, 99), (4, 1), (5, 1), (12, 9)] {
+        let mut v = good.clone();
+        v[off] = val;
+        cases.push(v);
+    }
+    for bytes in cases {
+        assert!(wire::decode(&bytes).is_err(), "{bytes:?}");
+        let mut s = Sim::uniform(3, small_cfg(), 18);
+        s.inject(1, 0, bytes);
+        s.run();
+        assert_eq!(s.peers[0].closed.len(), 1);
+        assert!(s.peers[0].engine.conn_stats(conn(2)).is_some());
+        s.assert_srq_full();
+    }
+}
+
+#[test]
+fn connection_down_fails_only_its_requests() {
+    let mut s = sim3(19);
+    let to1 = s.send(0, 1, 1, pattern(900, 1));
+    let to2 = s.send(0, 2, 1, pattern(900, 2));
+    let eager_to1 = s.send(0, 1, 2, pattern(9, 1));
+    s.run();
+    assert_eq!(s.completion(0, eager_to1).unwrap().status, Status::Ok);
+    // Peer 1 is reading a message from peer 0 when the connection dies.
+    let (reading, _) = s.recv(1, 1, !0, 1000);
+    assert!(s.completion(1, reading).is_none());
+    s.kill(0, 1);
+    s.run();
+    assert_eq!(
+        s.completion(0, to1).unwrap().status,
+        Status::ConnectionClosed
+    );
+    assert_eq!(
+        s.completion(1, reading).unwrap().status,
+        Status::ConnectionClosed
+    );
+    assert!(s.completion(0, to2).is_none());
+    assert_eq!(s.peers[0].engine.pending_requests(), 1);
+    // The eager message that had already arrived is still deliverable.
+    let (r, _) = s.recv(1, 2, !0, 100);
+    assert_eq!(s.completion(1, r).unwrap().status, Status::Ok);
+    let (r, buf) = s.recv(2, 1, !0, 1000);
+    s.run();
+    assert_eq!(s.completion(0, to2).unwrap().status, Status::Ok);
+    assert_eq!(s.data(2, buf, 900), pattern(900, 2));
+    assert_eq!(s.completion(2, r).unwrap().status, Status::Ok);
+    for p in &s.peers {
+        assert_eq!(p.engine.pending_requests(), 0);
+    }
+}
+
+#[test]
+fn drain_timeout_completes_unreported_reads() {
+    let cfg = small_cfg();
+    let mut e = Engine::new(cfg.clone());
+    e.handle_connection_up(ConnId(1), &Engine::new(cfg).local_handshake())
+        .unwrap();
+    e.handle_timeout(1_000);
+    let r = e.tag_recv(0, 0, UserBufId(1), 1000);
+    let mut h = Header::new(Opcode::Rts);
+    h.payload_len = wire::RTS_BODY_LEN as u32;
+    let f = FrameBuf::encode(
+        &h,
+        Some(&wire::RtsBody {
+            addr: 0,
+            rkey: 0,
+            len: 500,
+        }),
+    );
+    e.handle_frame(ConnId(1), RecvBufId(3), f.as_bytes());
+    while e.poll_action().is_some() {}
+    e.handle_connection_down(ConnId(1));
+    assert!(
+        e.poll_action().is_none(),
+        "waits for the READs to be flushed"
+    );
+    let deadline = e.poll_timeout().unwrap();
+    assert_eq!(deadline, 1_000 + 1_000_000_000);
+    e.handle_timeout(deadline - 1);
+    assert!(e.poll_action().is_none());
+    e.handle_timeout(deadline);
+    match e.poll_action() {
+        Some(Action::Complete(c)) => {
+            assert_eq!((c.request, c.status), (r, Status::ConnectionClosed))
+        }
+        other => panic!("{other:?}"),
+    }
+    // Late read completions are ignored.
+    e.handle_read_complete(r, 0, true);
+    assert!(e.poll_action().is_none());
+    assert_eq!(e.pending_requests(), 0);
+}
+
+#[test]
+fn peer_error_frame_and_send_failure_close() {
+    let mut s = sim3(20);
+    let mut h = Header::new(Opcode::Error);
+    h.status = wire::WireStatus::Protocol;
+    s.inject(1, 0, FrameBuf::encode(&h, None).as_bytes().to_vec());
+    s.run();
+    assert!(matches!(
+        s.peers[0].closed.as_slice(),
+        [(_, CloseReason::PeerError(wire::WireStatus::Protocol))]
+    ));
+    let sr = s.send(2, 0, 1, pattern(900, 1));
+    s.peers[2].engine.handle_send_complete(conn(0), false);
+    s.pump(2);
+    assert_eq!(
+        s.completion(2, sr).unwrap().status,
+        Status::ConnectionClosed
+    );
+    assert!(matches!(
+        s.peers[2].closed.as_slice(),
+        [(_, CloseReason::SendFailed)]
+    ));
+}
+
+#[test]
+fn handshake_is_compact_and_validated() {
+    let hs = Engine::new(Config::default()).local_handshake();
+    let bytes = hs.encode();
+    assert_eq!(bytes.len(), 14);
+    assert!(bytes.len() <= wire::MAX_HANDSHAKE_LEN);
+    assert_eq!(Handshake::decode(&bytes).unwrap(), hs);
+    // rdmacm pads private data with zeros.
+    let mut padded = bytes.clone();
+    padded.resize(56, 0);
+    assert_eq!(Handshake::decode(&padded).unwrap(), hs);
+    assert!(Handshake::decode(&bytes[..13]).is_err());
+    assert!(Handshake::decode(&[0u8; 57]).is_err());
+    let mut bad = bytes.clone();
+    bad[0] ^= 1;
+    assert!(Handshake::decode(&bad).is_err());
+    assert_eq!(hs.recv_buf_size, 8192);
+    assert_eq!(hs.credits, 64);
+}
+
+#[test]
+fn expose_failure_fails_send() {
+    let mut s = sim3(21);
+    s.expose_immediately = false;
+    let sr = s.send(0, 1, 1, pattern(900, 1));
+    let after = s.send(0, 1, 2, pattern(9, 1));
+    s.peers[0].engine.handle_send_buffer_expose_failed(sr);
+    s.pump(0);
+    assert_eq!(s.completion(0, sr).unwrap().status, Status::ExposeFailed);
+    assert_eq!(s.completion(0, after).unwrap().status, Status::Ok);
+    s.pending_expose.clear();
+    s.run();
+    assert_eq!(s.peers[1].engine.unexpected_len(), 1);
+}
