@@ -47,13 +47,33 @@ impl AddrInfo {
     /// Resolves an active-side destination that connects from the given local address (which
     /// selects the local RDMA device).
     pub fn connect_from(dst: SocketAddr, src: IpAddr) -> Result<Self> {
-        Self::resolve_parts(&dst.ip().to_string(), dst.port(), Side::Active, true, Some(src))
+        Self::resolve_parts(
+            &dst.ip().to_string(),
+            dst.port(),
+            Side::Active,
+            true,
+            Some(src),
+        )
     }
 
-    fn resolve_parts(host: &str, port: u16, side: Side, numeric: bool, src: Option<IpAddr>) -> Result<Self> {
-        let text = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
-        let c_host = CString::new(host)
-            .map_err(|_| Error::invalid("rdma_getaddrinfo", format!("host in {text:?} contains a NUL byte")))?;
+    fn resolve_parts(
+        host: &str,
+        port: u16,
+        side: Side,
+        numeric: bool,
+        src: Option<IpAddr>,
+    ) -> Result<Self> {
+        let text = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        let c_host = CString::new(host).map_err(|_| {
+            Error::invalid(
+                "rdma_getaddrinfo",
+                format!("host in {text:?} contains a NUL byte"),
+            )
+        })?;
         let c_port = CString::new(port.to_string()).expect("digits have no NUL");
         let mut hints = sys::rdma_addrinfo {
             ai_port_space: sys::rdma_port_space::RDMA_PS_TCP.0 as i32,
@@ -72,7 +92,11 @@ impl AddrInfo {
             hints.ai_src_addr = src_storage.as_mut_ptr().cast();
             hints.ai_src_len = len;
         }
-        let node = if host.is_empty() { ptr::null() } else { c_host.as_ptr() };
+        let node = if host.is_empty() {
+            ptr::null()
+        } else {
+            c_host.as_ptr()
+        };
         let mut raw = ptr::null_mut();
         // SAFETY: node/service are NUL-terminated strings that outlive the call, hints is a valid
         // rdma_addrinfo (with ai_src_addr pointing at storage that outlives the call), and raw is
@@ -81,8 +105,15 @@ impl AddrInfo {
         if ret != 0 || raw.is_null() {
             // rdma_getaddrinfo returns getaddrinfo-style codes; errno carries the detail when set.
             let reason = gai_reason(ret);
-            let errno = std::io::Error::last_os_error().raw_os_error().filter(|&e| e != 0).unwrap_or(libc::EHOSTUNREACH);
-            return Err(Error::new("rdma_getaddrinfo", errno, format!("cannot resolve {text}: {reason}")));
+            let errno = std::io::Error::last_os_error()
+                .raw_os_error()
+                .filter(|&e| e != 0)
+                .unwrap_or(libc::EHOSTUNREACH);
+            return Err(Error::new(
+                "rdma_getaddrinfo",
+                errno,
+                format!("cannot resolve {text}: {reason}"),
+            ));
         }
         Ok(AddrInfo { raw, side, text })
     }
@@ -117,7 +148,10 @@ impl std::fmt::Display for AddrInfo {
 
 impl std::fmt::Debug for AddrInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AddrInfo").field("addr", &self.text).field("side", &self.side).finish()
+        f.debug_struct("AddrInfo")
+            .field("addr", &self.text)
+            .field("side", &self.side)
+            .finish()
     }
 }
 
@@ -130,14 +164,23 @@ impl Drop for AddrInfo {
 
 /// Splits `"host:port"` / `"[v6]:port"` / `":port"`.
 pub fn split_host_port(s: &str) -> Result<(&str, u16)> {
-    let bad = |why: &str| Error::invalid("rdma_getaddrinfo", format!("address {s:?} is not HOST:PORT: {why}"));
+    let bad = |why: &str| {
+        Error::invalid(
+            "rdma_getaddrinfo",
+            format!("address {s:?} is not HOST:PORT: {why}"),
+        )
+    };
     let (host, port) = s.rsplit_once(':').ok_or_else(|| bad("no ':PORT'"))?;
     let host = match host.strip_prefix('[') {
         Some(rest) => rest.strip_suffix(']').ok_or_else(|| bad("unclosed '['"))?,
-        None if host.contains(':') => return Err(bad("IPv6 addresses need brackets, as in [::1]:7471")),
+        None if host.contains(':') => {
+            return Err(bad("IPv6 addresses need brackets, as in [::1]:7471"))
+        }
         None => host,
     };
-    let port = port.parse::<u16>().map_err(|_| bad("the port is not a number from 0 to 65535"))?;
+    let port = port
+        .parse::<u16>()
+        .map_err(|_| bad("the port is not a number from 0 to 65535"))?;
     Ok((host, port))
 }
 
@@ -146,7 +189,9 @@ fn gai_reason(code: i32) -> String {
         return "no address returned".into();
     }
     // SAFETY: gai_strerror returns a pointer to a static NUL-terminated string for any code.
-    unsafe { CStr::from_ptr(libc::gai_strerror(code)) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(libc::gai_strerror(code)) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Storage big enough for an IPv4 or IPv6 socket address, filled from a `SocketAddr`.
@@ -174,7 +219,9 @@ impl SockAddrStorage {
                 let sin = libc::sockaddr_in {
                     sin_family: libc::AF_INET as libc::sa_family_t,
                     sin_port: v4.port().to_be(),
-                    sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(v4.ip().octets()) },
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                    },
                     sin_zero: [0; 8],
                 };
                 // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
@@ -186,7 +233,9 @@ impl SockAddrStorage {
                     sin6_family: libc::AF_INET6 as libc::sa_family_t,
                     sin6_port: v6.port().to_be(),
                     sin6_flowinfo: v6.flowinfo(),
-                    sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: v6.ip().octets(),
+                    },
                     sin6_scope_id: v6.scope_id(),
                 };
                 // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
@@ -206,7 +255,10 @@ impl SockAddrStorage {
 /// # Safety
 /// `addr` must be NULL or point to at least `len` readable bytes of a socket address (when `len`
 /// is 0 the family's own size is assumed).
-pub(crate) unsafe fn sockaddr_to_std(addr: *const libc::sockaddr, len: usize) -> Option<SocketAddr> {
+pub(crate) unsafe fn sockaddr_to_std(
+    addr: *const libc::sockaddr,
+    len: usize,
+) -> Option<SocketAddr> {
     if addr.is_null() {
         return None;
     }
@@ -236,7 +288,10 @@ mod tests {
 
     #[test]
     fn splits_host_and_port() {
-        assert_eq!(split_host_port("192.0.2.1:7471").unwrap(), ("192.0.2.1", 7471));
+        assert_eq!(
+            split_host_port("192.0.2.1:7471").unwrap(),
+            ("192.0.2.1", 7471)
+        );
         assert_eq!(split_host_port("[::1]:80").unwrap(), ("::1", 80));
         assert_eq!(split_host_port(":9").unwrap(), ("", 9));
         assert_eq!(split_host_port("node-a:7471").unwrap(), ("node-a", 7471));

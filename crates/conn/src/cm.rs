@@ -45,7 +45,10 @@ fn new_channel(call: &'static str) -> Result<*mut sys::rdma_event_channel> {
     // SAFETY: no preconditions; returns an owned channel or NULL.
     let channel = unsafe { sys::rdma_create_event_channel() };
     if channel.is_null() {
-        return Err(Error::last_os(call, "cannot create an rdmacm event channel (is rdma_ucm loaded? /dev/infiniband/rdma_cm)"));
+        return Err(Error::last_os(
+            call,
+            "cannot create an rdmacm event channel (is rdma_ucm loaded? /dev/infiniband/rdma_cm)",
+        ));
     }
     // SAFETY: channel is valid.
     if let Err(err) = set_nonblocking(unsafe { (*channel).fd }, call) {
@@ -62,7 +65,14 @@ impl RawId {
         let channel = new_channel(call)?;
         let mut id = ptr::null_mut();
         // SAFETY: channel is valid and id a valid out-pointer.
-        let ret = unsafe { sys::rdma_create_id(channel, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) };
+        let ret = unsafe {
+            sys::rdma_create_id(
+                channel,
+                &mut id,
+                ptr::null_mut(),
+                sys::rdma_port_space::RDMA_PS_TCP,
+            )
+        };
         if ret != 0 {
             let err = Error::last_os("rdma_create_id", "cannot create an rdmacm id");
             // SAFETY: the channel has no ids.
@@ -90,7 +100,10 @@ impl RawId {
         // SAFETY: id and channel are valid.
         let ret = unsafe { sys::rdma_migrate_id(id, channel) };
         if ret != 0 {
-            let err = Error::last_os("rdma_migrate_id", "cannot move the rdmacm id to its own event channel");
+            let err = Error::last_os(
+                "rdma_migrate_id",
+                "cannot move the rdmacm id to its own event channel",
+            );
             // SAFETY: the id stays on its old channel; destroy it, then our unused channel.
             unsafe {
                 sys::rdma_destroy_id(id);
@@ -136,7 +149,10 @@ impl RawId {
                 return Ok(Some(unsafe { CmEvent::take(event) }));
             }
             if std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock {
-                return Err(Error::last_os("rdma_get_cm_event", "cannot read the rdmacm event channel"));
+                return Err(Error::last_os(
+                    "rdma_get_cm_event",
+                    "cannot read the rdmacm event channel",
+                ));
             }
             let remaining = match deadline {
                 None => None,
@@ -158,7 +174,10 @@ impl Drop for RawId {
         // its owner before this drop. The channel is ours alone and has no other id.
         unsafe {
             if sys::rdma_destroy_id(self.id) != 0 {
-                log::error!("rdma_destroy_id failed: {}", std::io::Error::last_os_error());
+                log::error!(
+                    "rdma_destroy_id failed: {}",
+                    std::io::Error::last_os_error()
+                );
             }
             sys::rdma_destroy_event_channel(self.channel);
         }
@@ -171,7 +190,8 @@ pub struct CmEventKind(pub u32);
 
 impl CmEventKind {
     /// `RDMA_CM_EVENT_CONNECT_REQUEST`.
-    pub const CONNECT_REQUEST: Self = Self(sys::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST.0);
+    pub const CONNECT_REQUEST: Self =
+        Self(sys::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST.0);
     /// `RDMA_CM_EVENT_ESTABLISHED`.
     pub const ESTABLISHED: Self = Self(sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED.0);
     /// `RDMA_CM_EVENT_REJECTED`.
@@ -195,7 +215,9 @@ impl CmEventKind {
             return format!("event {}", self.0);
         }
         // SAFETY: checked non-NULL; static string.
-        unsafe { std::ffi::CStr::from_ptr(s) }.to_string_lossy().into_owned()
+        unsafe { std::ffi::CStr::from_ptr(s) }
+            .to_string_lossy()
+            .into_owned()
     }
 }
 
@@ -228,14 +250,30 @@ impl CmEvent {
             if conn.private_data.is_null() || conn.private_data_len == 0 {
                 Vec::new()
             } else {
-                std::slice::from_raw_parts(conn.private_data.cast::<u8>(), conn.private_data_len.into()).to_vec()
+                std::slice::from_raw_parts(
+                    conn.private_data.cast::<u8>(),
+                    conn.private_data_len.into(),
+                )
+                .to_vec()
             }
         };
-        let new_id = if kind == CmEventKind::CONNECT_REQUEST { e.id } else { ptr::null_mut() };
-        let out = CmEvent { kind, status: e.status, private_data, new_id };
+        let new_id = if kind == CmEventKind::CONNECT_REQUEST {
+            e.id
+        } else {
+            ptr::null_mut()
+        };
+        let out = CmEvent {
+            kind,
+            status: e.status,
+            private_data,
+            new_id,
+        };
         // SAFETY: event is valid and acknowledged exactly once, here.
         if unsafe { sys::rdma_ack_cm_event(event) } != 0 {
-            log::error!("rdma_ack_cm_event failed: {}", std::io::Error::last_os_error());
+            log::error!(
+                "rdma_ack_cm_event failed: {}",
+                std::io::Error::last_os_error()
+            );
         }
         out
     }
@@ -260,20 +298,40 @@ pub struct QpConfig {
 
 impl QpConfig {
     /// A configuration sharing `pd`, `cq` and (optionally) `srq`, with modest default depths.
-    pub fn new(pd: &ProtectionDomain, cq: &CompletionQueue, srq: Option<&SharedReceiveQueue>) -> Self {
-        QpConfig { pd: pd.clone(), cq: cq.clone(), srq: srq.cloned(), send_depth: 64, recv_depth: 64, max_inline: 64 }
+    pub fn new(
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        srq: Option<&SharedReceiveQueue>,
+    ) -> Self {
+        QpConfig {
+            pd: pd.clone(),
+            cq: cq.clone(),
+            srq: srq.cloned(),
+            send_depth: 64,
+            recv_depth: 64,
+            max_inline: 64,
+        }
     }
 
     fn check(&self) -> Result<()> {
         if self.pd.device() != self.cq.device() {
-            return Err(Error::invalid("rdma_create_qp", "the PD and the CQ are on different devices"));
+            return Err(Error::invalid(
+                "rdma_create_qp",
+                "the PD and the CQ are on different devices",
+            ));
         }
         if let Some(srq) = &self.srq {
             if srq.inner.pd.inner.pd != self.pd.inner.pd {
-                return Err(Error::invalid("rdma_create_qp", "the SRQ belongs to another protection domain"));
+                return Err(Error::invalid(
+                    "rdma_create_qp",
+                    "the SRQ belongs to another protection domain",
+                ));
             }
             if !std::sync::Arc::ptr_eq(&srq.inner.cq.inner, &self.cq.inner) {
-                return Err(Error::invalid("rdma_create_qp", "the SRQ completes on another CQ than the connection's"));
+                return Err(Error::invalid(
+                    "rdma_create_qp",
+                    "the SRQ completes on another CQ than the connection's",
+                ));
             }
         }
         Ok(())
@@ -290,19 +348,30 @@ impl Listener {
     /// Binds to a passive address (`rdma_create_ep` with `RAI_PASSIVE`) and listens.
     pub fn bind(addr: &AddrInfo, backlog: i32) -> Result<Self> {
         if addr.side() != Side::Passive {
-            return Err(Error::invalid("rdma_create_ep", format!("{addr} was resolved for connecting, not for listening")));
+            return Err(Error::invalid(
+                "rdma_create_ep",
+                format!("{addr} was resolved for connecting, not for listening"),
+            ));
         }
         let mut id = ptr::null_mut();
         // SAFETY: addr's list is valid; with no PD and no QP attributes rdma_create_ep only binds.
-        let ret = unsafe { sys::rdma_create_ep(&mut id, addr.as_ptr(), ptr::null_mut(), ptr::null_mut()) };
+        let ret = unsafe {
+            sys::rdma_create_ep(&mut id, addr.as_ptr(), ptr::null_mut(), ptr::null_mut())
+        };
         if ret != 0 {
-            return Err(Error::last_os("rdma_create_ep", format!("cannot bind {addr} (address in use, or not on an RDMA device?)")));
+            return Err(Error::last_os(
+                "rdma_create_ep",
+                format!("cannot bind {addr} (address in use, or not on an RDMA device?)"),
+            ));
         }
         // SAFETY: id is a fresh passive id with no QP; we take it over.
         let raw = unsafe { RawId::adopt(id, "rdma_create_ep")? };
         // SAFETY: the id is valid and bound.
         if unsafe { sys::rdma_listen(raw.id(), backlog) } != 0 {
-            return Err(Error::last_os("rdma_listen", format!("cannot listen on {addr}")));
+            return Err(Error::last_os(
+                "rdma_listen",
+                format!("cannot listen on {addr}"),
+            ));
         }
         let local = raw.local_addr();
         log::debug!("listening on {:?}", local);
@@ -332,12 +401,21 @@ impl Listener {
                 return Ok(None);
             };
             if event.kind != CmEventKind::CONNECT_REQUEST || event.new_id.is_null() {
-                log::warn!("listener {:?}: ignoring {} event (status {})", self.local, event.kind.name(), event.status);
+                log::warn!(
+                    "listener {:?}: ignoring {} event (status {})",
+                    self.local,
+                    event.kind.name(),
+                    event.status
+                );
                 continue;
             }
             // SAFETY: the request's new id is ours (its event is acknowledged and it has no QP).
             let raw = unsafe { RawId::adopt(event.new_id, "rdma_get_request")? };
-            return Ok(Some(ConnectionRequest { peer: raw.peer_addr(), raw, private_data: event.private_data }));
+            return Ok(Some(ConnectionRequest {
+                peer: raw.peer_addr(),
+                raw,
+                private_data: event.private_data,
+            }));
         }
     }
 }
@@ -368,14 +446,22 @@ impl ConnectionRequest {
     /// Creates the QP from `config` (sharing its PD, CQ and SRQ) and accepts, sending
     /// `private_data` (at most 196 bytes); waits up to `timeout` for the connection to be
     /// established.
-    pub fn accept(self, config: &QpConfig, private_data: &[u8], timeout: Duration) -> Result<Connection> {
+    pub fn accept(
+        self,
+        config: &QpConfig,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<Connection> {
         check_private_data("rdma_accept", private_data, MAX_ACCEPT_PRIVATE_DATA)?;
         let peer = self.peer;
         let conn = Connection::with_qp(self.raw, config, self.private_data, "rdma_accept")?;
         let mut param = conn_param(private_data);
         // SAFETY: the id is valid with a QP; param and its private data live across the call.
         if unsafe { sys::rdma_accept(conn.raw.id(), &mut param) } != 0 {
-            return Err(Error::last_os("rdma_accept", format!("cannot accept the connection from {peer:?}")));
+            return Err(Error::last_os(
+                "rdma_accept",
+                format!("cannot accept the connection from {peer:?}"),
+            ));
         }
         conn.wait_established(timeout, "rdma_accept", &format!("{peer:?}"))
     }
@@ -384,9 +470,18 @@ impl ConnectionRequest {
     pub fn reject(self, private_data: &[u8]) -> Result<()> {
         check_private_data("rdma_reject", private_data, MAX_REJECT_PRIVATE_DATA)?;
         // SAFETY: the id is a valid, unaccepted request; the data lives across the call.
-        let ret = unsafe { sys::rdma_reject(self.raw.id(), private_data.as_ptr().cast(), private_data.len() as u8) };
+        let ret = unsafe {
+            sys::rdma_reject(
+                self.raw.id(),
+                private_data.as_ptr().cast(),
+                private_data.len() as u8,
+            )
+        };
         if ret != 0 {
-            return Err(Error::last_os("rdma_reject", format!("cannot reject the request from {:?}", self.peer)));
+            return Err(Error::last_os(
+                "rdma_reject",
+                format!("cannot reject the request from {:?}", self.peer),
+            ));
         }
         Ok(())
     }
@@ -394,14 +489,24 @@ impl ConnectionRequest {
 
 fn check_private_data(call: &'static str, data: &[u8], max: usize) -> Result<()> {
     if data.len() > max {
-        return Err(Error::invalid(call, format!("{} bytes of private data exceed the {max} bytes this message carries", data.len())));
+        return Err(Error::invalid(
+            call,
+            format!(
+                "{} bytes of private data exceed the {max} bytes this message carries",
+                data.len()
+            ),
+        ));
     }
     Ok(())
 }
 
 fn conn_param(private_data: &[u8]) -> sys::rdma_conn_param {
     sys::rdma_conn_param {
-        private_data: if private_data.is_empty() { ptr::null() } else { private_data.as_ptr().cast() },
+        private_data: if private_data.is_empty() {
+            ptr::null()
+        } else {
+            private_data.as_ptr().cast()
+        },
         private_data_len: private_data.len() as u8,
         // 255 asks rdmacm for the device's maximum outstanding RDMA READs in both directions.
         responder_resources: sys::RDMA_MAX_RESP_RES.0 as u8,
@@ -418,17 +523,29 @@ fn conn_param(private_data: &[u8]) -> sys::rdma_conn_param {
 /// Connects to `dst` (resolved for [`Side::Active`]): creates the endpoint with
 /// `rdma_create_ep`, its QP from `config`, and sends `private_data` (at most 56 bytes) with the
 /// request. Waits up to `timeout` for the peer's answer.
-pub fn connect(dst: &AddrInfo, config: &QpConfig, private_data: &[u8], timeout: Duration) -> Result<Connection> {
+pub fn connect(
+    dst: &AddrInfo,
+    config: &QpConfig,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<Connection> {
     if dst.side() != Side::Active {
-        return Err(Error::invalid("rdma_create_ep", format!("{dst} was resolved for listening, not for connecting")));
+        return Err(Error::invalid(
+            "rdma_create_ep",
+            format!("{dst} was resolved for listening, not for connecting"),
+        ));
     }
     check_private_data("rdma_connect", private_data, MAX_CONNECT_PRIVATE_DATA)?;
     let mut id = ptr::null_mut();
     // SAFETY: dst's list is valid; without QP attributes rdma_create_ep resolves the address
     // and route (bounded by its 2 s timeouts) and creates no QP.
-    let ret = unsafe { sys::rdma_create_ep(&mut id, dst.as_ptr(), config.pd.inner.pd, ptr::null_mut()) };
+    let ret =
+        unsafe { sys::rdma_create_ep(&mut id, dst.as_ptr(), config.pd.inner.pd, ptr::null_mut()) };
     if ret != 0 {
-        return Err(Error::last_os("rdma_create_ep", format!("cannot resolve a route to {dst}")));
+        return Err(Error::last_os(
+            "rdma_create_ep",
+            format!("cannot resolve a route to {dst}"),
+        ));
     }
     // SAFETY: id is a fresh active id with no QP, its events consumed by rdma_create_ep.
     let raw = unsafe { RawId::adopt(id, "rdma_create_ep")? };
@@ -436,7 +553,10 @@ pub fn connect(dst: &AddrInfo, config: &QpConfig, private_data: &[u8], timeout: 
     let mut param = conn_param(private_data);
     // SAFETY: the id is valid with a QP; param and its private data live across the call.
     if unsafe { sys::rdma_connect(conn.raw.id(), &mut param) } != 0 {
-        return Err(Error::last_os("rdma_connect", format!("cannot connect to {dst}")));
+        return Err(Error::last_os(
+            "rdma_connect",
+            format!("cannot connect to {dst}"),
+        ));
     }
     conn.wait_established(timeout, "rdma_connect", &dst.to_string())
 }
@@ -455,13 +575,23 @@ pub struct Connection {
 }
 
 impl Connection {
-    fn with_qp(raw: RawId, config: &QpConfig, peer_private_data: Vec<u8>, call: &'static str) -> Result<Self> {
+    fn with_qp(
+        raw: RawId,
+        config: &QpConfig,
+        peer_private_data: Vec<u8>,
+        call: &'static str,
+    ) -> Result<Self> {
         config.check()?;
         if raw.context() != config.pd.device().context() {
-            let on = Device::from_context(raw.context()).map(|d| d.name()).unwrap_or_else(|| "?".into());
+            let on = Device::from_context(raw.context())
+                .map(|d| d.name())
+                .unwrap_or_else(|| "?".into());
             return Err(Error::invalid(
                 call,
-                format!("the connection runs on device {on} but the PD is on {}", config.pd.device().name()),
+                format!(
+                    "the connection runs on device {on} but the PD is on {}",
+                    config.pd.device().name()
+                ),
             ));
         }
         let mut attr = sys::ibv_qp_init_attr {
@@ -473,7 +603,11 @@ impl Connection {
             ..Default::default()
         };
         attr.cap.max_send_wr = config.send_depth;
-        attr.cap.max_recv_wr = if config.srq.is_some() { 0 } else { config.recv_depth };
+        attr.cap.max_recv_wr = if config.srq.is_some() {
+            0
+        } else {
+            config.recv_depth
+        };
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
         attr.cap.max_inline_data = config.max_inline;
@@ -482,7 +616,10 @@ impl Connection {
         if unsafe { sys::rdma_create_qp(raw.id(), config.pd.inner.pd, &mut attr) } != 0 {
             return Err(Error::last_os(
                 "rdma_create_qp",
-                format!("cannot create a QP (send depth {}, inline {})", config.send_depth, config.max_inline),
+                format!(
+                    "cannot create a QP (send depth {}, inline {})",
+                    config.send_depth, config.max_inline
+                ),
             ));
         }
         // SAFETY: rdma_create_qp succeeded, so id->qp is a valid QP.
@@ -497,11 +634,20 @@ impl Connection {
         })
     }
 
-    fn wait_established(mut self, timeout: Duration, call: &'static str, peer: &str) -> Result<Self> {
+    fn wait_established(
+        mut self,
+        timeout: Duration,
+        call: &'static str,
+        peer: &str,
+    ) -> Result<Self> {
         let deadline = Instant::now() + timeout;
         loop {
             let Some(event) = self.raw.next_event(Some(deadline), call)? else {
-                return Err(Error::new(call, libc::ETIMEDOUT, format!("no connection with {peer} within {timeout:?}")));
+                return Err(Error::new(
+                    call,
+                    libc::ETIMEDOUT,
+                    format!("no connection with {peer} within {timeout:?}"),
+                ));
             };
             match event.kind {
                 CmEventKind::ESTABLISHED => {
@@ -513,17 +659,28 @@ impl Connection {
                 }
                 CmEventKind::REJECTED => {
                     let why = match event.status {
-                        8 => format!("nobody listens at {peer} (the peer's CM rejected an unknown service)"),
+                        8 => format!(
+                            "nobody listens at {peer} (the peer's CM rejected an unknown service)"
+                        ),
                         28 => format!("the application at {peer} rejected the connection"),
                         s => format!("{peer} rejected the connection (CM reject reason {s})"),
                     };
-                    return Err(Error::new(call, libc::ECONNREFUSED, why).with_reject_data(event.private_data));
+                    return Err(Error::new(call, libc::ECONNREFUSED, why)
+                        .with_reject_data(event.private_data));
                 }
                 CmEventKind::UNREACHABLE | CmEventKind::CONNECT_ERROR => {
                     return Err(Error::new(
                         call,
-                        if event.kind == CmEventKind::UNREACHABLE { libc::EHOSTUNREACH } else { libc::ECONNABORTED },
-                        format!("connection with {peer} failed: {} (status {})", event.kind.name(), event.status),
+                        if event.kind == CmEventKind::UNREACHABLE {
+                            libc::EHOSTUNREACH
+                        } else {
+                            libc::ECONNABORTED
+                        },
+                        format!(
+                            "connection with {peer} failed: {} (status {})",
+                            event.kind.name(),
+                            event.status
+                        ),
                     ));
                 }
                 other => log::debug!("while connecting with {peer}: ignoring {}", other.name()),
@@ -565,7 +722,8 @@ impl Connection {
     /// The next rdmacm event of this connection (e.g. [`CmEventKind::DISCONNECTED`]), waiting
     /// up to `timeout` (`Some(Duration::ZERO)` to just check). `Ok(None)` on timeout.
     pub fn next_event(&self, timeout: Option<Duration>) -> Result<Option<CmEvent>> {
-        self.raw.next_event(timeout.map(|t| Instant::now() + t), "rdma_get_cm_event")
+        self.raw
+            .next_event(timeout.map(|t| Instant::now() + t), "rdma_get_cm_event")
     }
 
     /// Disconnects: the QP goes to the error state, so posted work completes as flushed (its
@@ -574,7 +732,10 @@ impl Connection {
         // SAFETY: the id is valid and connected (or already disconnected, which rdmacm reports
         // as an error that we pass on).
         if unsafe { sys::rdma_disconnect(self.raw.id()) } != 0 {
-            return Err(Error::last_os("rdma_disconnect", format!("cannot disconnect qp {}", self.qp_num)));
+            return Err(Error::last_os(
+                "rdma_disconnect",
+                format!("cannot disconnect qp {}", self.qp_num),
+            ));
         }
         Ok(())
     }
@@ -589,14 +750,21 @@ impl Connection {
         let (opcode, len, inline, remote) = (work.opcode, work.len, work.inline, work.remote);
         let mut sge = match (&work.buf, inline) {
             (Some(buf), _) => buf.sge(len),
-            (None, Some(data)) => sys::ibv_sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 },
+            (None, Some(data)) => sys::ibv_sge {
+                addr: data.as_ptr() as u64,
+                length: data.len() as u32,
+                lkey: 0,
+            },
             (None, None) => sys::ibv_sge::default(),
         };
         let mut flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         if opcode == sys::ibv_wr_opcode::IBV_WR_SEND && (len as u64) <= u64::from(self.max_inline) {
             flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
         }
-        let wr_id = self.config.cq.record(self.owner, work.kind, cookie, work.buf);
+        let wr_id = self
+            .config
+            .cq
+            .record(self.owner, work.kind, cookie, work.buf);
         let mut wr = sys::ibv_send_wr {
             wr_id,
             next: ptr::null_mut(),
@@ -607,7 +775,10 @@ impl Connection {
             ..Default::default()
         };
         if let Some(remote) = remote {
-            wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: remote.addr, rkey: remote.rkey };
+            wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            };
         }
         let mut bad = ptr::null_mut();
         // SAFETY: the QP is valid; wr and sge live across the call. The local memory is either
@@ -617,20 +788,42 @@ impl Connection {
         let ret = unsafe { sys::ibv_post_send(self.qp(), &mut wr, &mut bad) };
         if ret != 0 {
             let buf = self.config.cq.unrecord(wr_id);
-            return Err((Error::from_ret(work.call, ret, format!("cannot post on qp {} (send queue full?)", self.qp_num)), buf));
+            return Err((
+                Error::from_ret(
+                    work.call,
+                    ret,
+                    format!("cannot post on qp {} (send queue full?)", self.qp_num),
+                ),
+                buf,
+            ));
         }
         Ok(())
     }
 
     /// SENDs the first `len` bytes of `buf` (inline when `len` is at most
     /// [`Connection::max_inline`]). The completion hands the buffer back.
-    pub fn post_send(&self, buf: RegisteredBuf, len: usize, cookie: u64) -> Result<(), (Error, RegisteredBuf)> {
+    pub fn post_send(
+        &self,
+        buf: RegisteredBuf,
+        len: usize,
+        cookie: u64,
+    ) -> Result<(), (Error, RegisteredBuf)> {
         if len > buf.len() {
-            let err = Error::invalid("ibv_post_send", format!("send of {len} bytes from a {}-byte buffer", buf.len()));
+            let err = Error::invalid(
+                "ibv_post_send",
+                format!("send of {len} bytes from a {}-byte buffer", buf.len()),
+            );
             return Err((err, buf));
         }
-        let work = SendWork::new("ibv_post_send", WorkKind::Send, sys::ibv_wr_opcode::IBV_WR_SEND, Some(buf), len);
-        self.post(work, cookie).map_err(|(e, b)| (e, b.expect("the buffer comes back with the error")))
+        let work = SendWork::new(
+            "ibv_post_send",
+            WorkKind::Send,
+            sys::ibv_wr_opcode::IBV_WR_SEND,
+            Some(buf),
+            len,
+        );
+        self.post(work, cookie)
+            .map_err(|(e, b)| (e, b.expect("the buffer comes back with the error")))
     }
 
     /// SENDs `data` inline: the bytes are copied into the work request, so no registered
@@ -639,66 +832,141 @@ impl Connection {
         if data.len() as u64 > u64::from(self.max_inline) {
             return Err(Error::invalid(
                 "ibv_post_send",
-                format!("{} bytes do not fit inline (at most {} on qp {})", data.len(), self.max_inline, self.qp_num),
+                format!(
+                    "{} bytes do not fit inline (at most {} on qp {})",
+                    data.len(),
+                    self.max_inline,
+                    self.qp_num
+                ),
             ));
         }
-        let mut work = SendWork::new("ibv_post_send", WorkKind::Send, sys::ibv_wr_opcode::IBV_WR_SEND, None, data.len());
+        let mut work = SendWork::new(
+            "ibv_post_send",
+            WorkKind::Send,
+            sys::ibv_wr_opcode::IBV_WR_SEND,
+            None,
+            data.len(),
+        );
         work.inline = Some(data);
         self.post(work, cookie).map_err(|(e, _)| e)
     }
 
     /// RDMA READs `len` bytes of the peer's `remote` buffer into the start of `target`
     /// (registered with [`crate::Access::LOCAL_WRITE`]). The completion hands `target` back.
-    pub fn post_read(&self, target: RegisteredBuf, len: usize, remote: RemoteBuf, cookie: u64) -> Result<(), (Error, RegisteredBuf)> {
+    pub fn post_read(
+        &self,
+        target: RegisteredBuf,
+        len: usize,
+        remote: RemoteBuf,
+        cookie: u64,
+    ) -> Result<(), (Error, RegisteredBuf)> {
         if !target.access().local_write {
-            return Err((Error::invalid("ibv_post_send", "an RDMA READ target needs Access::LOCAL_WRITE"), target));
+            return Err((
+                Error::invalid(
+                    "ibv_post_send",
+                    "an RDMA READ target needs Access::LOCAL_WRITE",
+                ),
+                target,
+            ));
         }
         if len > target.len() || len as u64 > u64::from(remote.len) {
             let err = Error::invalid(
                 "ibv_post_send",
-                format!("RDMA READ of {len} bytes into {} bytes from a {}-byte remote buffer", target.len(), remote.len),
+                format!(
+                    "RDMA READ of {len} bytes into {} bytes from a {}-byte remote buffer",
+                    target.len(),
+                    remote.len
+                ),
             );
             return Err((err, target));
         }
-        let mut work = SendWork::new("ibv_post_send", WorkKind::Read, sys::ibv_wr_opcode::IBV_WR_RDMA_READ, Some(target), len);
+        let mut work = SendWork::new(
+            "ibv_post_send",
+            WorkKind::Read,
+            sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+            Some(target),
+            len,
+        );
         work.remote = Some(remote);
-        self.post(work, cookie).map_err(|(e, b)| (e, b.expect("the buffer comes back with the error")))
+        self.post(work, cookie)
+            .map_err(|(e, b)| (e, b.expect("the buffer comes back with the error")))
     }
 
     /// RDMA WRITEs the first `len` bytes of `source` into the peer's `remote` buffer (which the
     /// peer must have registered for remote write; rdmx itself never grants that).
-    pub fn post_write(&self, source: RegisteredBuf, len: usize, remote: RemoteBuf, cookie: u64) -> Result<(), (Error, RegisteredBuf)> {
+    pub fn post_write(
+        &self,
+        source: RegisteredBuf,
+        len: usize,
+        remote: RemoteBuf,
+        cookie: u64,
+    ) -> Result<(), (Error, RegisteredBuf)> {
         if len > source.len() || len as u64 > u64::from(remote.len) {
             let err = Error::invalid(
                 "ibv_post_send",
-                format!("RDMA WRITE of {len} bytes from {} bytes into a {}-byte remote buffer", source.len(), remote.len),
+                format!(
+                    "RDMA WRITE of {len} bytes from {} bytes into a {}-byte remote buffer",
+                    source.len(),
+                    remote.len
+                ),
             );
             return Err((err, source));
         }
-        let mut work = SendWork::new("ibv_post_send", WorkKind::Write, sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, Some(source), len);
+        let mut work = SendWork::new(
+            "ibv_post_send",
+            WorkKind::Write,
+            sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            Some(source),
+            len,
+        );
         work.remote = Some(remote);
-        self.post(work, cookie).map_err(|(e, b)| (e, b.expect("the buffer comes back with the error")))
+        self.post(work, cookie)
+            .map_err(|(e, b)| (e, b.expect("the buffer comes back with the error")))
     }
 
     /// Posts a receive on the connection's own receive queue (only for connections made
     /// without an SRQ; with one, post on the SRQ).
     pub fn post_recv(&self, buf: RegisteredBuf, cookie: u64) -> Result<(), (Error, RegisteredBuf)> {
         if self.config.srq.is_some() {
-            return Err((Error::invalid("ibv_post_recv", "this connection receives through its SRQ; post there"), buf));
+            return Err((
+                Error::invalid(
+                    "ibv_post_recv",
+                    "this connection receives through its SRQ; post there",
+                ),
+                buf,
+            ));
         }
         if !buf.access().local_write {
-            return Err((Error::invalid("ibv_post_recv", "receive buffers need Access::LOCAL_WRITE"), buf));
+            return Err((
+                Error::invalid("ibv_post_recv", "receive buffers need Access::LOCAL_WRITE"),
+                buf,
+            ));
         }
         let mut sge = buf.sge(buf.len());
-        let wr_id = self.config.cq.record(self.owner, WorkKind::Recv, cookie, Some(buf));
-        let mut wr = sys::ibv_recv_wr { wr_id, next: ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
+        let wr_id = self
+            .config
+            .cq
+            .record(self.owner, WorkKind::Recv, cookie, Some(buf));
+        let mut wr = sys::ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
         let mut bad = ptr::null_mut();
         // SAFETY: as for sends: the buffer is held in the CQ's table until it completes or the
         // QP is destroyed.
         let ret = unsafe { sys::ibv_post_recv(self.qp(), &mut wr, &mut bad) };
         if ret != 0 {
             let buf = self.config.cq.unrecord(wr_id).expect("recorded just above");
-            return Err((Error::from_ret("ibv_post_recv", ret, format!("cannot post a receive on qp {}", self.qp_num)), buf));
+            return Err((
+                Error::from_ret(
+                    "ibv_post_recv",
+                    ret,
+                    format!("cannot post a receive on qp {}", self.qp_num),
+                ),
+                buf,
+            ));
         }
         Ok(())
     }
@@ -715,8 +983,22 @@ struct SendWork<'a> {
 }
 
 impl SendWork<'_> {
-    fn new(call: &'static str, kind: WorkKind, opcode: sys::ibv_wr_opcode, buf: Option<RegisteredBuf>, len: usize) -> Self {
-        SendWork { call, kind, opcode, buf, len, inline: None, remote: None }
+    fn new(
+        call: &'static str,
+        kind: WorkKind,
+        opcode: sys::ibv_wr_opcode,
+        buf: Option<RegisteredBuf>,
+        len: usize,
+    ) -> Self {
+        SendWork {
+            call,
+            kind,
+            opcode,
+            buf,
+            len,
+            inline: None,
+            remote: None,
+        }
     }
 }
 
@@ -733,6 +1015,9 @@ impl Drop for Connection {
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Connection").field("qp_num", &self.qp_num).field("peer", &self.peer_addr()).finish()
+        f.debug_struct("Connection")
+            .field("qp_num", &self.qp_num)
+            .field("peer", &self.peer_addr())
+            .finish()
     }
 }

@@ -61,7 +61,9 @@ impl WcStatus {
             return format!("status {}", self.0);
         }
         // SAFETY: checked non-NULL; the string is static.
-        unsafe { std::ffi::CStr::from_ptr(s) }.to_string_lossy().into_owned()
+        unsafe { std::ffi::CStr::from_ptr(s) }
+            .to_string_lossy()
+            .into_owned()
     }
 }
 
@@ -183,9 +185,15 @@ impl CompletionChannel {
         // SAFETY: the device context is open while `device` lives (we keep a clone).
         let raw = unsafe { sys::ibv_create_comp_channel(device.context()) };
         if raw.is_null() {
-            return Err(Error::last_os("ibv_create_comp_channel", format!("cannot create a completion channel on {}", device.name())));
+            return Err(Error::last_os(
+                "ibv_create_comp_channel",
+                format!("cannot create a completion channel on {}", device.name()),
+            ));
         }
-        let channel = CompletionChannel { raw, _device: device.clone() };
+        let channel = CompletionChannel {
+            raw,
+            _device: device.clone(),
+        };
         set_nonblocking(channel.as_raw_fd(), "ibv_create_comp_channel")?;
         Ok(channel)
     }
@@ -204,7 +212,10 @@ impl Drop for CompletionChannel {
         // destroys the CQ, then drops the channel).
         let ret = unsafe { sys::ibv_destroy_comp_channel(self.raw) };
         if ret != 0 {
-            log::error!("ibv_destroy_comp_channel failed: {}", std::io::Error::from_raw_os_error(ret));
+            log::error!(
+                "ibv_destroy_comp_channel failed: {}",
+                std::io::Error::from_raw_os_error(ret)
+            );
         }
     }
 }
@@ -235,7 +246,10 @@ impl Drop for CqInner {
         // all events are acknowledged (ibv_destroy_cq would wait for them otherwise).
         let ret = unsafe { sys::ibv_destroy_cq(self.cq) };
         if ret != 0 {
-            log::error!("ibv_destroy_cq failed: {}", std::io::Error::from_raw_os_error(ret));
+            log::error!(
+                "ibv_destroy_cq failed: {}",
+                std::io::Error::from_raw_os_error(ret)
+            );
         }
         // Buffers still in the table are dropped now that nothing can complete into them.
         self.channel.take();
@@ -253,15 +267,30 @@ impl CompletionQueue {
     /// Creates a CQ of at least `capacity` entries. With `events`, it also gets a completion
     /// channel so that [`CompletionQueue::wait`] can sleep instead of spinning.
     pub fn new(device: &Device, capacity: u32, events: bool) -> Result<Self> {
-        let channel = if events { Some(CompletionChannel::new(device)?) } else { None };
+        let channel = if events {
+            Some(CompletionChannel::new(device)?)
+        } else {
+            None
+        };
         let channel_ptr = channel.as_ref().map_or(ptr::null_mut(), |c| c.raw);
-        let cqe = i32::try_from(capacity)
-            .map_err(|_| Error::invalid("ibv_create_cq", format!("capacity {capacity} is out of range")))?;
+        let cqe = i32::try_from(capacity).map_err(|_| {
+            Error::invalid(
+                "ibv_create_cq",
+                format!("capacity {capacity} is out of range"),
+            )
+        })?;
         // SAFETY: the context is open, and the channel (if any) outlives the CQ (CqInner drops it
         // after destroying the CQ).
-        let cq = unsafe { sys::ibv_create_cq(device.context(), cqe, ptr::null_mut(), channel_ptr, 0) };
+        let cq =
+            unsafe { sys::ibv_create_cq(device.context(), cqe, ptr::null_mut(), channel_ptr, 0) };
         if cq.is_null() {
-            return Err(Error::last_os("ibv_create_cq", format!("cannot create a CQ of {capacity} entries on {}", device.name())));
+            return Err(Error::last_os(
+                "ibv_create_cq",
+                format!(
+                    "cannot create a CQ of {capacity} entries on {}",
+                    device.name()
+                ),
+            ));
         }
         // SAFETY: cq is valid; the provider may round the size up.
         let actual = unsafe { (*cq).cqe }.max(0) as u32;
@@ -298,8 +327,19 @@ impl CompletionQueue {
     }
 
     /// Records posted work; returns the `wr_id` to give the NIC.
-    pub(crate) fn record(&self, owner: Owner, kind: WorkKind, cookie: u64, buffer: Option<RegisteredBuf>) -> u64 {
-        self.inner.table.lock().insert(Pending { owner, kind, cookie, buffer })
+    pub(crate) fn record(
+        &self,
+        owner: Owner,
+        kind: WorkKind,
+        cookie: u64,
+        buffer: Option<RegisteredBuf>,
+    ) -> u64 {
+        self.inner.table.lock().insert(Pending {
+            owner,
+            kind,
+            cookie,
+            buffer,
+        })
     }
 
     /// Takes back a record whose post failed; returns its buffer.
@@ -325,13 +365,20 @@ impl CompletionQueue {
             // SAFETY: cq is valid and wcs has room for `want` entries.
             let n = unsafe { sys::ibv_poll_cq(self.inner.cq, want as i32, wcs.as_mut_ptr()) };
             if n < 0 {
-                return Err(Error::from_ret("ibv_poll_cq", n, "cannot poll the completion queue"));
+                return Err(Error::from_ret(
+                    "ibv_poll_cq",
+                    n,
+                    "cannot poll the completion queue",
+                ));
             }
             let n = n as usize;
             let mut table = self.inner.table.lock();
             for wc in &wcs[..n] {
                 let Some(pending) = table.remove(wc.wr_id) else {
-                    log::debug!("completion for work no longer tracked (qp {} destroyed?)", wc.qp_num);
+                    log::debug!(
+                        "completion for work no longer tracked (qp {} destroyed?)",
+                        wc.qp_num
+                    );
                     continue;
                 };
                 let imm = (wc.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0) != 0;
@@ -359,7 +406,11 @@ impl CompletionQueue {
         // SAFETY: cq is valid.
         let ret = unsafe { sys::ibv_req_notify_cq(self.inner.cq, 0) };
         if ret != 0 {
-            return Err(Error::from_ret("ibv_req_notify_cq", ret, "cannot arm the completion queue"));
+            return Err(Error::from_ret(
+                "ibv_req_notify_cq",
+                ret,
+                "cannot arm the completion queue",
+            ));
         }
         Ok(())
     }
@@ -370,9 +421,17 @@ impl CompletionQueue {
     /// The loop is the classic one, so no wakeup is lost: poll; if empty, arm the CQ and poll
     /// again (a completion may have landed before the arming); if still empty, sleep on the
     /// channel, take the event (acknowledged in batches), and start over.
-    pub fn wait(&self, out: &mut Vec<Completion>, max: usize, timeout: Option<Duration>) -> Result<usize> {
+    pub fn wait(
+        &self,
+        out: &mut Vec<Completion>,
+        max: usize,
+        timeout: Option<Duration>,
+    ) -> Result<usize> {
         let channel = self.inner.channel.as_ref().ok_or_else(|| {
-            Error::invalid("ibv_get_cq_event", "this CQ was created without a completion channel; create it with events = true")
+            Error::invalid(
+                "ibv_get_cq_event",
+                "this CQ was created without a completion channel; create it with events = true",
+            )
         })?;
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
@@ -410,7 +469,10 @@ impl CompletionQueue {
             if err.kind() == std::io::ErrorKind::WouldBlock {
                 return Ok(());
             }
-            return Err(Error::last_os("ibv_get_cq_event", "cannot read the completion channel"));
+            return Err(Error::last_os(
+                "ibv_get_cq_event",
+                "cannot read the completion channel",
+            ));
         }
         let unacked = self.inner.unacked_events.fetch_add(1, Ordering::AcqRel) + 1;
         if unacked >= ACK_BATCH {
@@ -429,19 +491,30 @@ pub(crate) fn set_nonblocking(fd: RawFd, call: &'static str) -> Result<()> {
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     // SAFETY: as above.
     if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(Error::last_os(call, "cannot make the channel's file descriptor non-blocking"));
+        return Err(Error::last_os(
+            call,
+            "cannot make the channel's file descriptor non-blocking",
+        ));
     }
     Ok(())
 }
 
 /// Sleeps in poll(2) until `fd` is readable or `timeout` passes; returns whether it is readable.
-pub(crate) fn poll_readable(fd: RawFd, timeout: Option<Duration>, call: &'static str) -> Result<bool> {
+pub(crate) fn poll_readable(
+    fd: RawFd,
+    timeout: Option<Duration>,
+    call: &'static str,
+) -> Result<bool> {
     let ms = match timeout {
         None => -1,
         // Round up so that a sub-millisecond remainder still sleeps instead of spinning.
         Some(t) => i32::try_from(t.as_micros().div_ceil(1000)).unwrap_or(i32::MAX),
     };
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     loop {
         // SAFETY: pfd is a valid pollfd array of length 1.
         let n = unsafe { libc::poll(&mut pfd, 1, ms) };
@@ -449,7 +522,10 @@ pub(crate) fn poll_readable(fd: RawFd, timeout: Option<Duration>, call: &'static
             return Ok(n > 0);
         }
         if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            return Err(Error::last_os(call, "poll on the channel's file descriptor failed"));
+            return Err(Error::last_os(
+                call,
+                "poll on the channel's file descriptor failed",
+            ));
         }
     }
 }
@@ -459,7 +535,12 @@ mod tests {
     use super::*;
 
     fn pending(owner: Owner, cookie: u64) -> Pending {
-        Pending { owner, kind: WorkKind::Send, cookie, buffer: None }
+        Pending {
+            owner,
+            kind: WorkKind::Send,
+            cookie,
+            buffer: None,
+        }
     }
 
     #[test]

@@ -80,17 +80,32 @@ impl Device {
             // librdmacm returns NULL when /dev/infiniband/rdma_cm is missing: no devices.
             return Ok(Vec::new());
         }
-        let list = Arc::new(DeviceList { list, len: n.max(0) as usize });
-        Ok((0..list.len).map(|index| Device { list: list.clone(), index }).collect())
+        let list = Arc::new(DeviceList {
+            list,
+            len: n.max(0) as usize,
+        });
+        Ok((0..list.len)
+            .map(|index| Device {
+                list: list.clone(),
+                index,
+            })
+            .collect())
     }
 
     /// Finds a device by its name (e.g. `"rxe0"`, `"mlx5_0"`).
     pub fn by_name(name: &str) -> Result<Device> {
         let devices = Device::list()?;
         let names: Vec<String> = devices.iter().map(|d| d.name()).collect();
-        devices.into_iter().find(|d| d.name() == name).ok_or_else(|| {
-            Error::new("rdma_get_devices", libc::ENODEV, format!("no RDMA device named {name:?} (found: {names:?})"))
-        })
+        devices
+            .into_iter()
+            .find(|d| d.name() == name)
+            .ok_or_else(|| {
+                Error::new(
+                    "rdma_get_devices",
+                    libc::ENODEV,
+                    format!("no RDMA device named {name:?} (found: {names:?})"),
+                )
+            })
     }
 
     /// The device that owns a local IP address, found by binding a throwaway rdmacm id to it.
@@ -101,12 +116,20 @@ impl Device {
         // SAFETY: the id is valid and storage holds a socket address that outlives the call.
         let ret = unsafe { sys::rdma_bind_addr(channel_and_id.id(), storage.as_mut_ptr().cast()) };
         if ret != 0 {
-            return Err(Error::last_os("rdma_bind_addr", format!("no RDMA device has the address {ip}")));
+            return Err(Error::last_os(
+                "rdma_bind_addr",
+                format!("no RDMA device has the address {ip}"),
+            ));
         }
         // SAFETY: a bound id's verbs field is rdmacm's context for the device owning the address.
         let ctx = unsafe { (*channel_and_id.id()).verbs };
-        Device::from_context(ctx)
-            .ok_or_else(|| Error::new("rdma_bind_addr", libc::ENODEV, format!("{ip} is not on an RDMA device")))
+        Device::from_context(ctx).ok_or_else(|| {
+            Error::new(
+                "rdma_bind_addr",
+                libc::ENODEV,
+                format!("{ip} is not on an RDMA device"),
+            )
+        })
     }
 
     /// The device whose context is `ctx` (one of rdmacm's), if it is in rdmacm's list.
@@ -114,7 +137,10 @@ impl Device {
         if ctx.is_null() {
             return None;
         }
-        Device::list().ok()?.into_iter().find(|d| d.context() == ctx)
+        Device::list()
+            .ok()?
+            .into_iter()
+            .find(|d| d.context() == ctx)
     }
 
     pub(crate) fn context(&self) -> *mut sys::ibv_context {
@@ -131,7 +157,9 @@ impl Device {
             return String::from("?");
         }
         // SAFETY: checked non-NULL above; the string lives as long as the device.
-        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
     }
 
     /// The device's limits.
@@ -140,7 +168,11 @@ impl Device {
         // SAFETY: the context is open and attr is a valid out-pointer.
         let ret = unsafe { sys::ibv_query_device(self.context(), &mut attr) };
         if ret != 0 {
-            return Err(Error::from_ret("ibv_query_device", ret, format!("cannot query device {}", self.name())));
+            return Err(Error::from_ret(
+                "ibv_query_device",
+                ret,
+                format!("cannot query device {}", self.name()),
+            ));
         }
         let clamp = |v: i32| v.max(0) as u32;
         Ok(DeviceLimits {
@@ -162,7 +194,11 @@ impl Device {
                 // SAFETY: the context is open, port is in range and attr is a valid out-pointer.
                 let ret = unsafe { sys::___ibv_query_port(self.context(), port, &mut attr) };
                 if ret != 0 {
-                    return Err(Error::from_ret("ibv_query_port", ret, format!("cannot query port {port} of {}", self.name())));
+                    return Err(Error::from_ret(
+                        "ibv_query_port",
+                        ret,
+                        format!("cannot query port {port} of {}", self.name()),
+                    ));
                 }
                 Ok(PortInfo {
                     port,
@@ -210,4 +246,3 @@ fn mtu_bytes(mtu: sys::ibv_mtu) -> u32 {
         _ => 0,
     }
 }
-

@@ -18,12 +18,19 @@ pub struct Error {
 impl Error {
     /// An error for `call`, with an explicit errno and sentence.
     pub fn new(call: &'static str, errno: i32, message: impl Into<String>) -> Self {
-        Error { call, errno, message: message.into(), reject_data: Vec::new() }
+        Error {
+            call,
+            errno,
+            message: message.into(),
+            reject_data: Vec::new(),
+        }
     }
 
     /// An error for `call` whose errno is the thread's current `errno` (read immediately).
     pub fn last_os(call: &'static str, message: impl Into<String>) -> Self {
-        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        let errno = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
         Self::new(call, errno, message)
     }
 
@@ -89,7 +96,11 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let os = std::io::Error::from_raw_os_error(self.errno);
-        write!(f, "{}: {} ({} failed: {})", self.call, self.message, self.call, os)
+        write!(
+            f,
+            "{}: {} ({} failed: {})",
+            self.call, self.message, self.call, os
+        )
     }
 }
 
@@ -108,7 +119,11 @@ mod tests {
 
     #[test]
     fn display_names_call_errno_and_sentence() {
-        let err = Error::new("rdma_connect", libc::ECONNREFUSED, "nobody listens on 192.0.2.1:7471");
+        let err = Error::new(
+            "rdma_connect",
+            libc::ECONNREFUSED,
+            "nobody listens on 192.0.2.1:7471",
+        );
         let text = err.to_string();
         assert!(text.contains("rdma_connect"), "{text}");
         assert!(text.contains("nobody listens"), "{text}");
@@ -119,8 +134,14 @@ mod tests {
 
     #[test]
     fn from_ret_understands_all_three_conventions() {
-        assert_eq!(Error::from_ret("x", -libc::EINVAL, "m").errno(), libc::EINVAL);
-        assert_eq!(Error::from_ret("x", libc::ENOMEM, "m").errno(), libc::ENOMEM);
+        assert_eq!(
+            Error::from_ret("x", -libc::EINVAL, "m").errno(),
+            libc::EINVAL
+        );
+        assert_eq!(
+            Error::from_ret("x", libc::ENOMEM, "m").errno(),
+            libc::ENOMEM
+        );
         assert!(Error::from_ret("x", libc::ENOMEM, "m").is_queue_full());
     }
 }

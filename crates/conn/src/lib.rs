@@ -48,8 +48,8 @@ mod srq;
 
 pub use addr::{split_host_port, AddrInfo, Side};
 pub use cm::{
-    connect, CmEvent, CmEventKind, Connection, ConnectionRequest, Listener, QpConfig, MAX_ACCEPT_PRIVATE_DATA,
-    MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
+    connect, CmEvent, CmEventKind, Connection, ConnectionRequest, Listener, QpConfig,
+    MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
 pub use cq::{Completion, CompletionQueue, WcStatus, WorkKind};
 pub use device::{Device, DeviceLimits, PortInfo};

@@ -37,7 +37,11 @@ impl Drop for PdInner {
         // SAFETY: every MR, SRQ and QP of this PD holds an Arc<PdInner>, so all are gone by now.
         let ret = unsafe { sys::ibv_dealloc_pd(self.pd) };
         if ret != 0 {
-            log::error!("ibv_dealloc_pd on {} failed: {}", self.device.name(), std::io::Error::from_raw_os_error(ret));
+            log::error!(
+                "ibv_dealloc_pd on {} failed: {}",
+                self.device.name(),
+                std::io::Error::from_raw_os_error(ret)
+            );
         }
     }
 }
@@ -61,11 +65,20 @@ pub struct Access {
 
 impl Access {
     /// Send sources only: the NIC reads, nobody writes, no peer access.
-    pub const SEND: Access = Access { local_write: false, remote_read: false };
+    pub const SEND: Access = Access {
+        local_write: false,
+        remote_read: false,
+    };
     /// Receive buffers and RDMA READ targets: the NIC writes locally.
-    pub const LOCAL_WRITE: Access = Access { local_write: true, remote_read: false };
+    pub const LOCAL_WRITE: Access = Access {
+        local_write: true,
+        remote_read: false,
+    };
     /// Rendezvous sources: peers may RDMA READ with the rkey.
-    pub const REMOTE_READ: Access = Access { local_write: false, remote_read: true };
+    pub const REMOTE_READ: Access = Access {
+        local_write: false,
+        remote_read: true,
+    };
 
     fn verbs_flags(self) -> u32 {
         let mut flags = 0;
@@ -85,9 +98,17 @@ impl ProtectionDomain {
         // SAFETY: the device's context is open while `device` lives, and the PD keeps a clone.
         let pd = unsafe { sys::ibv_alloc_pd(device.context()) };
         if pd.is_null() {
-            return Err(Error::last_os("ibv_alloc_pd", format!("cannot allocate a protection domain on {}", device.name())));
+            return Err(Error::last_os(
+                "ibv_alloc_pd",
+                format!("cannot allocate a protection domain on {}", device.name()),
+            ));
         }
-        Ok(ProtectionDomain { inner: Arc::new(PdInner { pd, device: device.clone() }) })
+        Ok(ProtectionDomain {
+            inner: Arc::new(PdInner {
+                pd,
+                device: device.clone(),
+            }),
+        })
     }
 
     /// The device this PD belongs to.
@@ -98,7 +119,11 @@ impl ProtectionDomain {
     /// Registers a new zeroed region of `len` bytes and returns it as one buffer.
     pub fn register(&self, len: usize, access: Access) -> Result<RegisteredBuf> {
         let region = Region::new(self, len, access)?;
-        Ok(RegisteredBuf { offset: 0, len, region })
+        Ok(RegisteredBuf {
+            offset: 0,
+            len,
+            region,
+        })
     }
 
     /// Registers a region of the given contents (copied into registered memory).
@@ -110,12 +135,23 @@ impl ProtectionDomain {
 
     /// Registers one region of `count * chunk_len` bytes and splits it into `count` buffers of
     /// `chunk_len` bytes: one registration for a whole pool of send or receive buffers.
-    pub fn register_chunks(&self, chunk_len: usize, count: usize, access: Access) -> Result<Vec<RegisteredBuf>> {
-        let total = chunk_len
-            .checked_mul(count)
-            .ok_or_else(|| Error::invalid("ibv_reg_mr", format!("{count} chunks of {chunk_len} bytes overflow")))?;
+    pub fn register_chunks(
+        &self,
+        chunk_len: usize,
+        count: usize,
+        access: Access,
+    ) -> Result<Vec<RegisteredBuf>> {
+        let total = chunk_len.checked_mul(count).ok_or_else(|| {
+            Error::invalid(
+                "ibv_reg_mr",
+                format!("{count} chunks of {chunk_len} bytes overflow"),
+            )
+        })?;
         if chunk_len == 0 {
-            return Err(Error::invalid("ibv_reg_mr", "chunks must be at least one byte long"));
+            return Err(Error::invalid(
+                "ibv_reg_mr",
+                "chunks must be at least one byte long",
+            ));
         }
         let mut rest = self.register(total, access)?;
         let mut chunks = Vec::with_capacity(count);
@@ -147,28 +183,51 @@ unsafe impl Sync for Region {}
 impl Region {
     fn new(pd: &ProtectionDomain, len: usize, access: Access) -> Result<Arc<Region>> {
         // Page alignment keeps registrations from sharing pages with unrelated heap data.
-        let layout = Layout::from_size_align(len.max(1), 4096)
-            .map_err(|_| Error::invalid("ibv_reg_mr", format!("a region of {len} bytes is too large")))?;
+        let layout = Layout::from_size_align(len.max(1), 4096).map_err(|_| {
+            Error::invalid(
+                "ibv_reg_mr",
+                format!("a region of {len} bytes is too large"),
+            )
+        })?;
         // SAFETY: layout has a non-zero size.
         let base = unsafe { alloc::alloc_zeroed(layout) };
         let Some(base) = NonNull::new(base) else {
-            return Err(Error::new("ibv_reg_mr", libc::ENOMEM, format!("cannot allocate {len} bytes to register")));
+            return Err(Error::new(
+                "ibv_reg_mr",
+                libc::ENOMEM,
+                format!("cannot allocate {len} bytes to register"),
+            ));
         };
         // SAFETY: base points to layout.size() bytes that stay allocated until after the MR is
         // deregistered (Region::drop deregisters first, then frees).
         let mr = unsafe {
-            sys::__ibv_reg_mr(pd.inner.pd, base.as_ptr().cast(), layout.size(), access.verbs_flags(), 1)
+            sys::__ibv_reg_mr(
+                pd.inner.pd,
+                base.as_ptr().cast(),
+                layout.size(),
+                access.verbs_flags(),
+                1,
+            )
         };
         if mr.is_null() {
             let err = Error::last_os(
                 "ibv_reg_mr",
-                format!("cannot register {len} bytes on {} (locked-memory limit? see `ulimit -l`)", pd.device().name()),
+                format!(
+                    "cannot register {len} bytes on {} (locked-memory limit? see `ulimit -l`)",
+                    pd.device().name()
+                ),
             );
             // SAFETY: base was allocated above with this layout and never registered.
             unsafe { alloc::dealloc(base.as_ptr(), layout) };
             return Err(err);
         }
-        Ok(Arc::new(Region { mr, base, layout, access, pd: pd.clone() }))
+        Ok(Arc::new(Region {
+            mr,
+            base,
+            layout,
+            access,
+            pd: pd.clone(),
+        }))
     }
 
     fn lkey(&self) -> u32 {
@@ -189,7 +248,11 @@ impl Drop for Region {
         let ret = unsafe { sys::ibv_dereg_mr(self.mr) };
         if ret != 0 {
             // The NIC may still map this memory: leaking it is the only safe choice.
-            log::error!("ibv_dereg_mr failed ({}); leaking {} bytes", std::io::Error::from_raw_os_error(ret), self.layout.size());
+            log::error!(
+                "ibv_dereg_mr failed ({}); leaking {} bytes",
+                std::io::Error::from_raw_os_error(ret),
+                self.layout.size()
+            );
             return;
         }
         // SAFETY: base was allocated with layout in Region::new and is freed once, here.
@@ -244,7 +307,11 @@ impl RegisteredBuf {
         if !self.region.access.remote_read {
             return None;
         }
-        Some(RemoteBuf { addr: self.addr(), len: u32::try_from(self.len).ok()?, rkey: self.region.rkey() })
+        Some(RemoteBuf {
+            addr: self.addr(),
+            len: u32::try_from(self.len).ok()?,
+            rkey: self.region.rkey(),
+        })
     }
 
     /// Splits the buffer in two at `at`: `self` keeps `[0, at)`, the result owns `[at, len)`.
@@ -252,8 +319,16 @@ impl RegisteredBuf {
     /// # Panics
     /// When `at > len`, as `Vec::split_off` does.
     pub fn split_off(&mut self, at: usize) -> RegisteredBuf {
-        assert!(at <= self.len, "split_off at {at} past the end of a {}-byte buffer", self.len);
-        let tail = RegisteredBuf { region: self.region.clone(), offset: self.offset + at, len: self.len - at };
+        assert!(
+            at <= self.len,
+            "split_off at {at} past the end of a {}-byte buffer",
+            self.len
+        );
+        let tail = RegisteredBuf {
+            region: self.region.clone(),
+            offset: self.offset + at,
+            len: self.len - at,
+        };
         self.len = at;
         tail
     }
@@ -277,7 +352,11 @@ impl RegisteredBuf {
     /// A scatter/gather entry covering the first `len` bytes.
     pub(crate) fn sge(&self, len: usize) -> sys::ibv_sge {
         debug_assert!(len <= self.len);
-        sys::ibv_sge { addr: self.addr(), length: len as u32, lkey: self.lkey() }
+        sys::ibv_sge {
+            addr: self.addr(),
+            length: len as u32,
+            lkey: self.lkey(),
+        }
     }
 }
 
@@ -299,6 +378,9 @@ impl DerefMut for RegisteredBuf {
 
 impl std::fmt::Debug for RegisteredBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegisteredBuf").field("addr", &format_args!("{:#x}", self.addr())).field("len", &self.len).finish()
+        f.debug_struct("RegisteredBuf")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .finish()
     }
 }

@@ -26,7 +26,10 @@ impl Drop for SrqInner {
         // SAFETY: every QP attached to this SRQ holds an Arc<SrqInner>, so none is left.
         let ret = unsafe { sys::ibv_destroy_srq(self.srq) };
         if ret != 0 {
-            log::error!("ibv_destroy_srq failed: {}", std::io::Error::from_raw_os_error(ret));
+            log::error!(
+                "ibv_destroy_srq failed: {}",
+                std::io::Error::from_raw_os_error(ret)
+            );
             // The receives may still be reachable by the NIC: keep their buffers alive forever.
             return;
         }
@@ -46,7 +49,10 @@ impl SharedReceiveQueue {
     /// Creates an SRQ that holds up to `capacity` posted receives, completing on `cq`.
     pub fn new(pd: &ProtectionDomain, cq: &CompletionQueue, capacity: u32) -> Result<Self> {
         if pd.device() != cq.device() {
-            return Err(Error::invalid("ibv_create_srq", "the PD and the CQ are on different devices"));
+            return Err(Error::invalid(
+                "ibv_create_srq",
+                "the PD and the CQ are on different devices",
+            ));
         }
         let mut attr = sys::ibv_srq_init_attr::default();
         attr.attr.max_wr = capacity;
@@ -54,10 +60,22 @@ impl SharedReceiveQueue {
         // SAFETY: the PD is valid and attr is a valid in/out attribute struct.
         let srq = unsafe { sys::ibv_create_srq(pd.inner.pd, &mut attr) };
         if srq.is_null() {
-            return Err(Error::last_os("ibv_create_srq", format!("cannot create an SRQ of {capacity} receives on {}", pd.device().name())));
+            return Err(Error::last_os(
+                "ibv_create_srq",
+                format!(
+                    "cannot create an SRQ of {capacity} receives on {}",
+                    pd.device().name()
+                ),
+            ));
         }
         Ok(SharedReceiveQueue {
-            inner: Arc::new(SrqInner { srq, owner: new_owner(), cq: cq.clone(), pd: pd.clone(), capacity: attr.attr.max_wr }),
+            inner: Arc::new(SrqInner {
+                srq,
+                owner: new_owner(),
+                cq: cq.clone(),
+                pd: pd.clone(),
+                capacity: attr.attr.max_wr,
+            }),
         })
     }
 
@@ -70,14 +88,34 @@ impl SharedReceiveQueue {
     /// with the received bytes at its start. On failure the buffer is given back with the error.
     pub fn post_recv(&self, buf: RegisteredBuf, cookie: u64) -> Result<(), (Error, RegisteredBuf)> {
         if !buf.access().local_write {
-            return Err((Error::invalid("ibv_post_srq_recv", "receive buffers need Access::LOCAL_WRITE"), buf));
+            return Err((
+                Error::invalid(
+                    "ibv_post_srq_recv",
+                    "receive buffers need Access::LOCAL_WRITE",
+                ),
+                buf,
+            ));
         }
         if buf.pd().inner.pd != self.inner.pd.inner.pd {
-            return Err((Error::invalid("ibv_post_srq_recv", "the buffer is registered in another protection domain"), buf));
+            return Err((
+                Error::invalid(
+                    "ibv_post_srq_recv",
+                    "the buffer is registered in another protection domain",
+                ),
+                buf,
+            ));
         }
         let mut sge = buf.sge(buf.len());
-        let wr_id = self.inner.cq.record(self.inner.owner, WorkKind::Recv, cookie, Some(buf));
-        let mut wr = sys::ibv_recv_wr { wr_id, next: std::ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
+        let wr_id = self
+            .inner
+            .cq
+            .record(self.inner.owner, WorkKind::Recv, cookie, Some(buf));
+        let mut wr = sys::ibv_recv_wr {
+            wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
         let mut bad = std::ptr::null_mut();
         // SAFETY: srq is valid; wr and sge live across the call; the buffer's memory stays
         // allocated and untouched by anyone else until its completion returns it (it sits in
@@ -85,7 +123,14 @@ impl SharedReceiveQueue {
         let ret = unsafe { sys::ibv_post_srq_recv(self.inner.srq, &mut wr, &mut bad) };
         if ret != 0 {
             let buf = self.inner.cq.unrecord(wr_id).expect("recorded just above");
-            return Err((Error::from_ret("ibv_post_srq_recv", ret, "cannot post a receive (SRQ full?)"), buf));
+            return Err((
+                Error::from_ret(
+                    "ibv_post_srq_recv",
+                    ret,
+                    "cannot post a receive (SRQ full?)",
+                ),
+                buf,
+            ));
         }
         Ok(())
     }

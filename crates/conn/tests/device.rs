@@ -1,0 +1,661 @@
+//! Device tests: real rdmacm/verbs on Soft-RoCE. The host has no RDMA, so every test here is
+//! `#[ignore]`d there; `scripts/test` runs them with `--ignored` inside the guest that
+//! `scripts/softroce` boots (rxe0 on 192.0.2.1, rxe1 on 192.0.2.2).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rdmx_conn::*;
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn env_addr(name: &str) -> IpAddr {
+    let value = std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the device tests through scripts/test (it boots the Soft-RoCE guest)")
+    });
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("{name}={value:?} is not an IP address"))
+}
+
+fn addr_a() -> IpAddr {
+    env_addr("SOFTROCE_ADDR_A")
+}
+
+fn addr_b() -> IpAddr {
+    env_addr("SOFTROCE_ADDR_B")
+}
+
+/// One side's shared verbs objects: what a worker owns.
+struct Verbs {
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    srq: Option<SharedReceiveQueue>,
+}
+
+impl Verbs {
+    fn new(ip: IpAddr, srq_depth: Option<u32>, events: bool) -> Verbs {
+        let device = Device::for_local_addr(ip).expect("device owning the address");
+        let pd = ProtectionDomain::new(&device).expect("pd");
+        let cq = CompletionQueue::new(&device, 1024, events).expect("cq");
+        let srq = srq_depth.map(|depth| SharedReceiveQueue::new(&pd, &cq, depth).expect("srq"));
+        Verbs { pd, cq, srq }
+    }
+
+    fn config(&self) -> QpConfig {
+        QpConfig::new(&self.pd, &self.cq, self.srq.as_ref())
+    }
+
+    /// Registers `count` receive buffers of `len` bytes (one region) and posts them on the SRQ.
+    fn fill_srq(&self, count: usize, len: usize) {
+        let srq = self.srq.as_ref().expect("an SRQ");
+        for (i, buf) in self
+            .pd
+            .register_chunks(len, count, Access::LOCAL_WRITE)
+            .unwrap()
+            .into_iter()
+            .enumerate()
+        {
+            srq.post_recv(buf, i as u64).map_err(|(e, _)| e).unwrap();
+        }
+    }
+}
+
+fn listen(ip: IpAddr) -> (Listener, SocketAddr) {
+    let listener = Listener::bind(
+        &AddrInfo::from_socket_addr(SocketAddr::new(ip, 0), Side::Passive).unwrap(),
+        16,
+    )
+    .unwrap();
+    let addr = listener.local_addr().expect("bound address");
+    assert_ne!(addr.port(), 0, "the system picked a port");
+    (listener, addr)
+}
+
+fn dst(addr: SocketAddr) -> AddrInfo {
+    AddrInfo::from_socket_addr(addr, Side::Active).unwrap()
+}
+
+/// Polls `cq` until `n` completions arrived (panics after 30 s: the guest is slow, not stuck).
+fn collect(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
+    let deadline = Instant::now() + LONG;
+    let mut out = Vec::new();
+    while out.len() < n {
+        let want = n - out.len();
+        cq.poll(&mut out, want).unwrap();
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} completions arrived: {out:?}",
+            out.len()
+        );
+        thread::yield_now();
+    }
+    out
+}
+
+/// Accepts one request on another thread, returning the connection through a channel.
+fn accept_one(
+    listener: Listener,
+    config: QpConfig,
+    reply: &'static [u8],
+) -> thread::JoinHandle<(Listener, Connection, Vec<u8>)> {
+    thread::spawn(move || {
+        let request = listener
+            .get_request(Some(LONG))
+            .unwrap()
+            .expect("a connection request");
+        let data = request.private_data().to_vec();
+        let conn = request.accept(&config, reply, LONG).unwrap();
+        (listener, conn, data)
+    })
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn devices_and_ports_are_listed() {
+    let names: Vec<String> = Device::list().unwrap().iter().map(|d| d.name()).collect();
+    for var in ["SOFTROCE_DEV_A", "SOFTROCE_DEV_B"] {
+        let want = std::env::var(var).unwrap();
+        assert!(names.contains(&want), "{want} not in {names:?}");
+        let device = Device::by_name(&want).unwrap();
+        let ports = device.ports().unwrap();
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports[0].state, "ACTIVE");
+        assert_eq!(ports[0].link_layer, "Ethernet");
+        assert!(device.limits().unwrap().max_srq_wr > 0);
+    }
+    assert_eq!(
+        Device::for_local_addr(addr_a()).unwrap().name(),
+        std::env::var("SOFTROCE_DEV_A").unwrap()
+    );
+    assert_eq!(
+        Device::for_local_addr(addr_b()).unwrap().name(),
+        std::env::var("SOFTROCE_DEV_B").unwrap()
+    );
+    assert!(Device::by_name("no-such-device")
+        .unwrap_err()
+        .message()
+        .contains("no-such-device"));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn connect_accept_and_reject_carry_private_data() {
+    for ip in [addr_a(), addr_b()] {
+        let server = Verbs::new(ip, Some(16), false);
+        let client = Verbs::new(ip, Some(16), false);
+        let (listener, addr) = listen(ip);
+        let accepted = accept_one(listener, server.config(), b"accepted-by-server");
+        let conn = connect(&dst(addr), &client.config(), b"hello-from-client", LONG).unwrap();
+        let (listener, server_conn, request_data) = accepted.join().unwrap();
+        assert!(
+            request_data.starts_with(b"hello-from-client"),
+            "{request_data:?}"
+        );
+        assert!(conn.peer_private_data().starts_with(b"accepted-by-server"));
+        assert_eq!(conn.peer_addr().map(|a| a.port()), Some(addr.port()));
+        assert_eq!(server_conn.peer_addr().map(|a| a.ip()), Some(ip));
+        assert_ne!(conn.qp_num(), server_conn.qp_num());
+
+        // A rejected request: the client gets ECONNREFUSED and the server's reason.
+        let rejecter = thread::spawn(move || {
+            let request = listener.get_request(Some(LONG)).unwrap().unwrap();
+            assert!(request.private_data().starts_with(b"may I?"));
+            request.reject(b"not today").unwrap();
+            listener
+        });
+        let err = connect(&dst(addr), &client.config(), b"may I?", LONG).unwrap_err();
+        assert!(err.is_refused(), "{err}");
+        assert!(err.message().contains("rejected"), "{err}");
+        assert!(
+            err.reject_data().starts_with(b"not today"),
+            "{:?}",
+            err.reject_data()
+        );
+        rejecter.join().unwrap();
+
+        // Private data past the connect limit is refused before anything is sent.
+        let err = connect(
+            &dst(addr),
+            &client.config(),
+            &[0u8; MAX_CONNECT_PRIVATE_DATA + 1],
+            LONG,
+        )
+        .unwrap_err();
+        assert_eq!(err.errno(), libc::EINVAL);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn connections_share_one_srq_and_one_cq() {
+    const CLIENTS: usize = 3;
+    let ip = addr_a();
+    let server = Verbs::new(ip, Some(32), false);
+    server.fill_srq(32, 256);
+    let (listener, addr) = listen(ip);
+    let config = server.config();
+    let acceptor = thread::spawn(move || {
+        (0..CLIENTS)
+            .map(|_| {
+                listener
+                    .get_request(Some(LONG))
+                    .unwrap()
+                    .unwrap()
+                    .accept(&config, b"", LONG)
+                    .unwrap()
+            })
+            .collect::<Vec<_>>()
+    });
+    let clients: Vec<(Verbs, Connection)> = (0..CLIENTS)
+        .map(|i| {
+            let side = Verbs::new(ip, None, false);
+            let conn = connect(
+                &dst(addr),
+                &side.config(),
+                format!("client {i}").as_bytes(),
+                LONG,
+            )
+            .unwrap();
+            (side, conn)
+        })
+        .collect();
+    let server_conns = acceptor.join().unwrap();
+    assert_eq!(server.cq.pending(), 32, "32 receives posted on the SRQ");
+
+    // Each client sends two messages: one from a registered buffer, one inline.
+    for (i, (side, conn)) in clients.iter().enumerate() {
+        let buf = side
+            .pd
+            .register_from(
+                format!("buffer message from client {i}").as_bytes(),
+                Access::SEND,
+            )
+            .unwrap();
+        let len = buf.len();
+        conn.post_send(buf, len, 100 + i as u64)
+            .map_err(|(e, _)| e)
+            .unwrap();
+        conn.post_send_inline(
+            format!("inline message from client {i}").as_bytes(),
+            200 + i as u64,
+        )
+        .unwrap();
+        let sent = collect(&side.cq, 2);
+        assert!(
+            sent.iter()
+                .all(|c| c.status.is_success() && c.kind == WorkKind::Send),
+            "{sent:?}"
+        );
+        let returned = sent.iter().find(|c| c.cookie == 100 + i as u64).unwrap();
+        assert_eq!(
+            returned.buffer.as_ref().map(|b| b.len()),
+            Some(len),
+            "the send buffer came back"
+        );
+    }
+
+    // All six land in the one SRQ and complete on the one CQ, tagged with the sender's QP.
+    let received = collect(&server.cq, 2 * CLIENTS);
+    let server_qps: Vec<u32> = server_conns.iter().map(|c| c.qp_num()).collect();
+    for c in &received {
+        assert!(c.status.is_success(), "{c:?}");
+        assert_eq!(c.kind, WorkKind::Recv);
+        let buf = c.buffer.as_ref().expect("an SRQ buffer");
+        let text = std::str::from_utf8(&buf[..c.byte_len as usize]).unwrap();
+        let client: usize = text.rsplit(' ').next().unwrap().parse().unwrap();
+        assert_eq!(
+            c.qp_num, server_qps[client],
+            "{text} arrived on the QP of client {client}"
+        );
+    }
+    let mut per_qp: Vec<u32> = received.iter().map(|c| c.qp_num).collect();
+    per_qp.sort();
+    per_qp.dedup();
+    assert_eq!(
+        per_qp.len(),
+        CLIENTS,
+        "messages came through {CLIENTS} different QPs"
+    );
+    assert_eq!(server.cq.pending(), 32 - 2 * CLIENTS);
+
+    // Receive buffers go back on the SRQ and are used again.
+    for c in received {
+        server
+            .srq
+            .as_ref()
+            .unwrap()
+            .post_recv(c.buffer.unwrap(), c.cookie)
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    assert_eq!(server.cq.pending(), 32);
+    clients[0].1.post_send_inline(b"again", 7).unwrap();
+    collect(&clients[0].0.cq, 1);
+    let again = collect(&server.cq, 1);
+    assert_eq!(&again[0].buffer.as_ref().unwrap()[..5], b"again");
+    drop(server_conns);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_read_of_a_registered_region() {
+    let ip = addr_b();
+    let server = Verbs::new(ip, Some(8), false);
+    server.fill_srq(8, 64);
+    let client = Verbs::new(ip, None, false);
+    let (listener, addr) = listen(ip);
+    let accepted = accept_one(listener, server.config(), b"");
+    let conn = connect(&dst(addr), &client.config(), b"", LONG).unwrap();
+    let (_listener, server_conn, _) = accepted.join().unwrap();
+
+    // The server exposes 1 MiB for reading and sends its (addr, len, rkey) to the client.
+    const LEN: usize = 1 << 20;
+    let source: Vec<u8> = (0..LEN).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let exposed = server
+        .pd
+        .register_from(&source, Access::REMOTE_READ)
+        .unwrap();
+    let remote = exposed.remote().expect("registered for remote read");
+    assert!(
+        server
+            .pd
+            .register(16, Access::SEND)
+            .unwrap()
+            .remote()
+            .is_none(),
+        "no rkey without REMOTE_READ"
+    );
+    let mut ad = [0u8; 16];
+    ad[..8].copy_from_slice(&remote.addr.to_le_bytes());
+    ad[8..12].copy_from_slice(&remote.len.to_le_bytes());
+    ad[12..].copy_from_slice(&remote.rkey.to_le_bytes());
+    let mut rbuf = client.pd.register(64, Access::LOCAL_WRITE).unwrap();
+    rbuf.fill(0);
+    conn.post_recv(rbuf, 1).map_err(|(e, _)| e).unwrap();
+    server_conn.post_send_inline(&ad, 2).unwrap();
+    collect(&server.cq, 1);
+    let got = collect(&client.cq, 1).pop().unwrap();
+    assert_eq!(got.byte_len, 16);
+    let ad = &got.buffer.as_ref().unwrap()[..16];
+    let remote = RemoteBuf {
+        addr: u64::from_le_bytes(ad[..8].try_into().unwrap()),
+        len: u32::from_le_bytes(ad[8..12].try_into().unwrap()),
+        rkey: u32::from_le_bytes(ad[12..].try_into().unwrap()),
+    };
+
+    // The client reads it in four chunks, all in flight at once, straight into one buffer.
+    let mut target = client.pd.register(LEN, Access::LOCAL_WRITE).unwrap();
+    let chunk = LEN / 4;
+    let mut pieces = Vec::new();
+    for _ in 0..3 {
+        let rest = target.split_off(chunk);
+        pieces.push(target);
+        target = rest;
+    }
+    pieces.push(target);
+    for (i, piece) in pieces.into_iter().enumerate() {
+        let part = RemoteBuf {
+            addr: remote.addr + (i * chunk) as u64,
+            len: chunk as u32,
+            rkey: remote.rkey,
+        };
+        conn.post_read(piece, chunk, part, i as u64)
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    let mut reads = collect(&client.cq, 4);
+    assert!(
+        reads
+            .iter()
+            .all(|c| c.status.is_success() && c.kind == WorkKind::Read),
+        "{reads:?}"
+    );
+    reads.sort_by_key(|c| c.cookie);
+    let mut whole = reads[0].buffer.take().unwrap();
+    for c in &mut reads[1..] {
+        whole
+            .unsplit(c.buffer.take().unwrap())
+            .expect("adjacent pieces of one region");
+    }
+    assert_eq!(whole.len(), LEN);
+    assert!(
+        whole[..] == source[..],
+        "the READ copied the exposed bytes exactly"
+    );
+
+    // Reading past the exposed range is refused by the peer's NIC, not silently served.
+    let target = client.pd.register(64, Access::LOCAL_WRITE).unwrap();
+    let past = RemoteBuf {
+        addr: remote.addr + LEN as u64,
+        len: 64,
+        rkey: remote.rkey,
+    };
+    conn.post_read(target, 64, past, 9)
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let failed = collect(&client.cq, 1).pop().unwrap();
+    assert!(
+        !failed.status.is_success(),
+        "a READ outside the region must fail: {failed:?}"
+    );
+    assert!(
+        failed.buffer.is_some(),
+        "the target comes back even when the READ fails"
+    );
+    drop(exposed);
+}
+
+/// Scheduler state ('R', 'S', …) and user+system CPU ticks of one thread of this process.
+fn thread_stat(tid: i32) -> (char, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // After "pid (comm) ": state is field 3 of the line, utime 14, stime 15.
+    let state = fields[0].chars().next().unwrap();
+    let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    (state, ticks)
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn event_driven_wait_sleeps_and_loses_no_wakeup() {
+    const MESSAGES: usize = 200;
+    let ip = addr_a();
+    let server = Verbs::new(ip, Some(64), true);
+    server.fill_srq(64, 64);
+    let client = Verbs::new(ip, None, false);
+    let (listener, addr) = listen(ip);
+    let accepted = accept_one(listener, server.config(), b"");
+    let conn = connect(&dst(addr), &client.config(), b"", LONG).unwrap();
+    let (_listener, _server_conn, _) = accepted.join().unwrap();
+
+    let (tid_tx, tid_rx) = mpsc::channel();
+    let cq = server.cq.clone();
+    let srq = server.srq.clone().unwrap();
+    let waiter = thread::spawn(move || {
+        tid_tx.send(gettid()).unwrap();
+        let mut got = Vec::new();
+        let mut received = 0;
+        while received < MESSAGES {
+            let mut batch = Vec::new();
+            let n = cq.wait(&mut batch, 16, Some(LONG)).unwrap();
+            assert!(
+                n > 0,
+                "woke with nothing after {received} messages: a wakeup was lost"
+            );
+            for c in batch {
+                assert!(c.status.is_success());
+                got.push(c.buffer.as_ref().unwrap()[0]);
+                srq.post_recv(c.buffer.unwrap(), 0)
+                    .map_err(|(e, _)| e)
+                    .unwrap();
+                received += 1;
+            }
+        }
+        got
+    });
+    let tid = tid_rx.recv().unwrap();
+
+    // While nothing arrives, the waiter sleeps in the kernel and burns no CPU.
+    let deadline = Instant::now() + LONG;
+    while thread_stat(tid).0 != 'S' {
+        assert!(Instant::now() < deadline, "the waiter never went to sleep");
+        thread::sleep(Duration::from_millis(5));
+    }
+    let (_, ticks_before) = thread_stat(tid);
+    thread::sleep(Duration::from_millis(500));
+    let (state, ticks_after) = thread_stat(tid);
+    assert_eq!(state, 'S', "the waiter is still asleep");
+    assert!(
+        ticks_after - ticks_before <= 2,
+        "a sleeping waiter used {} CPU ticks in 0.5 s",
+        ticks_after - ticks_before
+    );
+
+    // Messages at irregular moments, some back to back: every one wakes or is found by the waiter.
+    for i in 0..MESSAGES {
+        conn.post_send_inline(&[i as u8], i as u64).unwrap();
+        if i % 7 == 0 {
+            thread::sleep(Duration::from_millis((i % 5) as u64));
+        }
+        if i % 32 == 31 {
+            collect(&client.cq, 32);
+        }
+    }
+    let got = waiter.join().unwrap();
+    assert_eq!(
+        got,
+        (0..MESSAGES).map(|i| i as u8).collect::<Vec<_>>(),
+        "all messages, in order"
+    );
+}
+
+fn gettid() -> i32 {
+    std::fs::read_link("/proc/thread-self")
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn connect_failures_are_errors_within_bounded_time() {
+    let ip = addr_a();
+    let client = Verbs::new(ip, None, false);
+
+    // A port nobody listens on: the peer's CM rejects at once.
+    let (listener, addr) = listen(ip);
+    drop(listener);
+    let err = connect(&dst(addr), &client.config(), b"", LONG).unwrap_err();
+    assert!(err.is_refused(), "{err}");
+    assert!(err.message().contains("nobody listens"), "{err}");
+
+    // A listener that never answers: our deadline ends the wait (the CM would retry for a minute).
+    let (listener, addr) = listen(ip);
+    let err = connect(&dst(addr), &client.config(), b"", Duration::from_secs(3)).unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert!(
+        listener
+            .get_request(Some(Duration::from_secs(5)))
+            .unwrap()
+            .is_some(),
+        "the request did arrive"
+    );
+
+    // A network with no route: address resolution fails (no packet leaves the guest).
+    let unroutable: SocketAddr = "198.51.100.1:7471".parse().unwrap();
+    let err = connect(&dst(unroutable), &client.config(), b"", LONG).unwrap_err();
+    assert_eq!(err.call(), "rdma_create_ep", "{err}");
+    assert!(err.message().contains("198.51.100.1:7471"), "{err}");
+
+    // A name that does not resolve.
+    let err = AddrInfo::resolve("no-such-host.invalid:7471", Side::Active).unwrap_err();
+    assert_eq!(err.call(), "rdma_getaddrinfo");
+
+    // No request waiting: get_request times out with None instead of blocking.
+    assert!(listener
+        .get_request(Some(Duration::from_millis(200)))
+        .unwrap()
+        .is_none());
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn disconnect_flushes_posted_work_and_is_reported_to_the_peer() {
+    let ip = addr_a();
+    let server = Verbs::new(ip, Some(8), false);
+    server.fill_srq(8, 64);
+    let client = Verbs::new(ip, None, false);
+    let (listener, addr) = listen(ip);
+    let accepted = accept_one(listener, server.config(), b"");
+    let conn = connect(&dst(addr), &client.config(), b"", LONG).unwrap();
+    let (_listener, server_conn, _) = accepted.join().unwrap();
+
+    for (i, buf) in client
+        .pd
+        .register_chunks(64, 4, Access::LOCAL_WRITE)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+    {
+        conn.post_recv(buf, i as u64).map_err(|(e, _)| e).unwrap();
+    }
+    assert_eq!(client.cq.pending(), 4);
+
+    server_conn.disconnect().unwrap();
+    let event = conn.next_event(Some(LONG)).unwrap().expect("an event");
+    assert_eq!(
+        event.kind,
+        CmEventKind::DISCONNECTED,
+        "{}",
+        event.kind.name()
+    );
+    conn.disconnect().unwrap();
+    let flushed = collect(&client.cq, 4);
+    for c in &flushed {
+        assert_eq!(c.status, WcStatus::FLUSHED, "{c:?}");
+        assert_eq!(c.kind, WorkKind::Recv);
+        assert_eq!(
+            c.buffer.as_ref().map(|b| b.len()),
+            Some(64),
+            "the buffer comes back"
+        );
+    }
+    assert_eq!(client.cq.pending(), 0);
+    // Posting on a disconnected QP fails (or flushes); either way the buffer is not lost.
+    let buf = client.pd.register(8, Access::SEND).unwrap();
+    match conn.post_send(buf, 8, 77) {
+        Err((err, buf)) => assert_eq!(buf.len(), 8, "{err}"),
+        Ok(()) => assert_eq!(collect(&client.cq, 1)[0].status, WcStatus::FLUSHED),
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn teardown_with_work_still_posted_in_any_order() {
+    let ip = addr_a();
+    let server = Verbs::new(ip, Some(16), true);
+    server.fill_srq(16, 64);
+    let client = Verbs::new(ip, None, true);
+    let (listener, addr) = listen(ip);
+    let accepted = accept_one(listener, server.config(), b"");
+    let conn = connect(&dst(addr), &client.config(), b"", LONG).unwrap();
+    let (listener, server_conn, _) = accepted.join().unwrap();
+
+    for buf in client
+        .pd
+        .register_chunks(128, 8, Access::LOCAL_WRITE)
+        .unwrap()
+    {
+        conn.post_recv(buf, 0).map_err(|(e, _)| e).unwrap();
+    }
+    let exposed = client.pd.register(4096, Access::REMOTE_READ).unwrap();
+    let client_cq = client.cq.clone();
+    assert_eq!(client_cq.pending(), 8);
+
+    // Drop the handles first, the connection last: ownership keeps QP before CQ/SRQ and MR
+    // before PD, and the posted receives' buffers are released with the QP.
+    let Verbs { pd, cq, srq } = client;
+    drop(pd);
+    drop(cq);
+    drop(srq);
+    drop(exposed);
+    assert_eq!(client_cq.pending(), 8);
+    drop(conn);
+    assert_eq!(
+        client_cq.pending(),
+        0,
+        "destroying the QP released its posted receives"
+    );
+    drop(client_cq);
+
+    // Server: SRQ handle dropped while 16 receives are posted and a connection uses it.
+    let server_cq = server.cq.clone();
+    drop(server);
+    assert_eq!(server_cq.pending(), 16);
+    let event = server_conn
+        .next_event(Some(LONG))
+        .unwrap()
+        .expect("the client's disconnect");
+    assert_eq!(event.kind, CmEventKind::DISCONNECTED);
+    drop(server_conn);
+    assert_eq!(
+        server_cq.pending(),
+        0,
+        "the SRQ was destroyed with its last connection"
+    );
+    drop(listener);
+    let mut out = Vec::new();
+    assert_eq!(
+        server_cq.poll(&mut out, 16).unwrap(),
+        0,
+        "no completion refers to freed work"
+    );
+}
