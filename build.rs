@@ -3,7 +3,13 @@
 
 fn main() {
     let found = rdmx_build_probe::probe_or_exit();
-    println!("cargo:rustc-env=RDMX_RDMACM_VERSION={}", found.rdmacm_version);
-    println!("cargo:rustc-env=RDMX_IBVERBS_VERSION={}", found.ibverbs_version);
+    println!(
+        "cargo:rustc-env=RDMX_RDMACM_VERSION={}",
+        found.rdmacm_version
+    );
+    println!(
+        "cargo:rustc-env=RDMX_IBVERBS_VERSION={}",
+        found.ibverbs_version
+    );
     println!("cargo:rerun-if-changed=build.rs");
 }

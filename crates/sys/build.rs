@@ -18,8 +18,11 @@ fn main() {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
     let wrapper = manifest_dir.join("wrapper.h");
     let static_fns = out_dir.join("static_fns");
-    let include_args: Vec<String> =
-        found.include_dirs.iter().map(|d| format!("-I{}", d.display())).collect();
+    let include_args: Vec<String> = found
+        .include_dirs
+        .iter()
+        .map(|d| format!("-I{}", d.display()))
+        .collect();
 
     let bindings = bindgen::Builder::default()
         .header(wrapper.to_string_lossy())
@@ -31,8 +34,13 @@ fn main() {
         .allowlist_var("IBV_.*|RDMA_.*|RAI_.*")
         // C enums read back from the kernel or the NIC may hold values newer than these headers;
         // newtype enums make any value representable, so no read is undefined behaviour.
-        .default_enum_style(bindgen::EnumVariation::NewType { is_bitfield: false, is_global: false })
-        .bitfield_enum("ibv_access_flags|ibv_send_flags|ibv_wc_flags|ibv_qp_attr_mask|ibv_srq_attr_mask")
+        .default_enum_style(bindgen::EnumVariation::NewType {
+            is_bitfield: false,
+            is_global: false,
+        })
+        .bitfield_enum(
+            "ibv_access_flags|ibv_send_flags|ibv_wc_flags|ibv_qp_attr_mask|ibv_srq_attr_mask",
+        )
         .derive_default(true)
         .derive_debug(true)
         .wrap_static_fns(true)

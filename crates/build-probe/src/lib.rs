@@ -35,7 +35,10 @@ pub struct Missing {
 
 impl fmt::Display for Missing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "rdmx cannot be built: rdma-core development files or libclang are missing.")?;
+        writeln!(
+            f,
+            "rdmx cannot be built: rdma-core development files or libclang are missing."
+        )?;
         for item in &self.items {
             writeln!(f, "  - {item}")?;
         }
@@ -63,8 +66,17 @@ pub fn probe() -> Result<RdmaCore, Missing> {
                 versions.push(found.version);
             }
             Err(err) => {
-                let first_line = err.to_string().lines().next().unwrap_or_default().to_string();
-                missing.items.push(format!("pkg-config cannot find {lib} ({first_line})"));
+                // pkg-config's own explanation, e.g. "Package librdmacm was not found in the
+                // pkg-config search path."
+                let text = err.to_string();
+                let detail = text
+                    .lines()
+                    .map(str::trim)
+                    .find(|l| l.starts_with("Package "));
+                missing.items.push(match detail {
+                    Some(detail) => format!("pkg-config cannot find {lib}: {detail}"),
+                    None => format!("pkg-config cannot find {lib}"),
+                });
                 versions.push(String::new());
             }
         }
@@ -124,7 +136,10 @@ fn find_libclang() -> Option<PathBuf> {
         let mut llvm: Vec<PathBuf> = entries
             .flatten()
             .map(|e| e.path())
-            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("llvm-")))
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("llvm-"))
+            })
             .map(|p| p.join("lib"))
             .collect();
         llvm.sort();
@@ -141,4 +156,30 @@ fn libclang_in(dir: &Path) -> Option<PathBuf> {
             n.starts_with("libclang") && !n.starts_with("libclang-cpp") && n.contains(".so")
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_message_names_what_is_missing_and_the_packages() {
+        let missing = Missing {
+            items: vec!["header <rdma/rdma_cma.h> not found".into()],
+        };
+        let text = missing.to_string();
+        assert!(text.contains("rdma/rdma_cma.h"), "{text}");
+        assert!(
+            text.contains("apt-get install librdmacm-dev libibverbs-dev libclang-dev pkg-config"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn finds_what_this_machine_has() {
+        // scripts/test installs rdma-core's development files and libclang before running this.
+        let found = probe().expect("rdma-core and libclang are installed");
+        assert!(!found.rdmacm_version.is_empty() && !found.ibverbs_version.is_empty());
+        assert!(found.libclang.exists());
+    }
 }

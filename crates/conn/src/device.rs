@@ -132,6 +132,46 @@ impl Device {
         })
     }
 
+    /// The device a connection to `dst` (resolved for [`crate::Side::Active`]) would use: the
+    /// one rdmacm's route resolution picks (bounded by its 2 s address and route timeouts).
+    pub fn for_route(dst: &crate::AddrInfo) -> Result<Device> {
+        if dst.side() != crate::Side::Active {
+            return Err(Error::invalid(
+                "rdma_create_ep",
+                format!("{dst} was resolved for listening, not for connecting"),
+            ));
+        }
+        let mut id = std::ptr::null_mut();
+        // SAFETY: dst's list is valid; with no PD and no QP attributes rdma_create_ep only
+        // resolves the address and route. The id is destroyed below, once its device is known.
+        let ret = unsafe {
+            sys::rdma_create_ep(
+                &mut id,
+                dst.as_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        if ret != 0 {
+            return Err(Error::last_os(
+                "rdma_create_ep",
+                format!("cannot resolve a route to {dst}"),
+            ));
+        }
+        // SAFETY: a resolved id's verbs field is rdmacm's context of the route's device.
+        let ctx = unsafe { (*id).verbs };
+        let device = Device::from_context(ctx);
+        // SAFETY: id came from rdma_create_ep above, has no QP, and is destroyed once.
+        unsafe { sys::rdma_destroy_ep(id) };
+        device.ok_or_else(|| {
+            Error::new(
+                "rdma_create_ep",
+                libc::ENODEV,
+                format!("the route to {dst} uses no RDMA device"),
+            )
+        })
+    }
+
     /// The device whose context is `ctx` (one of rdmacm's), if it is in rdmacm's list.
     pub(crate) fn from_context(ctx: *mut sys::ibv_context) -> Option<Device> {
         if ctx.is_null() {

@@ -134,6 +134,11 @@ fn devices_and_ports_are_listed() {
         Device::for_local_addr(addr_b()).unwrap().name(),
         std::env::var("SOFTROCE_DEV_B").unwrap()
     );
+    let route = AddrInfo::from_socket_addr(SocketAddr::new(addr_b(), 7471), Side::Active).unwrap();
+    assert_eq!(
+        Device::for_route(&route).unwrap().name(),
+        std::env::var("SOFTROCE_DEV_B").unwrap()
+    );
     assert!(Device::by_name("no-such-device")
         .unwrap_err()
         .message()

@@ -24,17 +24,17 @@ mod tests {
     fn static_inline_wrappers_are_linked() {
         // Taking the address forces the linker to resolve each wrapper symbol that the
         // generated C file defines; a missing one fails this test at link time.
-        let fns: [usize; 8] = [
-            ibv_post_send as usize,
-            ibv_post_recv as usize,
-            ibv_post_srq_recv as usize,
-            ibv_poll_cq as usize,
-            ibv_req_notify_cq as usize,
-            ___ibv_query_port as usize,
-            __ibv_reg_mr as usize,
-            rdma_post_send as usize,
+        let fns: [*const (); 8] = [
+            ibv_post_send as *const (),
+            ibv_post_recv as *const (),
+            ibv_post_srq_recv as *const (),
+            ibv_poll_cq as *const (),
+            ibv_req_notify_cq as *const (),
+            ___ibv_query_port as *const (),
+            __ibv_reg_mr as *const (),
+            rdma_post_send as *const (),
         ];
-        assert!(fns.iter().all(|&f| f != 0));
+        assert!(fns.iter().all(|f| !f.is_null()));
     }
 
     #[test]
