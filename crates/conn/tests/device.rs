@@ -314,7 +314,7 @@ fn rdma_read_of_a_registered_region() {
     let (listener, addr) = listen(ip);
     let accepted = accept_one(listener, server.config(), b"");
     let conn = connect(&dst(addr), &client.config(), b"", LONG).unwrap();
-    let (_listener, server_conn, _) = accepted.join().unwrap();
+    let (listener, server_conn, _) = accepted.join().unwrap();
 
     // The server exposes 1 MiB for reading and sends its (addr, len, rkey) to the client.
     const LEN: usize = 1 << 20;
@@ -402,15 +402,48 @@ fn rdma_read_of_a_registered_region() {
         .map_err(|(e, _)| e)
         .unwrap();
     let failed = collect(&client.cq, 1).pop().unwrap();
-    assert!(
-        !failed.status.is_success(),
+    assert_eq!(
+        failed.status,
+        WcStatus::REMOTE_ACCESS,
         "a READ outside the region must fail: {failed:?}"
     );
     assert!(
         failed.buffer.is_some(),
         "the target comes back even when the READ fails"
     );
-    drop(exposed);
+
+    // RDMA WRITE into the exposed region is refused too: rdmx never grants REMOTE_WRITE.
+    // (The failed READ put the first QP in the error state, so this uses a second connection.)
+    let accepted = accept_one(listener, server.config(), b"");
+    let conn2 = connect(&dst(addr), &client.config(), b"", LONG).unwrap();
+    let (_listener, _server_conn2, _) = accepted.join().unwrap();
+    let write_source = client.pd.register_from(&[0xee; 64], Access::SEND).unwrap();
+    let into = RemoteBuf {
+        addr: remote.addr,
+        len: 64,
+        rkey: remote.rkey,
+    };
+    conn2
+        .post_write(write_source, 64, into, 10)
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let refused = collect(&client.cq, 1).pop().unwrap();
+    assert_eq!(refused.kind, WorkKind::Write);
+    assert_eq!(
+        refused.status,
+        WcStatus::REMOTE_ACCESS,
+        "a WRITE into a read-only region must fail: {refused:?}"
+    );
+    assert_eq!(
+        refused.buffer.as_ref().map(|b| b.len()),
+        Some(64),
+        "the source comes back"
+    );
+    assert!(
+        exposed[..64] == source[..64],
+        "the exposed bytes are untouched"
+    );
+    drop(server_conn);
 }
 
 /// Scheduler state ('R', 'S', …) and user+system CPU ticks of one thread of this process.
