@@ -112,6 +112,39 @@ fn accept_one(
     })
 }
 
+/// A server with a filled SRQ and a client with its own receive queue, connected.
+struct Pair {
+    server: Verbs,
+    client: Verbs,
+    listener: Listener,
+    addr: SocketAddr,
+    server_conn: Connection,
+    client_conn: Connection,
+}
+
+fn connected_pair(
+    ip: IpAddr,
+    srq_buffers: usize,
+    server_events: bool,
+    client_events: bool,
+) -> Pair {
+    let server = Verbs::new(ip, Some(srq_buffers as u32), server_events);
+    server.fill_srq(srq_buffers, 64);
+    let client = Verbs::new(ip, None, client_events);
+    let (listener, addr) = listen(ip);
+    let accepted = accept_one(listener, server.config(), b"");
+    let client_conn = connect(&dst(addr), &client.config(), b"", LONG).unwrap();
+    let (listener, server_conn, _) = accepted.join().unwrap();
+    Pair {
+        server,
+        client,
+        listener,
+        addr,
+        server_conn,
+        client_conn,
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn devices_and_ports_are_listed() {
@@ -307,14 +340,14 @@ fn connections_share_one_srq_and_one_cq() {
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn rdma_read_of_a_registered_region() {
-    let ip = addr_b();
-    let server = Verbs::new(ip, Some(8), false);
-    server.fill_srq(8, 64);
-    let client = Verbs::new(ip, None, false);
-    let (listener, addr) = listen(ip);
-    let accepted = accept_one(listener, server.config(), b"");
-    let conn = connect(&dst(addr), &client.config(), b"", LONG).unwrap();
-    let (listener, server_conn, _) = accepted.join().unwrap();
+    let Pair {
+        server,
+        client,
+        listener,
+        addr,
+        server_conn,
+        client_conn: conn,
+    } = connected_pair(addr_b(), 8, false, false);
 
     // The server exposes 1 MiB for reading and sends its (addr, len, rkey) to the client.
     const LEN: usize = 1 << 20;
@@ -461,14 +494,13 @@ fn thread_stat(tid: i32) -> (char, u64) {
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn event_driven_wait_sleeps_and_loses_no_wakeup() {
     const MESSAGES: usize = 200;
-    let ip = addr_a();
-    let server = Verbs::new(ip, Some(64), true);
-    server.fill_srq(64, 64);
-    let client = Verbs::new(ip, None, false);
-    let (listener, addr) = listen(ip);
-    let accepted = accept_one(listener, server.config(), b"");
-    let conn = connect(&dst(addr), &client.config(), b"", LONG).unwrap();
-    let (_listener, _server_conn, _) = accepted.join().unwrap();
+    let Pair {
+        server,
+        client,
+        client_conn: conn,
+        server_conn: _server_conn,
+        ..
+    } = connected_pair(addr_a(), 64, true, false);
 
     let (tid_tx, tid_rx) = mpsc::channel();
     let cq = server.cq.clone();
@@ -587,14 +619,12 @@ fn connect_failures_are_errors_within_bounded_time() {
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn disconnect_flushes_posted_work_and_is_reported_to_the_peer() {
-    let ip = addr_a();
-    let server = Verbs::new(ip, Some(8), false);
-    server.fill_srq(8, 64);
-    let client = Verbs::new(ip, None, false);
-    let (listener, addr) = listen(ip);
-    let accepted = accept_one(listener, server.config(), b"");
-    let conn = connect(&dst(addr), &client.config(), b"", LONG).unwrap();
-    let (_listener, server_conn, _) = accepted.join().unwrap();
+    let Pair {
+        client,
+        server_conn,
+        client_conn: conn,
+        ..
+    } = connected_pair(addr_a(), 8, false, false);
 
     for (i, buf) in client
         .pd
@@ -638,14 +668,14 @@ fn disconnect_flushes_posted_work_and_is_reported_to_the_peer() {
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn teardown_with_work_still_posted_in_any_order() {
-    let ip = addr_a();
-    let server = Verbs::new(ip, Some(16), true);
-    server.fill_srq(16, 64);
-    let client = Verbs::new(ip, None, true);
-    let (listener, addr) = listen(ip);
-    let accepted = accept_one(listener, server.config(), b"");
-    let conn = connect(&dst(addr), &client.config(), b"", LONG).unwrap();
-    let (listener, server_conn, _) = accepted.join().unwrap();
+    let Pair {
+        server,
+        client,
+        listener,
+        server_conn,
+        client_conn: conn,
+        ..
+    } = connected_pair(addr_a(), 16, true, true);
 
     for buf in client
         .pd
