@@ -538,6 +538,11 @@ fn event_driven_wait_sleeps_and_loses_no_wakeup() {
     let (_, ticks_before) = thread_stat(tid);
     thread::sleep(Duration::from_millis(500));
     let (state, ticks_after) = thread_stat(tid);
+    println!(
+        "event-mode waiter: {} CPU ticks (of {} per second) while asleep for 0.5 s",
+        ticks_after - ticks_before,
+        ticks_per_second()
+    );
     assert_eq!(state, 'S', "the waiter is still asleep");
     assert!(
         ticks_after - ticks_before <= 2,
@@ -561,6 +566,17 @@ fn event_driven_wait_sleeps_and_loses_no_wakeup() {
         (0..MESSAGES).map(|i| i as u8).collect::<Vec<_>>(),
         "all messages, in order"
     );
+}
+
+fn ticks_per_second() -> u64 {
+    // The kernel's USER_HZ, as getconf reports it; 100 on Linux/x86-64.
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100)
 }
 
 fn gettid() -> i32 {
