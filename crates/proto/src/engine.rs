@@ -328,6 +328,16 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// Removes and returns the first posted receive (in posting order) whose tag and mask
+    /// match `tag`.
+    fn take_posted_match(&mut self, tag: Tag) -> Option<Posted> {
+        let pos = self
+            .posted
+            .iter()
+            .position(|p| matches(tag, p.tag, p.mask))?;
+        self.posted.remove(pos)
+    }
+
     /// Creates an engine with a validated configuration.
     pub fn new(cfg: Config) -> Self {
         Engine {
@@ -1053,12 +1063,7 @@ impl Engine {
         c.tx_credits = new_credits;
         match frame.body {
             Body::Eager(payload) => {
-                if let Some(pos) = self
-                    .posted
-                    .iter()
-                    .position(|p| matches(h.tag, p.tag, p.mask))
-                {
-                    let p = self.posted.remove(pos).expect("position is valid");
+                if let Some(p) = self.take_posted_match(h.tag) {
                     let Some(Req::Recv(r)) = self.reqs.get(&p.req) else {
                         return Ok(());
                     };
@@ -1103,12 +1108,7 @@ impl Engine {
                 }
             }
             Body::Rts(body) => {
-                if let Some(pos) = self
-                    .posted
-                    .iter()
-                    .position(|p| matches(h.tag, p.tag, p.mask))
-                {
-                    let p = self.posted.remove(pos).expect("position is valid");
+                if let Some(p) = self.take_posted_match(h.tag) {
                     self.start_rndv(p.req, conn_id, h.tag, h.sreq, body);
                 } else {
                     let id = MessageId(self.next_msg);
