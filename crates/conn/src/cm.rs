@@ -869,27 +869,7 @@ impl Connection {
                 target,
             ));
         }
-        if len > target.len() || len as u64 > u64::from(remote.len) {
-            let err = Error::invalid(
-                "ibv_post_send",
-                format!(
-                    "RDMA READ of {len} bytes into {} bytes from a {}-byte remote buffer",
-                    target.len(),
-                    remote.len
-                ),
-            );
-            return Err((err, target));
-        }
-        let mut work = SendWork::new(
-            "ibv_post_send",
-            WorkKind::Read,
-            sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
-            Some(target),
-            len,
-        );
-        work.remote = Some(remote);
-        self.post(work, cookie)
-            .map_err(|(e, b)| (e, b.expect("the buffer comes back with the error")))
+        self.post_one_sided(WorkKind::Read, target, len, remote, cookie)
     }
 
     /// RDMA WRITEs the first `len` bytes of `source` into the peer's `remote` buffer (which the
@@ -901,24 +881,44 @@ impl Connection {
         remote: RemoteBuf,
         cookie: u64,
     ) -> Result<(), (Error, RegisteredBuf)> {
-        if len > source.len() || len as u64 > u64::from(remote.len) {
+        self.post_one_sided(WorkKind::Write, source, len, remote, cookie)
+    }
+
+    /// Posts an RDMA READ or WRITE of `len` bytes between `local` and `remote`.
+    fn post_one_sided(
+        &self,
+        kind: WorkKind,
+        local: RegisteredBuf,
+        len: usize,
+        remote: RemoteBuf,
+        cookie: u64,
+    ) -> Result<(), (Error, RegisteredBuf)> {
+        let (opcode, what, dir) = match kind {
+            WorkKind::Read => (
+                sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+                "RDMA READ",
+                ["into", "from"],
+            ),
+            _ => (
+                sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                "RDMA WRITE",
+                ["from", "into"],
+            ),
+        };
+        if len > local.len() || len as u64 > u64::from(remote.len) {
             let err = Error::invalid(
                 "ibv_post_send",
                 format!(
-                    "RDMA WRITE of {len} bytes from {} bytes into a {}-byte remote buffer",
-                    source.len(),
+                    "{what} of {len} bytes {} {} bytes {} a {}-byte remote buffer",
+                    dir[0],
+                    local.len(),
+                    dir[1],
                     remote.len
                 ),
             );
-            return Err((err, source));
+            return Err((err, local));
         }
-        let mut work = SendWork::new(
-            "ibv_post_send",
-            WorkKind::Write,
-            sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            Some(source),
-            len,
-        );
+        let mut work = SendWork::new("ibv_post_send", kind, opcode, Some(local), len);
         work.remote = Some(remote);
         self.post(work, cookie)
             .map_err(|(e, b)| (e, b.expect("the buffer comes back with the error")))

@@ -328,6 +328,18 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// Queues a message no posted receive matched, in arrival order.
+    fn push_unexpected(&mut self, conn: ConnId, tag: Tag, kind: UnexpKind) {
+        let id = MessageId(self.next_msg);
+        self.next_msg += 1;
+        self.unexpected.push_back(Unexpected {
+            id,
+            conn,
+            tag,
+            kind,
+        });
+    }
+
     /// Removes and returns the first posted receive (in posting order) whose tag and mask
     /// match `tag`.
     fn take_posted_match(&mut self, tag: Tag) -> Option<Posted> {
@@ -1097,28 +1109,14 @@ impl Engine {
                         );
                     }
                 } else {
-                    let id = MessageId(self.next_msg);
-                    self.next_msg += 1;
-                    self.unexpected.push_back(Unexpected {
-                        id,
-                        conn: conn_id,
-                        tag: h.tag,
-                        kind: UnexpKind::Eager(payload.to_vec()),
-                    });
+                    self.push_unexpected(conn_id, h.tag, UnexpKind::Eager(payload.to_vec()));
                 }
             }
             Body::Rts(body) => {
                 if let Some(p) = self.take_posted_match(h.tag) {
                     self.start_rndv(p.req, conn_id, h.tag, h.sreq, body);
                 } else {
-                    let id = MessageId(self.next_msg);
-                    self.next_msg += 1;
-                    self.unexpected.push_back(Unexpected {
-                        id,
-                        conn: conn_id,
-                        tag: h.tag,
-                        kind: UnexpKind::Rts { sreq: h.sreq, body },
-                    });
+                    self.push_unexpected(conn_id, h.tag, UnexpKind::Rts { sreq: h.sreq, body });
                 }
             }
             Body::Ats => {
