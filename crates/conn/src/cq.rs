@@ -458,8 +458,29 @@ impl CompletionQueue {
         }
     }
 
-    /// Takes one event from the channel (if any is there) and counts it for acknowledgement.
-    fn take_event(&self, channel: &CompletionChannel) -> Result<()> {
+    /// Takes every event waiting on the completion channel, without blocking, and returns how
+    /// many it took (`Ok(0)` when none was waiting, or when the CQ has no channel). The events
+    /// are acknowledged in batches, as [`CompletionQueue::wait`] does.
+    ///
+    /// This is for callers that sleep on [`CompletionQueue::event_fd`] themselves, e.g. with a
+    /// [`crate::Poller`]: when the descriptor is readable, take the events (so it stops being
+    /// readable), then poll the CQ until it is empty, then [`CompletionQueue::request_notify`]
+    /// and poll once more before sleeping again (a completion may have landed before the
+    /// arming). Taking events does not re-arm the CQ.
+    pub fn take_events(&self) -> Result<usize> {
+        let Some(channel) = self.inner.channel.as_ref() else {
+            return Ok(0);
+        };
+        let mut taken = 0;
+        while self.take_event(channel)? {
+            taken += 1;
+        }
+        Ok(taken)
+    }
+
+    /// Takes one event from the channel (if any is there) and counts it for acknowledgement;
+    /// returns whether there was one.
+    fn take_event(&self, channel: &CompletionChannel) -> Result<bool> {
         let mut cq = ptr::null_mut();
         let mut ctx = ptr::null_mut();
         // SAFETY: the channel is valid and non-blocking; the out-pointers are valid.
@@ -467,7 +488,7 @@ impl CompletionQueue {
         if ret != 0 {
             let err = std::io::Error::last_os_error();
             if err.kind() == std::io::ErrorKind::WouldBlock {
-                return Ok(());
+                return Ok(false);
             }
             return Err(Error::last_os(
                 "ibv_get_cq_event",
@@ -482,7 +503,7 @@ impl CompletionQueue {
                 unsafe { sys::ibv_ack_cq_events(self.inner.cq, n) };
             }
         }
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -499,17 +520,22 @@ pub(crate) fn set_nonblocking(fd: RawFd, call: &'static str) -> Result<()> {
     Ok(())
 }
 
+/// A timeout in milliseconds for poll(2) and epoll_wait(2): -1 (no limit) for `None`.
+pub(crate) fn timeout_ms(timeout: Option<Duration>) -> i32 {
+    match timeout {
+        None => -1,
+        // Round up so that a sub-millisecond remainder still sleeps instead of spinning.
+        Some(t) => i32::try_from(t.as_nanos().div_ceil(1_000_000)).unwrap_or(i32::MAX),
+    }
+}
+
 /// Sleeps in poll(2) until `fd` is readable or `timeout` passes; returns whether it is readable.
 pub(crate) fn poll_readable(
     fd: RawFd,
     timeout: Option<Duration>,
     call: &'static str,
 ) -> Result<bool> {
-    let ms = match timeout {
-        None => -1,
-        // Round up so that a sub-millisecond remainder still sleeps instead of spinning.
-        Some(t) => i32::try_from(t.as_micros().div_ceil(1000)).unwrap_or(i32::MAX),
-    };
+    let ms = timeout_ms(timeout);
     let mut pfd = libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -541,6 +567,16 @@ mod tests {
             cookie,
             buffer: None,
         }
+    }
+
+    #[test]
+    fn timeouts_round_up_to_whole_milliseconds() {
+        assert_eq!(timeout_ms(None), -1);
+        assert_eq!(timeout_ms(Some(Duration::ZERO)), 0);
+        assert_eq!(timeout_ms(Some(Duration::from_nanos(1))), 1);
+        assert_eq!(timeout_ms(Some(Duration::from_micros(1500))), 2);
+        assert_eq!(timeout_ms(Some(Duration::from_millis(7))), 7);
+        assert_eq!(timeout_ms(Some(Duration::from_secs(u64::MAX))), i32::MAX);
     }
 
     #[test]

@@ -8,7 +8,11 @@
 //!   many connections of one worker share one of each, through [`QpConfig`].
 //! - [`RegisteredBuf`]: registered memory with exclusive ownership; posting moves a buffer into
 //!   the CQ's table of pending work and its [`Completion`] hands it back, so the NIC never touches
-//!   memory the user can reach, free or reuse.
+//!   memory the user can reach, free or reuse. [`ProtectionDomain::register_vec`] registers a
+//!   caller's `Vec<u8>` in place (zero-copy) and [`RegisteredBuf::into_vec`] gives it back.
+//! - [`Poller`] (epoll) and [`Waker`] (eventfd): one thread sleeps on many CQ channels
+//!   ([`CompletionQueue::event_fd`], then [`CompletionQueue::take_events`]) and rdmacm channels,
+//!   and other threads can wake it.
 //!
 //! Teardown order is enforced by ownership: a connection holds its PD, CQ and SRQ; an SRQ holds
 //! its PD and CQ; a buffer holds its region, and a region its PD. So a QP is always destroyed
@@ -44,6 +48,7 @@ mod cq;
 mod device;
 mod error;
 mod memory;
+mod poll;
 mod srq;
 
 pub use addr::{split_host_port, AddrInfo, Side};
@@ -55,4 +60,5 @@ pub use cq::{Completion, CompletionQueue, WcStatus, WorkKind};
 pub use device::{Device, DeviceLimits, PortInfo};
 pub use error::{Error, Result};
 pub use memory::{Access, ProtectionDomain, RegisteredBuf, RemoteBuf};
+pub use poll::{Poller, Waker};
 pub use srq::SharedReceiveQueue;

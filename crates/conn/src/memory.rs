@@ -9,10 +9,16 @@
 //! flight — so the NIC can never touch freed memory, even if a buffer is `mem::forget`-ed (that
 //! leaks the region instead).
 //!
+//! Memory is either allocated and registered here ([`ProtectionDomain::register`] and friends:
+//! zeroed and page-aligned), or a caller's `Vec<u8>` registered in place, without copying
+//! ([`ProtectionDomain::register_vec`]). The region then owns the vector exactly as it owns
+//! allocated memory, and [`RegisteredBuf::into_vec`] deregisters it and gives the vector back.
+//!
 //! The safe API never grants `REMOTE_WRITE`: a peer writing into memory the user can hold a
 //! `&[u8]` to would be a data race. `REMOTE_READ` is granted only when asked for.
 
 use std::alloc::{self, Layout};
+use std::mem;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -126,11 +132,42 @@ impl ProtectionDomain {
         })
     }
 
-    /// Registers a region of the given contents (copied into registered memory).
+    /// Registers a region of the given contents (copied into registered memory). To register
+    /// a vector's memory without copying it, see [`ProtectionDomain::register_vec`].
     pub fn register_from(&self, data: &[u8], access: Access) -> Result<RegisteredBuf> {
         let mut buf = self.register(data.len(), access)?;
         buf.copy_from_slice(data);
         Ok(buf)
+    }
+
+    /// Registers `data`'s heap memory in place (no copy): its first `data.len()` bytes become a
+    /// region, returned as one buffer covering `[0, data.len())`.
+    ///
+    /// The region takes ownership of the vector: while it is registered, its bytes are reachable
+    /// only through the returned buffer (and the pieces split from it), like any other
+    /// registered memory. [`RegisteredBuf::into_vec`] gives the vector back, unchanged except
+    /// for what the NIC wrote into it; dropping the last buffer of the region drops the vector.
+    /// The spare capacity past `data.len()` is not registered.
+    ///
+    /// Unlike [`ProtectionDomain::register`]'s memory, the vector is not page-aligned, so the
+    /// pages pinned for it may hold unrelated heap data too (the NIC still only accesses the
+    /// registered bytes).
+    ///
+    /// # Errors
+    /// An empty vector is refused (`EINVAL`): a region needs at least one byte. When
+    /// `ibv_reg_mr` fails (often the locked-memory limit), the error comes back with the vector.
+    pub fn register_vec(
+        &self,
+        data: Vec<u8>,
+        access: Access,
+    ) -> Result<RegisteredBuf, (Error, Vec<u8>)> {
+        let len = data.len();
+        let region = Region::from_vec(self, data, access)?;
+        Ok(RegisteredBuf {
+            offset: 0,
+            len,
+            region,
+        })
     }
 
     /// Registers one region of `count * chunk_len` bytes and splits it into `count` buffers of
@@ -165,13 +202,29 @@ impl ProtectionDomain {
     }
 }
 
-/// One registered region: memory allocated here, registered with `ibv_reg_mr`.
+/// One registered region: memory allocated here or a caller's vector, registered with
+/// `ibv_reg_mr`.
 pub(crate) struct Region {
     mr: *mut sys::ibv_mr,
+    /// The first registered byte. RegisteredBufs reach the memory only through this pointer.
     base: NonNull<u8>,
-    layout: Layout,
+    /// How many bytes starting at `base` are registered.
+    len: usize,
+    backing: Backing,
     access: Access,
     pd: ProtectionDomain,
+}
+
+/// Who owns a region's memory, and so how it is given up once the MR is deregistered.
+enum Backing {
+    /// Zeroed, page-aligned memory allocated by `Region::new` with this layout.
+    Allocated(Layout),
+    /// A caller's vector, registered in place by `Region::from_vec`; `base` is its heap buffer.
+    /// Its bytes are never accessed through the vector while the region is registered.
+    Vec(Vec<u8>),
+    /// Given up by `Region::release`: deregistered and freed or handed back, or leaked because
+    /// deregistration failed.
+    Released,
 }
 
 // SAFETY: the region's memory is only reached through RegisteredBufs that own disjoint ranges
@@ -199,7 +252,7 @@ impl Region {
             ));
         };
         // SAFETY: base points to layout.size() bytes that stay allocated until after the MR is
-        // deregistered (Region::drop deregisters first, then frees).
+        // deregistered (Region::drop deregisters first, through Region::release, then frees).
         let mr = unsafe {
             sys::__ibv_reg_mr(
                 pd.inner.pd,
@@ -224,7 +277,64 @@ impl Region {
         Ok(Arc::new(Region {
             mr,
             base,
-            layout,
+            len: layout.size(),
+            backing: Backing::Allocated(layout),
+            access,
+            pd: pd.clone(),
+        }))
+    }
+
+    fn from_vec(
+        pd: &ProtectionDomain,
+        mut data: Vec<u8>,
+        access: Access,
+    ) -> Result<Arc<Region>, (Error, Vec<u8>)> {
+        let len = data.len();
+        if len == 0 {
+            return Err((
+                Error::invalid(
+                    "ibv_reg_mr",
+                    "cannot register an empty Vec: a region needs at least one byte",
+                ),
+                data,
+            ));
+        }
+        // as_mut_ptr creates no reference to the elements, so this pointer stays valid while the
+        // vector is moved into the region, for as long as the vector is neither accessed nor
+        // reallocated (it is not: the region only ever drops it or hands it back).
+        let Some(base) = NonNull::new(data.as_mut_ptr()) else {
+            return Err((
+                Error::invalid("ibv_reg_mr", "a non-empty Vec has a null buffer"),
+                data,
+            ));
+        };
+        // SAFETY: base points to len initialised bytes of the vector's heap buffer. The vector
+        // moves into the region below, which keeps it (without touching its bytes) until after
+        // the MR is deregistered (Region::release deregisters before handing the vector out).
+        let mr = unsafe {
+            sys::__ibv_reg_mr(
+                pd.inner.pd,
+                base.as_ptr().cast(),
+                len,
+                access.verbs_flags(),
+                1,
+            )
+        };
+        if mr.is_null() {
+            let err = Error::last_os(
+                "ibv_reg_mr",
+                format!(
+                    "cannot register a Vec of {len} bytes on {} (locked-memory limit? see `ulimit -l`)",
+                    pd.device().name()
+                ),
+            );
+            return Err((err, data));
+        }
+        Ok(Arc::new(Region {
+            mr,
+            base,
+            len,
+            backing: Backing::Vec(data),
             access,
             pd: pd.clone(),
         }))
@@ -239,24 +349,47 @@ impl Region {
         // SAFETY: mr is valid until drop.
         unsafe { (*self.mr).rkey }
     }
-}
 
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: no RegisteredBuf of this region exists any more (each holds an Arc), so no work
-        // using it is posted: deregister, then free the memory.
+    /// Deregisters the MR and gives up the memory: returns its backing, to be freed or handed
+    /// back, or `None` when there is nothing to give up (already released, or deregistration
+    /// failed and the memory is leaked). Afterwards the region is `Released`.
+    ///
+    /// `&mut self` means the region is no longer shared: every RegisteredBuf holds an
+    /// `Arc<Region>`, so none is left, in user hands or in flight.
+    fn release(&mut self) -> Option<Backing> {
+        let backing = mem::replace(&mut self.backing, Backing::Released);
+        if matches!(backing, Backing::Released) {
+            return None;
+        }
+        // SAFETY: mr is registered (the backing was not released yet), and no RegisteredBuf of
+        // this region exists (see above), so no work using it is posted.
         let ret = unsafe { sys::ibv_dereg_mr(self.mr) };
         if ret != 0 {
             // The NIC may still map this memory: leaking it is the only safe choice.
             log::error!(
                 "ibv_dereg_mr failed ({}); leaking {} bytes",
                 std::io::Error::from_raw_os_error(ret),
-                self.layout.size()
+                self.len
             );
-            return;
+            mem::forget(backing);
+            return None;
         }
-        // SAFETY: base was allocated with layout in Region::new and is freed once, here.
-        unsafe { alloc::dealloc(self.base.as_ptr(), self.layout) };
+        Some(backing)
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        match self.release() {
+            Some(Backing::Allocated(layout)) => {
+                // SAFETY: base was allocated with layout in Region::new, the MR over it is
+                // deregistered, and it is freed once, here (the backing is now Released).
+                unsafe { alloc::dealloc(self.base.as_ptr(), layout) };
+            }
+            // Deregistered: the vector frees its buffer like any other.
+            Some(Backing::Vec(data)) => drop(data),
+            Some(Backing::Released) | None => {}
+        }
     }
 }
 
@@ -331,6 +464,46 @@ impl RegisteredBuf {
         };
         self.len = at;
         tail
+    }
+
+    /// Deregisters the region and gives back the vector it was made from by
+    /// [`ProtectionDomain::register_vec`]: same buffer, same length, holding whatever the NIC
+    /// wrote into it. No bytes are copied.
+    ///
+    /// This works only for a buffer that is the whole region and the last one of it: pieces
+    /// split off must be joined back with [`RegisteredBuf::unsplit`] (and none may still be
+    /// posted). Otherwise, or when the region was not made by `register_vec`, the buffer is
+    /// given back unchanged as `Err`.
+    ///
+    /// If `ibv_dereg_mr` fails, the NIC may still map the memory, so it must never be reused:
+    /// the vector is leaked, the failure logged, and `Ok` holds a new, empty vector.
+    pub fn into_vec(self) -> Result<Vec<u8>, RegisteredBuf> {
+        if !matches!(self.region.backing, Backing::Vec(_))
+            || self.offset != 0
+            || self.len != self.region.len
+        {
+            return Err(self);
+        }
+        let RegisteredBuf {
+            region,
+            offset,
+            len,
+        } = self;
+        let mut region = match Arc::try_unwrap(region) {
+            Ok(region) => region,
+            Err(region) => {
+                return Err(RegisteredBuf {
+                    region,
+                    offset,
+                    len,
+                })
+            }
+        };
+        match region.release() {
+            Some(Backing::Vec(data)) => Ok(data),
+            // Deregistration failed: the vector is leaked (release logged it).
+            _ => Ok(Vec::new()),
+        }
     }
 
     /// Joins `next` back onto the end of `self` when it is the adjacent range of the same

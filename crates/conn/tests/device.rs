@@ -743,3 +743,177 @@ fn teardown_with_work_still_posted_in_any_order() {
         "no completion refers to freed work"
     );
 }
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn rdma_read_between_vecs_registered_in_place() {
+    let Pair {
+        server,
+        client,
+        server_conn: _server_conn,
+        client_conn: conn,
+        ..
+    } = connected_pair(addr_b(), 8, false, false);
+
+    // An empty Vec cannot be a region; it comes back with the error.
+    let (err, empty) = server
+        .pd
+        .register_vec(Vec::with_capacity(16), Access::REMOTE_READ)
+        .unwrap_err();
+    assert_eq!(err.errno(), libc::EINVAL, "{err}");
+    assert!(err.message().contains("empty"), "{err}");
+    assert_eq!(empty.capacity(), 16, "the same Vec is given back");
+
+    // The server exposes a Vec in place: the region is the Vec's own heap buffer.
+    const LEN: usize = (1 << 20) + 3;
+    let source: Vec<u8> = (0..LEN).map(|i| (i * 31 + i / 1000) as u8).collect();
+    let exposed_vec = source.clone();
+    let exposed_ptr = exposed_vec.as_ptr() as u64;
+    let exposed = server
+        .pd
+        .register_vec(exposed_vec, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(exposed.len(), LEN);
+    assert_eq!(
+        exposed.addr(),
+        exposed_ptr,
+        "registered in place, not copied"
+    );
+    let remote = exposed.remote().expect("registered for remote read");
+    assert_eq!(remote.len as usize, LEN);
+    assert_eq!(remote.addr, exposed_ptr);
+
+    // The client reads it into its own Vec, registered in place too, in two uneven pieces.
+    let target_vec = vec![0u8; LEN];
+    let target_ptr = target_vec.as_ptr() as u64;
+    let mut head = client
+        .pd
+        .register_vec(target_vec, Access::LOCAL_WRITE)
+        .unwrap();
+    assert_eq!(head.addr(), target_ptr, "registered in place, not copied");
+    let split = LEN / 2 + 1;
+    let tail = head.split_off(split);
+    // A split buffer is not the whole region: into_vec gives it back.
+    let mut head = head.into_vec().expect_err("only part of the region");
+    assert_eq!((head.addr(), head.len()), (target_ptr, split));
+    let tail = tail.into_vec().expect_err("only part of the region");
+    assert_eq!(tail.len(), LEN - split);
+    // Neither is a buffer of a region that was not made from a Vec.
+    let allocated = client.pd.register(64, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(
+        allocated.into_vec().expect_err("not a Vec region").len(),
+        64
+    );
+
+    let pieces = [(0, head), (split, tail)];
+    for (i, (at, piece)) in pieces.into_iter().enumerate() {
+        let len = piece.len();
+        let part = RemoteBuf {
+            addr: remote.addr + at as u64,
+            len: len as u32,
+            rkey: remote.rkey,
+        };
+        conn.post_read(piece, len, part, i as u64)
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    let mut reads = collect(&client.cq, 2);
+    assert!(
+        reads
+            .iter()
+            .all(|c| c.status.is_success() && c.kind == WorkKind::Read),
+        "{reads:?}"
+    );
+    reads.sort_by_key(|c| c.cookie);
+    head = reads[0].buffer.take().unwrap();
+    let tail = reads[1].buffer.take().unwrap();
+    // While the tail is still out, the head alone cannot become the Vec.
+    head = head
+        .into_vec()
+        .expect_err("the tail still holds the region");
+    head.unsplit(tail).expect("adjacent pieces of one region");
+    assert_eq!(head.len(), LEN);
+
+    let read = head
+        .into_vec()
+        .expect("the whole region, and the last buffer of it");
+    assert_eq!(read.len(), LEN);
+    assert_eq!(
+        read.as_ptr() as u64,
+        target_ptr,
+        "the very same Vec is given back"
+    );
+    assert!(read == source, "the READ copied the exposed bytes exactly");
+
+    let exposed = exposed.into_vec().expect("the whole exposed region");
+    assert_eq!(exposed.as_ptr() as u64, exposed_ptr);
+    assert!(exposed == source, "the exposed bytes are unchanged");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn take_events_drains_the_channel_a_poller_woke_on() {
+    let Pair {
+        server,
+        client,
+        server_conn: _server_conn,
+        client_conn: conn,
+        ..
+    } = connected_pair(addr_a(), 8, false, true);
+    assert_eq!(server.cq.take_events().unwrap(), 0, "no channel, no events");
+    assert_eq!(client.cq.take_events().unwrap(), 0, "nothing happened yet");
+
+    const CQ: u64 = 1;
+    const WAKER: u64 = 2;
+    let poller = Poller::new().unwrap();
+    let waker = Waker::new().unwrap();
+    poller
+        .add(client.cq.event_fd().expect("an events CQ"), CQ)
+        .unwrap();
+    poller.add(waker.fd(), WAKER).unwrap();
+    let mut ready = Vec::new();
+    assert_eq!(
+        poller
+            .wait(&mut ready, Some(Duration::from_millis(50)))
+            .unwrap(),
+        0
+    );
+
+    client.cq.request_notify().unwrap();
+    conn.post_send_inline(b"ping", 5).unwrap();
+    let deadline = Instant::now() + LONG;
+    while !ready.contains(&CQ) {
+        let remaining = deadline
+            .checked_duration_since(Instant::now())
+            .expect("the send's completion never made the channel readable");
+        poller.wait(&mut ready, Some(remaining)).unwrap();
+    }
+    assert!(!ready.contains(&WAKER), "{ready:?}");
+    let taken = client.cq.take_events().unwrap();
+    assert!(
+        taken >= 1,
+        "the channel was readable but {taken} events taken"
+    );
+    assert_eq!(client.cq.take_events().unwrap(), 0, "all were taken");
+
+    // The channel is quiet again; the completion itself is still in the CQ.
+    ready.clear();
+    assert_eq!(
+        poller
+            .wait(&mut ready, Some(Duration::from_millis(50)))
+            .unwrap(),
+        0,
+        "{ready:?}"
+    );
+    let sent = collect(&client.cq, 1);
+    assert_eq!(sent[0].cookie, 5);
+    assert!(sent[0].status.is_success(), "{sent:?}");
+    collect(&server.cq, 1);
+
+    // The waker shares the poller without disturbing the CQ's registration.
+    waker.wake();
+    assert_eq!(poller.wait(&mut ready, Some(LONG)).unwrap(), 1);
+    assert_eq!(ready, [WAKER]);
+    waker.drain();
+    poller.remove(client.cq.event_fd().unwrap()).unwrap();
+}
