@@ -1,13 +1,128 @@
-//! rdmx: message passing over RDMA, modelled on UCX's UCP.
+//! # rdmx — message passing over RDMA, modelled on UCX's UCP
 //!
-//! The endpoint API (Context → Worker → Ep / Listener) is being built on two crates that this
-//! package re-exports:
-//! - [`conn`]: safe wrappers over rdmacm and verbs (connections, memory regions, a shared receive
-//!   queue, completion queues and channels);
-//! - [`proto`]: the sans-IO protocol engine (eager, rendezvous, tag matching, flow control).
+//! ```text
+//! Context ──worker()──▶ Worker ──connect(addr)──▶ Ep ──tag_send(tag, Vec<u8>)──▶ Request
+//!                          │ └────listen(addr)──▶ Listener ──accept()──▶ Ep
+//!                          └──tag_recv(tag, mask, Vec<u8>)──▶ Request ──wait()──▶ Done
+//! ```
+//!
+//! * [`Context`]: configuration from the `RDMX_*` environment variables, overridden by
+//!   [`ContextBuilder`]; [`Context::config`] lists every value with its source.
+//! * [`Worker`]: one RDMA device's protection domain, completion queue, shared receive queue
+//!   and buffer pools, and the progress engine. [`Worker::progress`] does the work;
+//!   [`Worker::wait`] sleeps until there is some. Requests complete by progress — made by
+//!   whoever waits on them, or by an optional progress thread.
+//! * [`Ep`]: a reliable connection to a peer worker; [`Listener`]: accepts them.
+//! * Tag messaging as in UCP: [`Ep::tag_send`] and [`Worker::tag_recv`] return a
+//!   [`Request`] (test, wait, cancel); receives match `(msg_tag & mask) == (tag & mask)`,
+//!   in arrival order. Blocking helpers: [`Ep::send`], [`Worker::recv`],
+//!   [`Worker::recv_vec`]; typed ones with serde + bincode: [`Ep::send_obj`],
+//!   [`Worker::recv_obj`].
+//!
+//! Underneath, [`proto`] is the sans-IO protocol engine (eager messages up to
+//! `RDMX_EAGER_THRESHOLD`, rendezvous by RDMA READ above it, credit flow control) and
+//! [`conn`] the safe rdmacm/verbs layer.
+//!
+//! ## Example
+//!
+//! ```no_run
+//! use rdmx::{Context, TAG_MASK_ALL};
+//!
+//! # fn main() -> rdmx::Result<()> {
+//! let ctx = Context::new()?;
+//! let server = ctx.worker()?;
+//! let listener = server.listen("192.0.2.1:0")?;
+//! let addr = listener.local_addr().unwrap().to_string();
+//! let client = ctx.worker()?;
+//! let t = std::thread::spawn(move || -> rdmx::Result<()> {
+//!     let ep = client.connect(&addr)?;
+//!     ep.send_obj(1, &("hello", 42u32))?;
+//!     ep.tag_send(2, vec![7u8; 1 << 20]).wait()?; // 1 MiB: rendezvous
+//!     ep.close()
+//! });
+//! let _ep = listener.accept()?;
+//! let greeting: (String, u32) = server.recv_obj(1, TAG_MASK_ALL)?;
+//! let big = server.tag_recv(2, TAG_MASK_ALL, vec![0; 1 << 20]).wait()?;
+//! assert_eq!((greeting.1, big.length), (42, 1 << 20));
+//! t.join().unwrap()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Buffers and soundness
+//!
+//! Nonblocking calls take owned buffers (`Vec<u8>`): the buffer is moved into the
+//! [`Request`] and handed back by [`Request::wait`] (or inside the error). While a request
+//! runs only the worker can reach the buffer, so neither the NIC nor a peer can ever touch
+//! memory the caller could free or reuse — `mem::forget` on a request leaks the buffer, and
+//! dropping a request leaves it with the worker until the NIC is done. Borrowed slices are
+//! only taken by blocking calls, which copy.
+//!
+//! ## Memory registration
+//!
+//! Eager messages are copied through registered send buffers and the SRQ's receive
+//! buffers. Rendezvous messages need the user's buffer registered: by default
+//! ([`RndvRegistration::PerOperation`], `RDMX_RNDV_REG=per-op`) the buffer itself is
+//! registered when the rendezvous starts and deregistered when it ends, so the rkey a peer
+//! got stops working at once. [`RndvRegistration::Cache`] instead stages data through
+//! regions from a registration cache (registered once, then reused): no registration on
+//! the data path, but a copy on each side, and a cached region stays readable with its old
+//! rkey while it sits in the cache. The default was chosen by measuring both on the
+//! rendezvous path (`cargo run --release --example rndv_reg`, in the Soft-RoCE guest).
+//! Registrations grant REMOTE_READ only, never REMOTE_WRITE.
+//!
+//! ## Threads
+//!
+//! [`Context`], [`Worker`], [`Ep`], [`Listener`] and [`Request`] are `Send` and `Sync`.
+//! Any number of threads may send on one worker or endpoint: the protocol state is behind
+//! one short-held lock, and each endpoint's work requests are posted under that endpoint's
+//! own lock, never under the worker-wide one. Only one thread progresses at a time; others
+//! calling [`Worker::progress`] meanwhile return at once, and threads blocked in
+//! [`Request::wait`] sleep until the progressing thread completes their request.
+//!
+//! ## Waiting
+//!
+//! [`WaitMode::BusyPoll`] (default, `RDMX_WAIT_MODE=poll`) spins on the completion queue;
+//! [`WaitMode::Event`] (`RDMX_WAIT_MODE=event`) sleeps in the classic arm / re-poll /
+//! `ibv_get_cq_event` / `ibv_ack_cq_events` loop, together with the connections' rdmacm
+//! event channels, so an idle waiting worker uses no CPU.
+//!
+//! ## Failures
+//!
+//! Connecting to nothing fails within the connect timeout. When a peer disconnects or
+//! dies, every pending request on that endpoint completes with
+//! [`Status::ConnectionClosed`] (within seconds: rdmacm reports the disconnect, or the
+//! NIC's retries run out); the worker's other endpoints are untouched. A peer's malformed
+//! frame closes that endpoint only. Errors are [`Error`]; logging goes through `log`.
+
+mod config;
+mod context;
+mod ep;
+mod error;
+mod rdma;
+mod request;
+mod usermem;
+mod worker;
+
+pub use config::{
+    Config, Entry, RndvRegistration, Source, WaitMode, CONNECT_TIMEOUT_VAR, CREDITS_VAR,
+    DEVICE_VAR, EAGER_THRESHOLD_VAR, PROGRESS_THREAD_VAR, RCACHE_SIZE_VAR, RECV_BUF_SIZE_VAR,
+    RNDV_REG_VAR, SEND_BUFS_VAR, SRQ_DEPTH_VAR, WAIT_MODE_VAR,
+};
+pub use context::{Context, ContextBuilder};
+pub use ep::{ConnRequest, Ep, Listener};
+pub use error::{Error, Result, Status};
+pub use request::{Done, Request};
+pub use worker::{RecvInfo, Worker, WorkerStats};
 
 pub use rdmx_conn as conn;
 pub use rdmx_proto as proto;
+pub use rdmx_proto::{ProbeInfo, Tag};
+
+/// A mask that compares every tag bit: receive exactly the given tag.
+pub const TAG_MASK_ALL: Tag = u64::MAX;
+/// A mask that compares no bit: receive any tag.
+pub const TAG_MASK_ANY: Tag = 0;
 
 /// The librdmacm version this build was compiled against (from pkg-config).
 pub const RDMACM_VERSION: &str = env!("RDMX_RDMACM_VERSION");

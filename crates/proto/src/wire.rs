@@ -408,15 +408,20 @@ impl Handshake {
         handshake_options().serialize(self).unwrap_or_default()
     }
 
-    /// Decodes untrusted bytes (trailing padding, as rdmacm adds, is ignored). Never panics.
+    /// Decodes untrusted bytes. Never panics. rdmacm zero-pads private data (to 56 bytes
+    /// on connect, 196 on accept): bytes past [`MAX_HANDSHAKE_LEN`] are accepted only when
+    /// they are all zero.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         use bincode::Options;
-        if bytes.len() > MAX_HANDSHAKE_LEN {
+        if bytes.len() > MAX_HANDSHAKE_LEN
+            && (bytes.len() > 256 || bytes[MAX_HANDSHAKE_LEN..].iter().any(|&b| b != 0))
+        {
             return Err(DecodeError::Handshake(format!(
                 "{} bytes exceed the {MAX_HANDSHAKE_LEN}-byte limit",
                 bytes.len()
             )));
         }
+        let bytes = &bytes[..bytes.len().min(MAX_HANDSHAKE_LEN)];
         let hs: Handshake = handshake_options()
             .deserialize(bytes)
             .map_err(|e| DecodeError::Handshake(e.to_string()))?;

@@ -647,6 +647,12 @@ fn handshake_is_compact_and_validated() {
     assert_eq!(Handshake::decode(&padded).unwrap(), hs);
     assert!(Handshake::decode(&bytes[..13]).is_err());
     assert!(Handshake::decode(&[0u8; 57]).is_err());
+    // An accept's private data is padded to 196 bytes; non-zero bytes there are refused.
+    padded.resize(196, 0);
+    assert_eq!(Handshake::decode(&padded).unwrap(), hs);
+    padded[100] = 1;
+    assert!(Handshake::decode(&padded).is_err());
+    assert!(Handshake::decode(&[0u8; 300]).is_err());
     let mut bad = bytes.clone();
     bad[0] ^= 1;
     assert!(Handshake::decode(&bad).is_err());

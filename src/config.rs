@@ -1,0 +1,479 @@
+//! The effective configuration of a [`crate::Context`]: every `RDMX_*` knob, its value and
+//! where that value came from.
+
+use std::fmt;
+use std::time::Duration;
+
+use rdmx_proto::config::parse_size;
+
+use crate::error::{Error, Result};
+
+/// How a worker waits for work when a caller blocks (in [`crate::Request::wait`],
+/// [`crate::Worker::wait`] or a blocking helper).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WaitMode {
+    /// Spin on the completion queue: lowest latency, one core busy while waiting.
+    BusyPoll,
+    /// Sleep on the completion channel (`ibv_req_notify_cq` / `ibv_get_cq_event` /
+    /// `ibv_ack_cq_events`) and the connections' event channels: ~0 % CPU while idle.
+    Event,
+}
+
+impl WaitMode {
+    fn parse(value: &str) -> Option<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "poll" | "busy" | "busy-poll" | "busypoll" | "spin" => Some(WaitMode::BusyPoll),
+            "event" | "events" | "sleep" => Some(WaitMode::Event),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for WaitMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WaitMode::BusyPoll => "poll",
+            WaitMode::Event => "event",
+        })
+    }
+}
+
+/// How the memory of a rendezvous message (above the eager threshold) is made accessible to
+/// the NIC. Chosen by measurement; see the crate documentation, "Memory registration".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RndvRegistration {
+    /// Register the user's own buffer for this one operation (`ibv_reg_mr` when the
+    /// rendezvous starts, `ibv_dereg_mr` when it ends): zero-copy, and the peer's rkey
+    /// stops working the moment the operation is over.
+    PerOperation,
+    /// Copy through regions taken from a registration cache owned by the worker (registered
+    /// once, reused): no registration on the data path, one memcpy per side. A cached region
+    /// stays registered, with its rkey, while it sits in the cache.
+    Cache,
+}
+
+impl RndvRegistration {
+    fn parse(value: &str) -> Option<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "per-op" | "perop" | "per-operation" | "direct" => Some(RndvRegistration::PerOperation),
+            "cache" | "rcache" => Some(RndvRegistration::Cache),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for RndvRegistration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RndvRegistration::PerOperation => "per-op",
+            RndvRegistration::Cache => "cache",
+        })
+    }
+}
+
+/// Where a configuration value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// rdmx's built-in default.
+    Default,
+    /// The process environment (`RDMX_*`).
+    Environment,
+    /// [`crate::ContextBuilder`], which overrides the environment.
+    Builder,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Source::Default => "default",
+            Source::Environment => "environment",
+            Source::Builder => "builder",
+        })
+    }
+}
+
+/// One knob of the effective configuration, for display (see [`Config::entries`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The environment variable that sets it.
+    pub var: &'static str,
+    /// The effective value, formatted.
+    pub value: String,
+    /// Where the value came from.
+    pub source: Source,
+    /// What it does.
+    pub help: &'static str,
+}
+
+/// A value and its source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Setting<T> {
+    pub(crate) value: T,
+    pub(crate) source: Source,
+}
+
+impl<T> Setting<T> {
+    fn default(value: T) -> Self {
+        Setting {
+            value,
+            source: Source::Default,
+        }
+    }
+    pub(crate) fn set(&mut self, value: T) {
+        self.value = value;
+        self.source = Source::Builder;
+    }
+}
+
+/// The effective configuration of a context: defaults, overridden by the environment,
+/// overridden by the builder. Read it with the accessors or list it with [`Config::entries`]
+/// (its `Display` prints a table, as `rdmx-info` does).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub(crate) eager_threshold: Setting<u64>,
+    pub(crate) recv_buf_size: Setting<u32>,
+    pub(crate) srq_depth: Setting<u32>,
+    pub(crate) credits: Setting<u16>,
+    pub(crate) send_bufs: Setting<u32>,
+    pub(crate) wait_mode: Setting<WaitMode>,
+    pub(crate) progress_thread: Setting<bool>,
+    pub(crate) device: Setting<Option<String>>,
+    pub(crate) rndv_registration: Setting<RndvRegistration>,
+    pub(crate) rcache_bytes: Setting<u64>,
+    pub(crate) connect_timeout: Setting<Duration>,
+}
+
+/// `RDMX_EAGER_THRESHOLD`: largest message sent eagerly, in bytes.
+pub const EAGER_THRESHOLD_VAR: &str = rdmx_proto::EAGER_THRESHOLD_VAR;
+/// `RDMX_RECV_BUF_SIZE`: size of each SRQ receive buffer, in bytes.
+pub const RECV_BUF_SIZE_VAR: &str = "RDMX_RECV_BUF_SIZE";
+/// `RDMX_SRQ_DEPTH`: receive buffers pre-posted on a worker's SRQ, shared by all its eps.
+pub const SRQ_DEPTH_VAR: &str = "RDMX_SRQ_DEPTH";
+/// `RDMX_CREDITS`: frames each peer may have in flight towards a worker.
+pub const CREDITS_VAR: &str = "RDMX_CREDITS";
+/// `RDMX_SEND_BUFS`: registered send buffers a worker starts with (it grows on demand).
+pub const SEND_BUFS_VAR: &str = "RDMX_SEND_BUFS";
+/// `RDMX_WAIT_MODE`: `poll` or `event`.
+pub const WAIT_MODE_VAR: &str = "RDMX_WAIT_MODE";
+/// `RDMX_PROGRESS_THREAD`: `1` gives every worker its own progress thread.
+pub const PROGRESS_THREAD_VAR: &str = "RDMX_PROGRESS_THREAD";
+/// `RDMX_DEVICE`: RDMA device name (e.g. `rxe0`); unset picks the device of the first address.
+pub const DEVICE_VAR: &str = "RDMX_DEVICE";
+/// `RDMX_RNDV_REG`: `per-op` or `cache`, see [`RndvRegistration`].
+pub const RNDV_REG_VAR: &str = "RDMX_RNDV_REG";
+/// `RDMX_RCACHE_SIZE`: bytes of registered memory the registration cache may keep.
+pub const RCACHE_SIZE_VAR: &str = "RDMX_RCACHE_SIZE";
+/// `RDMX_CONNECT_TIMEOUT_MS`: how long connect and accept wait for the peer.
+pub const CONNECT_TIMEOUT_VAR: &str = "RDMX_CONNECT_TIMEOUT_MS";
+
+impl Default for Config {
+    fn default() -> Self {
+        let proto = rdmx_proto::Config::default();
+        Config {
+            eager_threshold: Setting::default(proto.eager_threshold),
+            recv_buf_size: Setting::default(proto.recv_buf_size),
+            srq_depth: Setting::default(proto.srq_depth),
+            credits: Setting::default(proto.credits),
+            send_bufs: Setting::default(256),
+            wait_mode: Setting::default(WaitMode::BusyPoll),
+            progress_thread: Setting::default(false),
+            device: Setting::default(None),
+            rndv_registration: Setting::default(RndvRegistration::PerOperation),
+            rcache_bytes: Setting::default(256 << 20),
+            connect_timeout: Setting::default(Duration::from_secs(5)),
+        }
+    }
+}
+
+fn env_error(var: &'static str, value: &str, expected: &str) -> Error {
+    Error::Config(format!(
+        "invalid value {value:?} for {var}: expected {expected}"
+    ))
+}
+
+impl Config {
+    /// Defaults overridden by the variables `lookup` finds (the environment, for
+    /// [`crate::Context::new`]). A set but invalid variable is an error naming it, its value
+    /// and what is allowed.
+    pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let mut c = Config::default();
+        let env = |var: &'static str| lookup(var).filter(|v| !v.trim().is_empty());
+        fn from_env<T>(s: &mut Setting<T>, v: T) {
+            s.value = v;
+            s.source = Source::Environment;
+        }
+        if let Some(v) = env(EAGER_THRESHOLD_VAR) {
+            let n = parse_size(
+                EAGER_THRESHOLD_VAR,
+                &v,
+                0,
+                rdmx_proto::config::MAX_EAGER_THRESHOLD,
+            )?;
+            from_env(&mut c.eager_threshold, n);
+        }
+        if let Some(v) = env(RECV_BUF_SIZE_VAR) {
+            let n = parse_size(RECV_BUF_SIZE_VAR, &v, 256, 2 << 20)?;
+            from_env(&mut c.recv_buf_size, n as u32);
+        }
+        if let Some(v) = env(SRQ_DEPTH_VAR) {
+            let n = parse_count(SRQ_DEPTH_VAR, &v, 4, 1 << 20)?;
+            from_env(&mut c.srq_depth, n as u32);
+        }
+        if let Some(v) = env(CREDITS_VAR) {
+            let n = parse_count(CREDITS_VAR, &v, 4, 4096)?;
+            from_env(&mut c.credits, n as u16);
+        }
+        if let Some(v) = env(SEND_BUFS_VAR) {
+            let n = parse_count(SEND_BUFS_VAR, &v, 1, 1 << 20)?;
+            from_env(&mut c.send_bufs, n as u32);
+        }
+        if let Some(v) = env(WAIT_MODE_VAR) {
+            let m = WaitMode::parse(&v)
+                .ok_or_else(|| env_error(WAIT_MODE_VAR, &v, "`poll` or `event`"))?;
+            from_env(&mut c.wait_mode, m);
+        }
+        if let Some(v) = env(PROGRESS_THREAD_VAR) {
+            let b = match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "y" | "yes" | "on" | "true" => true,
+                "0" | "n" | "no" | "off" | "false" => false,
+                _ => return Err(env_error(PROGRESS_THREAD_VAR, &v, "`1` or `0`")),
+            };
+            from_env(&mut c.progress_thread, b);
+        }
+        if let Some(v) = env(DEVICE_VAR) {
+            from_env(&mut c.device, Some(v.trim().to_string()));
+        }
+        if let Some(v) = env(RNDV_REG_VAR) {
+            let m = RndvRegistration::parse(&v)
+                .ok_or_else(|| env_error(RNDV_REG_VAR, &v, "`per-op` or `cache`"))?;
+            from_env(&mut c.rndv_registration, m);
+        }
+        if let Some(v) = env(RCACHE_SIZE_VAR) {
+            let n = parse_size(RCACHE_SIZE_VAR, &v, 0, 1 << 40)?;
+            from_env(&mut c.rcache_bytes, n);
+        }
+        if let Some(v) = env(CONNECT_TIMEOUT_VAR) {
+            let ms = parse_count(CONNECT_TIMEOUT_VAR, &v, 1, 3_600_000)?;
+            from_env(&mut c.connect_timeout, Duration::from_millis(ms));
+        }
+        Ok(c)
+    }
+
+    /// Checks the combination and builds the protocol engine's configuration from it.
+    pub(crate) fn proto(&self) -> Result<rdmx_proto::Config> {
+        Ok(rdmx_proto::Config::builder()
+            .eager_threshold(self.eager_threshold.value)
+            .recv_buf_size(self.recv_buf_size.value)
+            .srq_depth(self.srq_depth.value)
+            .credits(self.credits.value)
+            .build()?)
+    }
+
+    /// Largest message sent eagerly (`RDMX_EAGER_THRESHOLD`).
+    pub fn eager_threshold(&self) -> u64 {
+        self.eager_threshold.value
+    }
+    /// Size of each SRQ receive buffer (`RDMX_RECV_BUF_SIZE`).
+    pub fn recv_buf_size(&self) -> u32 {
+        self.recv_buf_size.value
+    }
+    /// Receive buffers on each worker's SRQ (`RDMX_SRQ_DEPTH`).
+    pub fn srq_depth(&self) -> u32 {
+        self.srq_depth.value
+    }
+    /// Frames each peer may have in flight towards a worker (`RDMX_CREDITS`).
+    pub fn credits(&self) -> u16 {
+        self.credits.value
+    }
+    /// Registered send buffers a worker starts with (`RDMX_SEND_BUFS`).
+    pub fn send_bufs(&self) -> u32 {
+        self.send_bufs.value
+    }
+    /// How blocking calls wait (`RDMX_WAIT_MODE`).
+    pub fn wait_mode(&self) -> WaitMode {
+        self.wait_mode.value
+    }
+    /// Whether workers get a progress thread (`RDMX_PROGRESS_THREAD`).
+    pub fn progress_thread(&self) -> bool {
+        self.progress_thread.value
+    }
+    /// The RDMA device requested (`RDMX_DEVICE`), if any.
+    pub fn device(&self) -> Option<&str> {
+        self.device.value.as_deref()
+    }
+    /// How rendezvous memory is registered (`RDMX_RNDV_REG`).
+    pub fn rndv_registration(&self) -> RndvRegistration {
+        self.rndv_registration.value
+    }
+    /// Bytes the registration cache may keep (`RDMX_RCACHE_SIZE`).
+    pub fn rcache_bytes(&self) -> u64 {
+        self.rcache_bytes.value
+    }
+    /// How long connect and accept wait (`RDMX_CONNECT_TIMEOUT_MS`).
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout.value
+    }
+
+    /// Every knob with its value and source.
+    pub fn entries(&self) -> Vec<Entry> {
+        fn e<T>(var: &'static str, s: &Setting<T>, value: String, help: &'static str) -> Entry {
+            Entry {
+                var,
+                value,
+                source: s.source,
+                help,
+            }
+        }
+        let c = self;
+        vec![
+            e(
+                EAGER_THRESHOLD_VAR,
+                &c.eager_threshold,
+                c.eager_threshold.value.to_string(),
+                "largest message sent eagerly (bytes); larger ones use rendezvous",
+            ),
+            e(
+                RECV_BUF_SIZE_VAR,
+                &c.recv_buf_size,
+                c.recv_buf_size.value.to_string(),
+                "size of each receive buffer on the SRQ (bytes)",
+            ),
+            e(
+                SRQ_DEPTH_VAR,
+                &c.srq_depth,
+                c.srq_depth.value.to_string(),
+                "receive buffers on each worker's SRQ, shared by all its eps",
+            ),
+            e(
+                CREDITS_VAR,
+                &c.credits,
+                c.credits.value.to_string(),
+                "frames a peer may have in flight to a worker",
+            ),
+            e(
+                SEND_BUFS_VAR,
+                &c.send_bufs,
+                c.send_bufs.value.to_string(),
+                "registered send buffers a worker starts with",
+            ),
+            e(
+                WAIT_MODE_VAR,
+                &c.wait_mode,
+                c.wait_mode.value.to_string(),
+                "poll (spin) or event (sleep on completion channels)",
+            ),
+            e(
+                PROGRESS_THREAD_VAR,
+                &c.progress_thread,
+                u8::from(c.progress_thread.value).to_string(),
+                "1: each worker has a progress thread",
+            ),
+            e(
+                DEVICE_VAR,
+                &c.device,
+                c.device
+                    .value
+                    .clone()
+                    .unwrap_or_else(|| "(by address)".into()),
+                "RDMA device; unset: the device of the first address used",
+            ),
+            e(
+                RNDV_REG_VAR,
+                &c.rndv_registration,
+                c.rndv_registration.value.to_string(),
+                "rendezvous memory: per-op registration or registration cache",
+            ),
+            e(
+                RCACHE_SIZE_VAR,
+                &c.rcache_bytes,
+                c.rcache_bytes.value.to_string(),
+                "bytes the registration cache may keep registered",
+            ),
+            e(
+                CONNECT_TIMEOUT_VAR,
+                &c.connect_timeout,
+                c.connect_timeout.value.as_millis().to_string(),
+                "how long connect and accept wait (ms)",
+            ),
+        ]
+    }
+}
+
+fn parse_count(var: &'static str, value: &str, min: u64, max: u64) -> Result<u64> {
+    let n: u64 = value
+        .trim()
+        .parse()
+        .map_err(|_| env_error(var, value, &format!("a whole number in {min}..={max}")))?;
+    if n < min || n > max {
+        return Err(env_error(
+            var,
+            value,
+            &format!("a whole number in {min}..={max}"),
+        ));
+    }
+    Ok(n)
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for e in self.entries() {
+            writeln!(
+                f,
+                "{:<26} {:<14} {:<12} {}",
+                e.var, e.value, e.source, e.help
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn defaults_and_sources() {
+        let c = Config::from_lookup(lookup(&[])).unwrap();
+        assert!(c.entries().iter().all(|e| e.source == Source::Default));
+        let c = Config::from_lookup(lookup(&[
+            ("RDMX_EAGER_THRESHOLD", "4k"),
+            ("RDMX_WAIT_MODE", "event"),
+            ("RDMX_SRQ_DEPTH", "512"),
+        ]))
+        .unwrap();
+        assert_eq!(c.eager_threshold(), 4096);
+        assert_eq!(c.wait_mode(), WaitMode::Event);
+        let by_var: HashMap<_, _> = c.entries().into_iter().map(|e| (e.var, e)).collect();
+        assert_eq!(by_var["RDMX_EAGER_THRESHOLD"].source, Source::Environment);
+        assert_eq!(by_var["RDMX_SRQ_DEPTH"].value, "512");
+        assert_eq!(by_var["RDMX_CREDITS"].source, Source::Default);
+        assert!(c.to_string().contains("RDMX_WAIT_MODE"));
+    }
+
+    #[test]
+    fn invalid_values_name_the_variable() {
+        for (var, val) in [
+            ("RDMX_EAGER_THRESHOLD", "lots"),
+            ("RDMX_EAGER_THRESHOLD", "2M"),
+            ("RDMX_WAIT_MODE", "nap"),
+            ("RDMX_SRQ_DEPTH", "-1"),
+            ("RDMX_PROGRESS_THREAD", "maybe"),
+            ("RDMX_RNDV_REG", "sometimes"),
+            ("RDMX_CONNECT_TIMEOUT_MS", "0"),
+        ] {
+            let err = Config::from_lookup(lookup(&[(var, val)])).unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.contains(var), "{msg}");
+            assert!(msg.contains(val), "{msg}");
+        }
+    }
+}

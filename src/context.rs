@@ -1,0 +1,152 @@
+//! The context: configuration and device selection, shared by the workers made from it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{Config, RndvRegistration, WaitMode};
+use crate::error::{Error, Result};
+use crate::worker::Worker;
+
+/// The root of rdmx, like UCP's context: the effective configuration and the devices, from
+/// which workers are made.
+///
+/// [`Context::new`] reads the `RDMX_*` environment variables; [`Context::builder`] overrides
+/// them. [`Context::config`] shows every value and where it came from. A `Context` is a cheap
+/// handle (`Clone`), `Send` and `Sync`.
+///
+/// ```no_run
+/// # fn main() -> rdmx::Result<()> {
+/// let ctx = rdmx::Context::builder()
+///     .eager_threshold(4096)
+///     .wait_mode(rdmx::WaitMode::Event)
+///     .build()?;
+/// print!("{}", ctx.config());
+/// let worker = ctx.worker()?;
+/// # drop(worker);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Context {
+    inner: Arc<Config>,
+}
+
+impl Context {
+    /// A context configured by the defaults and the environment.
+    pub fn new() -> Result<Context> {
+        Context::builder().build()
+    }
+
+    /// A builder whose settings override the environment.
+    pub fn builder() -> ContextBuilder {
+        ContextBuilder {
+            lookup: Box::new(|var| std::env::var(var).ok()),
+            overrides: Vec::new(),
+        }
+    }
+
+    /// The effective configuration, with each value's source.
+    pub fn config(&self) -> &Config {
+        &self.inner
+    }
+
+    /// Makes a worker (see [`Worker`]).
+    pub fn worker(&self) -> Result<Worker> {
+        Worker::new(self)
+    }
+
+    /// The RDMA devices on this machine (empty where there are none).
+    pub fn devices(&self) -> Result<Vec<rdmx_conn::Device>> {
+        Ok(rdmx_conn::Device::list()?)
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("config", &self.inner)
+            .finish()
+    }
+}
+
+type Override = Box<dyn FnOnce(&mut Config) + Send>;
+type Lookup = Box<dyn Fn(&str) -> Option<String> + Send>;
+
+/// Builds a [`Context`]: defaults, then the environment, then these settings.
+pub struct ContextBuilder {
+    lookup: Lookup,
+    overrides: Vec<Override>,
+}
+
+macro_rules! setter {
+    ($(#[$doc:meta])* $name:ident: $ty:ty => $field:ident) => {
+        $(#[$doc])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.overrides.push(Box::new(move |c: &mut Config| c.$field.set(value.into())));
+            self
+        }
+    };
+}
+
+impl ContextBuilder {
+    /// Reads variables through `lookup` instead of the process environment (for tests and
+    /// for embedding; `|_| None` ignores the environment).
+    pub fn env_lookup(mut self, lookup: impl Fn(&str) -> Option<String> + Send + 'static) -> Self {
+        self.lookup = Box::new(lookup);
+        self
+    }
+
+    setter!(
+        /// Largest message sent eagerly (bytes, 0..=1 MiB).
+        eager_threshold: u64 => eager_threshold);
+    setter!(
+        /// Size of each receive buffer on the SRQ (bytes).
+        recv_buf_size: u32 => recv_buf_size);
+    setter!(
+        /// Receive buffers on each worker's SRQ.
+        srq_depth: u32 => srq_depth);
+    setter!(
+        /// Frames each peer may have in flight towards a worker (at least 4).
+        credits: u16 => credits);
+    setter!(
+        /// Registered send buffers a worker starts with.
+        send_bufs: u32 => send_bufs);
+    setter!(
+        /// How blocking calls wait.
+        wait_mode: WaitMode => wait_mode);
+    setter!(
+        /// Whether workers get a progress thread.
+        progress_thread: bool => progress_thread);
+    setter!(
+        /// How rendezvous memory is registered.
+        rndv_registration: RndvRegistration => rndv_registration);
+    setter!(
+        /// Bytes the registration cache may keep registered.
+        rcache_bytes: u64 => rcache_bytes);
+    setter!(
+        /// How long connect and accept wait.
+        connect_timeout: Duration => connect_timeout);
+
+    /// The RDMA device to use (e.g. `"rxe0"`).
+    pub fn device(mut self, name: &str) -> Self {
+        let name = name.to_string();
+        self.overrides
+            .push(Box::new(move |c: &mut Config| c.device.set(Some(name))));
+        self
+    }
+
+    /// Validates the result and makes the context.
+    pub fn build(self) -> Result<Context> {
+        let mut config = Config::from_lookup(self.lookup)?;
+        for o in self.overrides {
+            o(&mut config);
+        }
+        config.proto()?;
+        if config.connect_timeout.value.is_zero() {
+            return Err(Error::Config("the connect timeout must be positive".into()));
+        }
+        Ok(Context {
+            inner: Arc::new(config),
+        })
+    }
+}

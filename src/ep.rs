@@ -1,0 +1,275 @@
+//! Endpoints and listeners.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bincode::Options;
+use rdmx_proto::{Handshake, Tag};
+
+use crate::error::{Error, Result};
+use crate::rdma::ConnState;
+use crate::request::Request;
+use crate::worker::Worker;
+
+/// The bincode settings of [`Ep::send_obj`] / [`Worker::recv_obj`]: bincode 1.3's
+/// fixed-width little-endian encoding.
+pub(crate) fn codec() -> impl Options {
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+}
+
+/// A connection to a peer worker, like UCP's ep. Made by [`Worker::connect`] or
+/// [`Listener::accept`].
+///
+/// Cheap to clone (all clones are the same endpoint), `Send` and `Sync`: several threads may
+/// send on one endpoint at once. Messages from one endpoint are matched at the peer in the
+/// order they were sent. [`Ep::close`] flushes and disconnects; dropping the last clone
+/// does the same.
+#[derive(Clone)]
+pub struct Ep {
+    inner: Arc<EpInner>,
+}
+
+struct EpInner {
+    worker: Worker,
+    cs: Arc<ConnState>,
+    closed: AtomicBool,
+}
+
+impl Ep {
+    pub(crate) fn new(worker: Worker, cs: Arc<ConnState>) -> Self {
+        Ep {
+            inner: Arc::new(EpInner {
+                worker,
+                cs,
+                closed: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Sends `buf` with `tag`, nonblocking. The buffer is moved into the request and handed
+    /// back by [`Request::wait`]; up to `RDMX_EAGER_THRESHOLD` bytes it is copied out at
+    /// once, above that the peer reads it straight from this buffer (rendezvous), which is
+    /// why the request must own it.
+    ///
+    /// On a closed endpoint the request completes at once with
+    /// [`crate::Status::ConnectionClosed`].
+    pub fn tag_send(&self, tag: Tag, buf: Vec<u8>) -> Request {
+        let w = &self.inner.worker;
+        w.shared.tag_send(w, &self.inner.cs, tag, buf)
+    }
+
+    /// Sends a copy of `data` with `tag` and waits until the send completes.
+    pub fn send(&self, tag: Tag, data: &[u8]) -> Result<()> {
+        self.tag_send(tag, data.to_vec()).wait().map(drop)
+    }
+
+    /// Sends `value` encoded with serde + bincode, blocking; receive it with
+    /// [`Worker::recv_obj`].
+    pub fn send_obj<T: serde::Serialize + ?Sized>(&self, tag: Tag, value: &T) -> Result<()> {
+        let bytes = codec().serialize(value)?;
+        self.tag_send(tag, bytes).wait().map(drop)
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.inner.cs.peer
+    }
+
+    /// The local address of the connection.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.inner.cs.conn.local_addr()
+    }
+
+    /// The worker this endpoint belongs to.
+    pub fn worker(&self) -> &Worker {
+        &self.inner.worker
+    }
+
+    /// Whether the endpoint is still connected (neither side closed it, the peer is alive
+    /// as far as the worker knows).
+    pub fn is_connected(&self) -> bool {
+        !self.inner.cs.closing.load(Ordering::Acquire)
+    }
+
+    /// Waits until every send on this endpoint has completed and nothing is left to post,
+    /// or `timeout` passes (an [`Error::Timeout`]).
+    pub fn flush(&self, timeout: Duration) -> Result<()> {
+        self.inner.flush(timeout)
+    }
+
+    /// Flushes (bounded by the connect timeout), then disconnects. The peer's requests on
+    /// this connection then fail with [`crate::Status::ConnectionClosed`]. Closing an
+    /// endpoint closes it for every clone.
+    pub fn close(&self) -> Result<()> {
+        self.inner.close()
+    }
+}
+
+impl EpInner {
+    fn flush(&self, timeout: Duration) -> Result<()> {
+        let cs = &self.cs;
+        let done = self.worker.shared.wait_until(
+            || {
+                cs.closing.load(Ordering::Acquire)
+                    || (cs.pending_sends.load(Ordering::Acquire) == 0 && cs.idle())
+            },
+            Some(Instant::now() + timeout),
+        );
+        if done {
+            Ok(())
+        } else {
+            Err(Error::Timeout(
+                timeout,
+                format!(
+                    "flushing the endpoint to {:?}: {} sends still pending",
+                    cs.peer,
+                    cs.pending_sends.load(Ordering::Acquire)
+                ),
+            ))
+        }
+    }
+
+    fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let flushed = self.flush(self.worker.shared.cfg.connect_timeout());
+        self.worker.shared.close_conn(self.cs.id);
+        flushed
+    }
+}
+
+impl Drop for EpInner {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            log::warn!("closing the endpoint to {:?}: {e}", self.cs.peer);
+        }
+    }
+}
+
+impl std::fmt::Debug for Ep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ep")
+            .field("peer", &self.peer_addr())
+            .field("connected", &self.is_connected())
+            .finish()
+    }
+}
+
+/// Listens for connections, made by [`Worker::listen`]. `Send` and `Sync`.
+pub struct Listener {
+    worker: Worker,
+    raw: rdmx_conn::Listener,
+}
+
+impl Listener {
+    pub(crate) fn new(worker: Worker, raw: rdmx_conn::Listener) -> Self {
+        Listener { worker, raw }
+    }
+
+    /// The address it listens at (with the port chosen when it asked for port 0).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.raw.local_addr()
+    }
+
+    /// Waits up to `timeout` (`None`: without limit) for a connection request, to accept or
+    /// reject. `Ok(None)` when the time passed.
+    pub fn next_request(&self, timeout: Option<Duration>) -> Result<Option<ConnRequest>> {
+        Ok(self.raw.get_request(timeout)?.map(|req| ConnRequest {
+            worker: self.worker.clone(),
+            req,
+        }))
+    }
+
+    /// Waits for the next connection request and accepts it.
+    pub fn accept(&self) -> Result<Ep> {
+        loop {
+            if let Some(req) = self.next_request(None)? {
+                return req.accept();
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("addr", &self.local_addr())
+            .finish()
+    }
+}
+
+/// An incoming connection request: [`ConnRequest::accept`] or [`ConnRequest::reject`] it.
+pub struct ConnRequest {
+    worker: Worker,
+    req: rdmx_conn::ConnectionRequest,
+}
+
+impl ConnRequest {
+    /// The address of the peer asking.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.req.peer_addr()
+    }
+
+    /// Accepts: the connection joins the worker (sharing its SRQ) and becomes an [`Ep`].
+    /// A peer with an incompatible protocol, or one more endpoint than the worker's SRQ can
+    /// feed (`RDMX_SRQ_DEPTH / RDMX_CREDITS`), is rejected with the reason, and that is the
+    /// error returned.
+    pub fn accept(self) -> Result<Ep> {
+        let sh = &self.worker.shared;
+        let peer = self.req.peer_addr();
+        let rdma = match self.req.device() {
+            Some(device) => sh.rdma_on(&device),
+            None => Err(Error::Invalid(
+                "the request arrived on no known device".into(),
+            )),
+        };
+        let rdma = match rdma {
+            Ok(r) => r,
+            Err(e) => return Err(reject_with(self.req, e)),
+        };
+        let handshake = match Handshake::decode(self.req.private_data()) {
+            Ok(h) => h,
+            Err(e) => {
+                let e = Error::Invalid(format!("{peer:?} sent an unusable handshake: {e}"));
+                return Err(reject_with(self.req, e));
+            }
+        };
+        let id = sh.new_conn_id();
+        if let Err(e) = sh.engine_up(id, &handshake) {
+            return Err(reject_with(self.req, e));
+        }
+        let ours = sh.local_handshake();
+        match self
+            .req
+            .accept(&rdma.qp_config, &ours, sh.cfg.connect_timeout())
+        {
+            Ok(conn) => Ok(Ep::new(self.worker.clone(), sh.add_conn(id, conn))),
+            Err(e) => {
+                sh.engine_down(id);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Rejects the request; the peer's connect fails with "rejected".
+    pub fn reject(self) -> Result<()> {
+        Ok(self.req.reject(b"rdmx: rejected by the application")?)
+    }
+}
+
+/// Rejects `req`, telling the peer why (truncated to what a reject carries), and returns
+/// the reason.
+fn reject_with(req: rdmx_conn::ConnectionRequest, why: Error) -> Error {
+    let mut text = format!("rdmx: {why}").into_bytes();
+    text.truncate(rdmx_conn::MAX_REJECT_PRIVATE_DATA);
+    log::warn!("rejecting a connection from {:?}: {why}", req.peer_addr());
+    if let Err(e) = req.reject(&text) {
+        log::debug!("reject failed: {e}");
+    }
+    why
+}

@@ -1,0 +1,76 @@
+//! The crate's one error type.
+
+pub use rdmx_proto::Status;
+
+/// Everything that can go wrong in rdmx.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An invalid configuration value (environment or builder).
+    #[error("configuration: {0}")]
+    Config(String),
+    /// An invalid protocol configuration, or a peer's incompatible handshake.
+    #[error(transparent)]
+    Proto(#[from] rdmx_proto::Error),
+    /// An rdmacm or verbs call failed (it names the call, the errno and what it means).
+    #[error(transparent)]
+    Rdma(#[from] rdmx_conn::Error),
+    /// A request finished with an error status. The buffer it was given comes back in
+    /// `buffer` (see [`Error::take_buffer`]) unless the worker had to keep it because the NIC
+    /// might still be using it.
+    #[error("{what} failed: {status:?} ({})", describe(*status))]
+    Request {
+        /// The final status.
+        status: Status,
+        /// Which operation, on which endpoint.
+        what: String,
+        /// The user buffer, handed back.
+        buffer: Vec<u8>,
+    },
+    /// The operation needs something this worker or endpoint does not have (closed endpoint,
+    /// wrong device, ...).
+    #[error("{0}")]
+    Invalid(String),
+    /// A typed message could not be encoded or decoded.
+    #[error("bincode: {0}")]
+    Codec(#[from] bincode::Error),
+    /// A blocking call ran out of time.
+    #[error("timed out after {0:?}: {1}")]
+    Timeout(std::time::Duration, String),
+}
+
+impl Error {
+    /// The request status, for [`Error::Request`].
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            Error::Request { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// Takes the user buffer out of an [`Error::Request`] (empty otherwise).
+    pub fn take_buffer(&mut self) -> Vec<u8> {
+        match self {
+            Error::Request { buffer, .. } => std::mem::take(buffer),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// What a status means, in words.
+pub(crate) fn describe(status: Status) -> &'static str {
+    match status {
+        Status::Ok => "success",
+        Status::Truncated => "the message was larger than the receive buffer; nothing delivered",
+        Status::Cancelled => "cancelled",
+        Status::RemoteTruncated => {
+            "the receiver's buffer was too small for the message; nothing delivered"
+        }
+        Status::RemoteReadFailed => "the receiver could not read the message",
+        Status::ReadFailed => "the RDMA READ of the sender's buffer failed",
+        Status::ExposeFailed => "the send buffer could not be registered for the peer",
+        Status::ConnectionClosed => "the connection closed or the peer died",
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,283 @@
+//! The RDMA transport under a worker: one device's PD, CQ, SRQ and buffer pools, and the
+//! connections, each with an ordered queue of work to post.
+//!
+//! Work for a connection is pushed (in protocol order, under the worker's state lock) onto
+//! its lock-free queue and posted later by whichever thread flushes the connection, holding
+//! only that connection's post lock — no worker-wide lock is held across a post. A connection
+//! never has more than `send_depth` work requests posted; the rest waits in its queue, so a
+//! full send queue is back-pressure, not an error.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+
+use crossbeam::queue::SegQueue;
+use parking_lot::Mutex;
+use rdmx_conn::{
+    Access, CompletionQueue, Connection, Device, ProtectionDomain, QpConfig, RegisteredBuf,
+    RemoteBuf, SharedReceiveQueue,
+};
+use rdmx_proto::ConnId;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// Cookie tags: the top two bits of a work request's cookie say what it was.
+pub(crate) const COOKIE_SEND: u64 = 1 << 62;
+pub(crate) const COOKIE_READ: u64 = 2 << 62;
+pub(crate) const COOKIE_KIND: u64 = 3 << 62;
+
+/// One device's shared resources.
+pub(crate) struct Rdma {
+    pub(crate) device: Device,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) cq: CompletionQueue,
+    pub(crate) srq: SharedReceiveQueue,
+    pub(crate) qp_config: QpConfig,
+    /// Bytes of receive buffers posted on the SRQ (fixed for the worker's life).
+    pub(crate) recv_bytes: u64,
+}
+
+impl Rdma {
+    /// Creates the PD, CQ (with a completion channel), SRQ and its receive buffers, and
+    /// returns them with the receive buffers to post (cookie = buffer index).
+    pub(crate) fn new(device: &Device, cfg: &Config) -> Result<(Rdma, Vec<RegisteredBuf>)> {
+        let limits = device.limits()?;
+        let srq_depth = cfg.srq_depth();
+        if srq_depth > limits.max_srq_wr {
+            return Err(Error::Config(format!(
+                "RDMX_SRQ_DEPTH={srq_depth} exceeds {}'s limit of {} receive buffers per SRQ",
+                device.name(),
+                limits.max_srq_wr
+            )));
+        }
+        let send_depth = send_depth(cfg).min(limits.max_qp_wr);
+        let max_conns = (srq_depth / u32::from(cfg.credits())).max(1);
+        let want_cqe = u64::from(srq_depth) + u64::from(max_conns) * u64::from(send_depth);
+        let cqe = want_cqe.min(u64::from(limits.max_cqe)) as u32;
+        let pd = ProtectionDomain::new(device)?;
+        let cq = CompletionQueue::new(device, cqe, true)?;
+        let srq = SharedReceiveQueue::new(&pd, &cq, srq_depth)?;
+        let bufs = pd.register_chunks(
+            cfg.recv_buf_size() as usize,
+            srq_depth as usize,
+            Access::LOCAL_WRITE,
+        )?;
+        let mut qp_config = QpConfig::new(&pd, &cq, Some(&srq));
+        qp_config.send_depth = send_depth;
+        qp_config.max_inline = 128;
+        log::debug!(
+            "worker resources on {}: SRQ {srq_depth} x {} B, CQ {cqe}, send depth {send_depth}",
+            device.name(),
+            cfg.recv_buf_size()
+        );
+        Ok((
+            Rdma {
+                device: device.clone(),
+                pd,
+                cq,
+                srq,
+                qp_config,
+                recv_bytes: u64::from(srq_depth) * u64::from(cfg.recv_buf_size()),
+            },
+            bufs,
+        ))
+    }
+}
+
+/// Work requests a connection may have posted: a full window of data frames and credit
+/// frames, plus RDMA READs.
+fn send_depth(cfg: &Config) -> u32 {
+    u32::from(cfg.credits()) * 2 + 64
+}
+
+/// Registered send buffers, grown on demand in chunks of `grow` buffers.
+pub(crate) struct SendPool {
+    free: Vec<RegisteredBuf>,
+    buf_len: usize,
+    grow: usize,
+    /// Bytes registered for send buffers.
+    pub(crate) bytes: u64,
+}
+
+impl SendPool {
+    pub(crate) fn new(buf_len: usize, grow: usize) -> Self {
+        SendPool {
+            free: Vec::new(),
+            buf_len,
+            grow: grow.max(1),
+            bytes: 0,
+        }
+    }
+
+    pub(crate) fn buf_len(&self) -> usize {
+        self.buf_len
+    }
+
+    pub(crate) fn take(&mut self, pd: &ProtectionDomain) -> Result<RegisteredBuf> {
+        if let Some(b) = self.free.pop() {
+            return Ok(b);
+        }
+        let chunks = pd.register_chunks(self.buf_len, self.grow, Access::SEND)?;
+        self.bytes += (self.buf_len * self.grow) as u64;
+        self.free.extend(chunks);
+        Ok(self.free.pop().expect("just registered"))
+    }
+
+    pub(crate) fn give(&mut self, buf: RegisteredBuf) {
+        if buf.len() == self.buf_len {
+            self.free.push(buf);
+        }
+    }
+}
+
+/// Work waiting to be posted on a connection.
+pub(crate) enum Outgoing {
+    /// A frame small enough to be copied into the work request.
+    Inline(Vec<u8>),
+    /// A frame in a registered send buffer.
+    Frame { buf: RegisteredBuf, len: usize },
+    /// An RDMA READ into a piece of a user buffer.
+    Read {
+        target: RegisteredBuf,
+        len: usize,
+        remote: RemoteBuf,
+        cookie: u64,
+    },
+    /// Disconnect once everything before it is posted.
+    Disconnect,
+}
+
+/// A connection of a worker.
+pub(crate) struct ConnState {
+    pub(crate) id: ConnId,
+    pub(crate) conn: Connection,
+    pub(crate) peer: Option<SocketAddr>,
+    queue: SegQueue<Outgoing>,
+    post: Mutex<VecDeque<Outgoing>>,
+    in_flight: AtomicU32,
+    depth: u32,
+    /// Closed by either side: no new work, reaped once nothing is posted.
+    pub(crate) closing: AtomicBool,
+    /// Send requests on this connection not yet completed.
+    pub(crate) pending_sends: AtomicUsize,
+    /// Work whose post failed, for the worker to report as failed completions.
+    pub(crate) failures: Mutex<Vec<Outgoing>>,
+}
+
+impl ConnState {
+    pub(crate) fn new(id: ConnId, conn: Connection, depth: u32) -> Self {
+        ConnState {
+            id,
+            peer: conn.peer_addr(),
+            conn,
+            queue: SegQueue::new(),
+            post: Mutex::new(VecDeque::new()),
+            in_flight: AtomicU32::new(0),
+            depth,
+            closing: AtomicBool::new(false),
+            pending_sends: AtomicUsize::new(0),
+            failures: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn max_inline(&self) -> usize {
+        self.conn.max_inline() as usize
+    }
+
+    /// Queues work; call [`ConnState::flush`] after releasing the worker's state lock.
+    pub(crate) fn push(&self, item: Outgoing) {
+        self.queue.push(item);
+    }
+
+    /// A posted work request completed.
+    pub(crate) fn completed(&self) {
+        let _ = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// Whether nothing is posted or waiting.
+    pub(crate) fn idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+            && self.queue.is_empty()
+            && self.post.lock().is_empty()
+    }
+
+    /// Work requests posted and not completed.
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Posts queued work in order while the send queue has room. Returns whether a post
+    /// failed (the failure is recorded in `failures` for the worker to report).
+    pub(crate) fn flush(&self) -> bool {
+        let mut stalled = self.post.lock();
+        let mut failed = false;
+        loop {
+            let Some(item) = stalled.pop_front().or_else(|| self.queue.pop()) else {
+                break;
+            };
+            if let Outgoing::Disconnect = item {
+                if let Err(e) = self.conn.disconnect() {
+                    log::debug!("disconnect of {:?}: {e}", self.id);
+                }
+                continue;
+            }
+            if self.in_flight.load(Ordering::Acquire) >= self.depth {
+                stalled.push_front(item);
+                break;
+            }
+            self.in_flight.fetch_add(1, Ordering::AcqRel);
+            let cookie_send = COOKIE_SEND | self.id.0;
+            let result = match item {
+                Outgoing::Inline(bytes) => match self.conn.post_send_inline(&bytes, cookie_send) {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err((e, Outgoing::Inline(bytes))),
+                },
+                Outgoing::Frame { buf, len } => self
+                    .conn
+                    .post_send(buf, len, cookie_send)
+                    .map_err(|(e, buf)| (e, Outgoing::Frame { buf, len })),
+                Outgoing::Read {
+                    target,
+                    len,
+                    remote,
+                    cookie,
+                } => self
+                    .conn
+                    .post_read(target, len, remote, cookie)
+                    .map_err(|(e, target)| {
+                        (
+                            e,
+                            Outgoing::Read {
+                                target,
+                                len,
+                                remote,
+                                cookie,
+                            },
+                        )
+                    }),
+                Outgoing::Disconnect => unreachable!("handled above"),
+            };
+            if let Err((e, item)) = result {
+                self.completed();
+                if e.is_queue_full() && self.in_flight() > 0 {
+                    // The provider's queue is smaller than we thought: wait for completions.
+                    log::debug!(
+                        "send queue of {:?} full; retrying after completions",
+                        self.id
+                    );
+                    stalled.push_front(item);
+                    break;
+                }
+                if !self.closing.load(Ordering::Acquire) {
+                    log::warn!("posting on {:?} failed: {e}", self.id);
+                }
+                self.failures.lock().push(item);
+                failed = true;
+            }
+        }
+        failed
+    }
+}

@@ -1,0 +1,172 @@
+//! Nonblocking requests: a tag send or receive in flight, completed by progress.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rdmx_proto::{RequestId, RequestKind, Status, Tag};
+
+use crate::error::{Error, Result};
+use crate::worker::Worker;
+
+/// What a request ended with.
+pub(crate) struct Outcome {
+    pub(crate) status: Status,
+    pub(crate) length: u64,
+    pub(crate) tag: Tag,
+    pub(crate) buf: Vec<u8>,
+}
+
+/// The state a request shares with its worker.
+pub(crate) struct Slot {
+    done: AtomicBool,
+    outcome: Mutex<Option<Outcome>>,
+    pub(crate) id: OnceLock<RequestId>,
+    pub(crate) kind: RequestKind,
+    tag: Tag,
+    peer: Option<SocketAddr>,
+}
+
+impl Slot {
+    pub(crate) fn new(kind: RequestKind, tag: Tag, peer: Option<SocketAddr>) -> Arc<Self> {
+        Arc::new(Slot {
+            done: AtomicBool::new(false),
+            outcome: Mutex::new(None),
+            id: OnceLock::new(),
+            kind,
+            tag,
+            peer,
+        })
+    }
+
+    pub(crate) fn finish(&self, outcome: Outcome) {
+        *self.outcome.lock() = Some(outcome);
+        self.done.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    fn describe(&self) -> String {
+        match (self.kind, self.peer) {
+            (RequestKind::Send, Some(p)) => format!("tag_send (tag {:#x}) to {p}", self.tag),
+            (RequestKind::Send, None) => format!("tag_send (tag {:#x})", self.tag),
+            (RequestKind::Recv, _) => format!("tag_recv (tag {:#x})", self.tag),
+        }
+    }
+}
+
+/// A finished request: the buffer handed back, with the message's tag and length.
+#[derive(Debug)]
+pub struct Done {
+    /// The buffer that was moved into the request. For a receive, its first `length` bytes
+    /// are the message; the rest of it is untouched. Its length is never changed.
+    pub buf: Vec<u8>,
+    /// The message's tag (for a receive: the sender's tag, which may differ from the
+    /// requested one where the mask has zeros).
+    pub tag: Tag,
+    /// The message's length in bytes.
+    pub length: usize,
+}
+
+/// A tag send or receive in flight, made by [`crate::Ep::tag_send`] or
+/// [`crate::Worker::tag_recv`].
+///
+/// The request owns the buffer it was given until it completes; [`Request::wait`] hands it
+/// back. Requests complete through the worker's progress: [`Request::wait`] and
+/// [`Request::test`] drive it themselves (unless the worker has a progress thread).
+///
+/// Dropping an unfinished request does not give the buffer back: a receive is cancelled,
+/// a send goes on (fire and forget); either way the worker drops the buffer once the NIC
+/// and the peer are done with it. `mem::forget` on a request leaks the buffer; it never
+/// lets the NIC touch freed memory, since the worker owns the buffer throughout.
+#[must_use = "a request does nothing visible unless waited for; dropping it cancels a receive"]
+pub struct Request {
+    pub(crate) slot: Arc<Slot>,
+    pub(crate) worker: Worker,
+}
+
+impl Request {
+    /// Whether the request has completed, without progressing the worker.
+    pub fn is_done(&self) -> bool {
+        self.slot.is_done()
+    }
+
+    /// Progresses the worker once, then says whether the request has completed.
+    pub fn test(&self) -> bool {
+        if !self.slot.is_done() {
+            self.worker.progress();
+        }
+        self.slot.is_done()
+    }
+
+    /// Waits up to `timeout` for completion (progressing the worker in its wait mode);
+    /// true when complete. After `true`, [`Request::wait`] returns at once.
+    pub fn wait_for(&self, timeout: Duration) -> bool {
+        let slot = &self.slot;
+        self.worker
+            .shared
+            .wait_until(|| slot.is_done(), Some(Instant::now() + timeout))
+    }
+
+    /// Waits for completion and returns the buffer with the message's tag and length.
+    ///
+    /// A request that ended badly is an [`Error::Request`] with its [`Status`]
+    /// and the buffer (see [`Error::take_buffer`]).
+    pub fn wait(self) -> Result<Done> {
+        let slot = self.slot.clone();
+        self.worker.shared.wait_until(|| slot.is_done(), None);
+        self.take()
+    }
+
+    /// Asks for the request to be cancelled: an unmatched receive, or a send that has not
+    /// completed, then completes with [`Status::Cancelled`]. A receive already being filled
+    /// cannot be cancelled. Returns whether the cancellation took.
+    pub fn cancel(&self) -> bool {
+        match self.slot.id.get() {
+            Some(&id) if !self.slot.is_done() => self.worker.shared.cancel(id),
+            _ => false,
+        }
+    }
+
+    fn take(self) -> Result<Done> {
+        let outcome = self
+            .slot
+            .outcome
+            .lock()
+            .take()
+            .ok_or_else(|| Error::Invalid("the request's result was already taken".into()))?;
+        match outcome.status {
+            Status::Ok => Ok(Done {
+                buf: outcome.buf,
+                tag: outcome.tag,
+                length: outcome.length as usize,
+            }),
+            status => Err(Error::Request {
+                status,
+                what: self.slot.describe(),
+                buffer: outcome.buf,
+            }),
+        }
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        if !self.slot.is_done() && self.slot.kind == RequestKind::Recv {
+            self.cancel();
+        }
+    }
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("what", &self.slot.describe())
+            .field("done", &self.slot.is_done())
+            .finish()
+    }
+}

@@ -1,0 +1,326 @@
+//! User buffers held by a worker while a request runs, and the registration cache.
+//!
+//! A user buffer (`Vec<u8>`) is moved into the worker by `tag_send` / `tag_recv` and moved
+//! back out by the request's completion. While it is inside, it may be registered for the NIC
+//! — in place ([`RndvRegistration::PerOperation`]) or staged through a cached region
+//! ([`RndvRegistration::Cache`]) — and split into pieces so that several RDMA READs can write
+//! disjoint ranges at once: each posted READ owns its piece until its completion returns it.
+
+use std::collections::BTreeMap;
+
+use rdmx_conn::{Access, ProtectionDomain, RegisteredBuf};
+
+use crate::config::RndvRegistration;
+
+/// Pieces of one registered region, keyed by their offset in the user's buffer.
+#[derive(Default)]
+pub(crate) struct Pieces {
+    map: BTreeMap<u64, RegisteredBuf>,
+    in_flight: usize,
+}
+
+impl Pieces {
+    fn whole(buf: RegisteredBuf) -> Self {
+        let mut map = BTreeMap::new();
+        map.insert(0, buf);
+        Pieces { map, in_flight: 0 }
+    }
+
+    /// Takes `[off, off + len)` out, splitting the piece that holds it.
+    fn take(&mut self, off: u64, len: u64) -> Option<RegisteredBuf> {
+        let (&start, _) = self.map.range(..=off).next_back()?;
+        let piece_len = self.map[&start].len() as u64;
+        if off + len > start + piece_len || len == 0 {
+            return None;
+        }
+        let mut head = self.map.remove(&start)?;
+        let mut mid = head.split_off((off - start) as usize);
+        if off > start {
+            self.map.insert(start, head);
+        }
+        if (mid.len() as u64) > len {
+            let tail = mid.split_off(len as usize);
+            self.map.insert(off + len, tail);
+        }
+        self.in_flight += 1;
+        Some(mid)
+    }
+
+    fn put_back(&mut self, off: u64, buf: RegisteredBuf) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.map.insert(off, buf);
+    }
+
+    /// Joins every piece back into one buffer; `None` while a piece is still out.
+    fn merge(mut self) -> Result<RegisteredBuf, Self> {
+        if self.in_flight > 0 || self.map.is_empty() {
+            return Err(self);
+        }
+        let mut iter = std::mem::take(&mut self.map).into_iter();
+        let (_, mut first) = iter.next().expect("not empty");
+        for (off, next) in iter {
+            if let Err(next) = first.unsplit(next) {
+                // Not adjacent: cannot happen for pieces of one region; keep them apart.
+                self.map.insert(0, first);
+                self.map.insert(off, next);
+                return Err(self);
+            }
+        }
+        Ok(first)
+    }
+
+    fn write_at(&mut self, off: u64, data: &[u8]) -> bool {
+        let Some((&start, piece)) = self.map.range_mut(..=off).next_back() else {
+            return false;
+        };
+        let at = (off - start) as usize;
+        match piece.get_mut(at..at + data.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(data);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn read(&self, len: usize) -> Option<&[u8]> {
+        self.map.get(&0).and_then(|p| p.get(..len))
+    }
+}
+
+/// A user buffer inside the worker.
+pub(crate) enum UserMem {
+    /// Not registered: eager messages are copied in and out.
+    Plain(Vec<u8>),
+    /// Registered in place for this operation.
+    Direct(Pieces),
+    /// Staged through a region of the registration cache; `copy_back` for receives.
+    Staged {
+        vec: Vec<u8>,
+        region: Pieces,
+        copy_back: bool,
+    },
+    /// The memory could not be taken back from the NIC (a READ never reported); the worker
+    /// keeps it until the connection is destroyed.
+    Lost,
+}
+
+impl UserMem {
+    /// Copies `data` into the buffer at `off` (eager receive). False when out of range.
+    pub(crate) fn write_at(&mut self, off: u64, data: &[u8]) -> bool {
+        match self {
+            UserMem::Plain(v) | UserMem::Staged { vec: v, .. } => {
+                let off = off as usize;
+                match v.get_mut(off..off + data.len()) {
+                    Some(dst) => {
+                        dst.copy_from_slice(data);
+                        true
+                    }
+                    None => false,
+                }
+            }
+            UserMem::Direct(p) => p.write_at(off, data),
+            UserMem::Lost => false,
+        }
+    }
+
+    /// The first `len` bytes (eager send payload).
+    pub(crate) fn head(&self, len: usize) -> Option<&[u8]> {
+        match self {
+            UserMem::Plain(v) | UserMem::Staged { vec: v, .. } => v.get(..len),
+            UserMem::Direct(p) => p.read(len),
+            UserMem::Lost => None,
+        }
+    }
+
+    /// Makes the buffer NIC-accessible with `access` (a no-op when it already is).
+    /// `min_len` is how much of it the NIC needs (the message length for sends, the
+    /// capacity for receives).
+    pub(crate) fn register(
+        &mut self,
+        mode: RndvRegistration,
+        pd: &ProtectionDomain,
+        cache: &mut RegCache,
+        access: Access,
+        copy_back: bool,
+    ) -> Result<(), String> {
+        let vec = match std::mem::replace(self, UserMem::Lost) {
+            UserMem::Plain(v) => v,
+            other => {
+                *self = other;
+                return Ok(());
+            }
+        };
+        match mode {
+            RndvRegistration::PerOperation => match pd.register_vec(vec, access) {
+                Ok(buf) => {
+                    *self = UserMem::Direct(Pieces::whole(buf));
+                    Ok(())
+                }
+                Err((e, vec)) => {
+                    *self = UserMem::Plain(vec);
+                    Err(e.to_string())
+                }
+            },
+            RndvRegistration::Cache => match cache.take(pd, vec.len()) {
+                Ok(mut region) => {
+                    if !copy_back {
+                        region[..vec.len()].copy_from_slice(&vec);
+                    }
+                    *self = UserMem::Staged {
+                        vec,
+                        region: Pieces::whole(region),
+                        copy_back,
+                    };
+                    Ok(())
+                }
+                Err(e) => {
+                    *self = UserMem::Plain(vec);
+                    Err(e.to_string())
+                }
+            },
+        }
+    }
+
+    /// The registered buffer's address and rkey, for an RTS.
+    pub(crate) fn remote(&self) -> Option<rdmx_conn::RemoteBuf> {
+        let p = match self {
+            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p,
+            _ => return None,
+        };
+        p.map.get(&0).and_then(|b| b.remote())
+    }
+
+    /// Takes the registered range `[off, off + len)` out for a READ into it.
+    pub(crate) fn take_range(&mut self, off: u64, len: u64) -> Option<RegisteredBuf> {
+        match self {
+            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.take(off, len),
+            _ => None,
+        }
+    }
+
+    /// Gives back a range taken by [`UserMem::take_range`].
+    pub(crate) fn put_back(&mut self, off: u64, buf: RegisteredBuf) {
+        match self {
+            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.put_back(off, buf),
+            _ => drop(buf),
+        }
+    }
+
+    /// Ends the registration (deregisters, or returns the region to the cache), keeping the
+    /// buffer as plain memory. `length` bytes are copied back from a staged receive.
+    pub(crate) fn unregister(&mut self, cache: &mut RegCache, length: u64) {
+        match std::mem::replace(self, UserMem::Lost) {
+            UserMem::Direct(p) => match p.merge() {
+                Ok(buf) => match buf.into_vec() {
+                    Ok(v) => *self = UserMem::Plain(v),
+                    Err(buf) => {
+                        log::error!("a registered user buffer is still shared; keeping it");
+                        *self = UserMem::Direct(Pieces::whole(buf));
+                    }
+                },
+                Err(p) => *self = UserMem::Direct(p),
+            },
+            UserMem::Staged {
+                mut vec,
+                region,
+                copy_back,
+            } => match region.merge() {
+                Ok(region) => {
+                    if copy_back {
+                        let n = (length as usize).min(vec.len());
+                        vec[..n].copy_from_slice(&region[..n]);
+                    }
+                    cache.give(region);
+                    *self = UserMem::Plain(vec);
+                }
+                Err(region) => {
+                    *self = UserMem::Staged {
+                        vec,
+                        region,
+                        copy_back,
+                    }
+                }
+            },
+            other => *self = other,
+        }
+    }
+
+    /// The buffer for the user, if it is free of the NIC (call [`UserMem::unregister`] first).
+    pub(crate) fn into_vec(self) -> Option<Vec<u8>> {
+        match self {
+            UserMem::Plain(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Whether pieces are still posted.
+    pub(crate) fn in_flight(&self) -> bool {
+        match self {
+            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.in_flight > 0,
+            _ => false,
+        }
+    }
+}
+
+/// Registered regions kept for reuse, by power-of-two size class (64 KiB and up).
+///
+/// Regions are allocated and registered by the worker (never user memory), with local write
+/// and remote read, and stay registered while cached. At most `limit` bytes are kept; a
+/// region given back beyond that is deregistered.
+pub(crate) struct RegCache {
+    classes: BTreeMap<usize, Vec<RegisteredBuf>>,
+    cached: u64,
+    limit: u64,
+    /// Regions registered over the cache's life (for statistics).
+    pub(crate) registrations: u64,
+}
+
+const MIN_CLASS: usize = 64 * 1024;
+const CACHE_ACCESS: Access = Access {
+    local_write: true,
+    remote_read: true,
+};
+
+impl RegCache {
+    pub(crate) fn new(limit: u64) -> Self {
+        RegCache {
+            classes: BTreeMap::new(),
+            cached: 0,
+            limit,
+            registrations: 0,
+        }
+    }
+
+    fn class(len: usize) -> usize {
+        len.max(MIN_CLASS).next_power_of_two()
+    }
+
+    fn take(
+        &mut self,
+        pd: &ProtectionDomain,
+        len: usize,
+    ) -> Result<RegisteredBuf, rdmx_conn::Error> {
+        let class = Self::class(len);
+        if let Some(buf) = self.classes.get_mut(&class).and_then(Vec::pop) {
+            self.cached -= class as u64;
+            return Ok(buf);
+        }
+        self.registrations += 1;
+        pd.register(class, CACHE_ACCESS)
+    }
+
+    fn give(&mut self, buf: RegisteredBuf) {
+        let class = buf.len();
+        if !class.is_power_of_two() || self.cached + class as u64 > self.limit {
+            return; // dropped: deregistered
+        }
+        self.cached += class as u64;
+        self.classes.entry(class).or_default().push(buf);
+    }
+
+    /// Bytes currently cached.
+    pub(crate) fn cached_bytes(&self) -> u64 {
+        self.cached
+    }
+}

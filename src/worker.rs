@@ -1,0 +1,1302 @@
+//! The worker: one device's resources, the protocol engine, and the progress loop that
+//! drives one with the other.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use rdmx_conn::{
+    Access, AddrInfo, CmEvent, CmEventKind, Connection, Device, Poller, RegisteredBuf, Side, Waker,
+    WcStatus, WorkKind,
+};
+use rdmx_proto::{
+    Action, CloseReason, ConnId, Engine, Handshake, ProbeInfo, RecvBufId, RemoteBuf, RequestId,
+    RequestKind, Status, Tag, UserBufId, HEADER_LEN,
+};
+
+use crate::config::{Config, RndvRegistration, WaitMode};
+use crate::context::Context;
+use crate::ep::{Ep, Listener};
+use crate::error::{Error, Result};
+use crate::rdma::{ConnState, Outgoing, Rdma, SendPool, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
+use crate::request::{Outcome, Request, Slot};
+use crate::usermem::{RegCache, UserMem};
+
+const TOKEN_WAKER: u64 = 0;
+const TOKEN_CQ: u64 = 1;
+const TOKEN_CM: u64 = 2;
+/// How often a progressing worker checks its connections' rdmacm events.
+const CM_CHECK_INTERVAL: Duration = Duration::from_millis(5);
+/// How long a closing connection may take to drain before it is destroyed anyway.
+const REAP_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a frame from a QP not (yet) known is kept before its buffer is reposted.
+const PARK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A worker: the progress engine of rdmx, like UCP's worker.
+///
+/// It owns one RDMA device's protection domain, completion queue (with its completion
+/// channel), shared receive queue with its pre-posted receive buffers, and pools of
+/// registered send buffers, shared by all its endpoints. The device is the one named by
+/// `RDMX_DEVICE`, or else the one of the first address the worker listens on or connects
+/// to. Receive buffers are worker-wide, so their memory does not grow with the number of
+/// endpoints.
+///
+/// `Worker` is a cheap handle (`Clone`), `Send` and `Sync`: any thread may send, receive,
+/// progress or wait on it. Internally the protocol state sits behind one short-held lock,
+/// and each endpoint's work is posted under that endpoint's own lock, never while holding
+/// the worker-wide one.
+///
+/// ```no_run
+/// # fn main() -> rdmx::Result<()> {
+/// let ctx = rdmx::Context::new()?;
+/// let worker = ctx.worker()?;
+/// let ep = worker.connect("192.0.2.1:7000")?;
+/// ep.send(7, b"hello")?;
+/// let (reply, info) = worker.recv_vec(8, rdmx::TAG_MASK_ALL)?;
+/// println!("{} bytes with tag {}", info.length, info.tag);
+/// # drop(reply);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Worker {
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// What [`Worker::stats`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// The RDMA device, once chosen.
+    pub device: Option<String>,
+    /// Open endpoints.
+    pub eps: usize,
+    /// Receive buffers on the SRQ.
+    pub srq_depth: u32,
+    /// Bytes of receive buffers on the SRQ (independent of the number of endpoints).
+    pub recv_buffer_bytes: u64,
+    /// Bytes registered for send buffers.
+    pub send_buffer_bytes: u64,
+    /// Bytes held by the registration cache.
+    pub rcache_bytes: u64,
+    /// Regions the registration cache registered so far.
+    pub rcache_registrations: u64,
+    /// Requests not yet completed.
+    pub pending_requests: usize,
+    /// Messages that arrived before a matching receive.
+    pub unexpected_messages: usize,
+}
+
+/// What a completed receive got: the sender's tag and the message length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvInfo {
+    /// The sender's tag.
+    pub tag: Tag,
+    /// The message length in bytes.
+    pub length: usize,
+}
+
+pub(crate) struct Shared {
+    pub(crate) cfg: Config,
+    mode: WaitMode,
+    rndv: RndvRegistration,
+    epoch: Instant,
+    state: Mutex<State>,
+    rdma: OnceLock<Rdma>,
+    init: Mutex<()>,
+    conn_list: RwLock<Vec<Arc<ConnState>>>,
+    progress_lock: Mutex<Vec<rdmx_conn::Completion>>,
+    waiter: Mutex<()>,
+    poller: Poller,
+    waker: Waker,
+    gen: Mutex<u64>,
+    cv: Condvar,
+    cm_due: AtomicBool,
+    last_cm_check: AtomicU64,
+    next_timer: AtomicU64,
+    failures_pending: AtomicBool,
+    pub(crate) progress_thread: AtomicBool,
+    next_conn: AtomicU64,
+    _ctx: Context,
+}
+
+struct Pending {
+    buf: UserBufId,
+    slot: Arc<Slot>,
+    conn: Option<Arc<ConnState>>,
+}
+
+struct ReadCtx {
+    conn: ConnId,
+    request: RequestId,
+    buf: UserBufId,
+    off: u64,
+}
+
+struct Parked {
+    qp: u32,
+    id: u64,
+    buf: RegisteredBuf,
+    len: usize,
+    since: Instant,
+}
+
+struct State {
+    engine: Engine,
+    user_bufs: HashMap<UserBufId, UserMem>,
+    orphans: HashSet<UserBufId>,
+    reqs: HashMap<RequestId, Pending>,
+    next_buf: u64,
+    recv_held: HashMap<u64, RegisteredBuf>,
+    parked: Vec<Parked>,
+    conns: HashMap<ConnId, Arc<ConnState>>,
+    qp_map: HashMap<u32, ConnId>,
+    reads: HashMap<u64, ReadCtx>,
+    next_read: u64,
+    send_pool: SendPool,
+    rcache: RegCache,
+    closing: Vec<(ConnId, Instant)>,
+    spare_recv: Vec<(RegisteredBuf, u64)>,
+}
+
+/// Work to do after releasing the state lock.
+#[derive(Default)]
+struct Outbox {
+    flush: Vec<Arc<ConnState>>,
+    reposts: Vec<(RegisteredBuf, u64)>,
+    reaped: Vec<Arc<ConnState>>,
+    completed: usize,
+}
+
+impl Outbox {
+    fn flush(&mut self, cs: &Arc<ConnState>) {
+        if !self.flush.iter().any(|c| Arc::ptr_eq(c, cs)) {
+            self.flush.push(cs.clone());
+        }
+    }
+}
+
+impl Worker {
+    pub(crate) fn new(ctx: &Context) -> Result<Worker> {
+        let cfg = ctx.config().clone();
+        let engine = Engine::new(cfg.proto()?);
+        let frame_len =
+            (cfg.recv_buf_size() as usize).max(cfg.eager_threshold() as usize + HEADER_LEN);
+        let poller = Poller::new()?;
+        let waker = Waker::new()?;
+        poller.add(waker.fd(), TOKEN_WAKER)?;
+        let shared = Arc::new(Shared {
+            mode: cfg.wait_mode(),
+            rndv: cfg.rndv_registration(),
+            epoch: Instant::now(),
+            state: Mutex::new(State {
+                engine,
+                user_bufs: HashMap::new(),
+                orphans: HashSet::new(),
+                reqs: HashMap::new(),
+                next_buf: 0,
+                recv_held: HashMap::new(),
+                parked: Vec::new(),
+                conns: HashMap::new(),
+                qp_map: HashMap::new(),
+                reads: HashMap::new(),
+                next_read: 0,
+                send_pool: SendPool::new(frame_len, cfg.send_bufs() as usize),
+                rcache: RegCache::new(cfg.rcache_bytes()),
+                closing: Vec::new(),
+                spare_recv: Vec::new(),
+            }),
+            rdma: OnceLock::new(),
+            init: Mutex::new(()),
+            conn_list: RwLock::new(Vec::new()),
+            progress_lock: Mutex::new(Vec::with_capacity(64)),
+            waiter: Mutex::new(()),
+            poller,
+            waker,
+            gen: Mutex::new(0),
+            cv: Condvar::new(),
+            cm_due: AtomicBool::new(false),
+            last_cm_check: AtomicU64::new(0),
+            next_timer: AtomicU64::new(u64::MAX),
+            failures_pending: AtomicBool::new(false),
+            progress_thread: AtomicBool::new(false),
+            next_conn: AtomicU64::new(1),
+            cfg,
+            _ctx: ctx.clone(),
+        });
+        if let Some(name) = shared.cfg.device() {
+            let device = Device::by_name(name)?;
+            shared.rdma_on(&device)?;
+        }
+        let worker = Worker { shared };
+        if worker.shared.cfg.progress_thread() {
+            worker.start_progress_thread()?;
+        }
+        Ok(worker)
+    }
+
+    /// Starts a progress thread for this worker (if it has none): requests then complete on
+    /// their own, and blocking calls sleep until they do instead of progressing. The thread
+    /// waits in the worker's wait mode (spinning in [`WaitMode::BusyPoll`]) and ends when
+    /// the last handle to the worker is gone.
+    pub fn start_progress_thread(&self) -> Result<()> {
+        if self.shared.progress_thread.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let weak = Arc::downgrade(&self.shared);
+        std::thread::Builder::new()
+            .name("rdmx-progress".into())
+            .spawn(move || loop {
+                let Some(sh) = weak.upgrade() else { break };
+                match sh.mode {
+                    WaitMode::BusyPoll => {
+                        for _ in 0..1024 {
+                            if sh.progress() == 0 {
+                                std::hint::spin_loop();
+                            }
+                        }
+                    }
+                    WaitMode::Event => {
+                        if let Err(e) = sh.wait_events(Some(Duration::from_millis(100))) {
+                            log::error!("progress thread: {e}");
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::Invalid(format!("cannot start the progress thread: {e}")))?;
+        Ok(())
+    }
+
+    /// Makes progress: polls completions and connection events, runs the protocol and posts
+    /// what it asks for. Returns how many events it handled (0: nothing happened). Never
+    /// blocks; returns 0 at once when another thread is progressing.
+    pub fn progress(&self) -> usize {
+        self.shared.progress()
+    }
+
+    /// Sleeps until there is work or `timeout` passes (`None`: no limit), then progresses.
+    ///
+    /// In [`WaitMode::Event`] this is UCP's arm/wait: arm the completion queue, progress
+    /// once more (a completion may have landed before the arming), then sleep on the
+    /// completion channel, the connections' event channels and the worker's wake-up fd.
+    /// In [`WaitMode::BusyPoll`] it spins on [`Worker::progress`].
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<usize> {
+        match self.shared.mode {
+            WaitMode::Event => self.shared.wait_events(timeout),
+            WaitMode::BusyPoll => {
+                let deadline = timeout.map(|t| Instant::now() + t);
+                loop {
+                    let n = self.progress();
+                    if n > 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok(n);
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+
+    /// Wakes a thread sleeping in [`Worker::wait`] (from any thread).
+    pub fn signal(&self) {
+        self.shared.waker.wake();
+    }
+
+    /// The wait mode.
+    pub fn wait_mode(&self) -> WaitMode {
+        self.shared.mode
+    }
+
+    /// The effective configuration.
+    pub fn config(&self) -> &Config {
+        &self.shared.cfg
+    }
+
+    /// Listens at `addr` (`"host:port"`; port 0 picks a free port, see
+    /// [`Listener::local_addr`]).
+    pub fn listen(&self, addr: &str) -> Result<Listener> {
+        let info = AddrInfo::resolve(addr, Side::Passive)?;
+        let listener = rdmx_conn::Listener::bind(&info, 128)?;
+        match listener.device() {
+            Some(device) => {
+                self.shared.rdma_on(&device)?;
+            }
+            None if self.shared.rdma.get().is_some() => {}
+            None => {
+                return Err(Error::Invalid(format!(
+                    "{addr} is not on an RDMA device; listen on a device's address or set \
+                     RDMX_DEVICE"
+                )))
+            }
+        }
+        Ok(Listener::new(self.clone(), listener))
+    }
+
+    /// Connects to a listener at `addr` (`"host:port"`), waiting at most the configured
+    /// connect timeout (`RDMX_CONNECT_TIMEOUT_MS`). Nobody listening, a rejection or an
+    /// unreachable address is an error naming the address.
+    pub fn connect(&self, addr: &str) -> Result<Ep> {
+        let sh = &self.shared;
+        let dst = AddrInfo::resolve(addr, Side::Active)?;
+        let rdma = match sh.rdma.get() {
+            Some(r) => r,
+            None => sh.rdma_on(&Device::for_route(&dst)?)?,
+        };
+        let handshake = sh.state.lock().engine.local_handshake().encode();
+        let conn = rdmx_conn::connect(&dst, &rdma.qp_config, &handshake, sh.cfg.connect_timeout())?;
+        let peer = Handshake::decode(conn.peer_private_data()).map_err(|e| {
+            Error::Invalid(format!("{addr} accepted with an unusable handshake: {e}"))
+        })?;
+        let id = sh.new_conn_id();
+        {
+            let mut st = sh.state.lock();
+            st.engine.handle_connection_up(id, &peer)?;
+        }
+        Ok(Ep::new(self.clone(), sh.add_conn(id, conn)))
+    }
+
+    /// Posts a tag receive into `buf` (its length is the capacity): it matches the first
+    /// message whose tag equals `tag` on the bits set in `mask` (`0` matches any tag), from
+    /// any endpoint of this worker, in the order messages arrived. A message longer than
+    /// `buf` completes the request with [`Status::Truncated`] and is dropped.
+    pub fn tag_recv(&self, tag: Tag, mask: Tag, buf: Vec<u8>) -> Request {
+        let slot = Slot::new(RequestKind::Recv, tag, None);
+        let sh = &self.shared;
+        let mut out = Outbox::default();
+        {
+            let mut st = sh.state.lock();
+            let cap = buf.len() as u64;
+            let bufid = st.new_buf(UserMem::Plain(buf));
+            let id = st.engine.tag_recv(tag, mask, bufid, cap);
+            let _ = slot.id.set(id);
+            st.reqs.insert(
+                id,
+                Pending {
+                    buf: bufid,
+                    slot: slot.clone(),
+                    conn: None,
+                },
+            );
+            sh.run(&mut st, &mut out);
+        }
+        sh.finish(out);
+        Request {
+            slot,
+            worker: self.clone(),
+        }
+    }
+
+    /// Receives into `buf`, blocking until a message matches (see [`Worker::tag_recv`]).
+    pub fn recv(&self, tag: Tag, mask: Tag, buf: &mut [u8]) -> Result<RecvInfo> {
+        let done = self.tag_recv(tag, mask, vec![0; buf.len()]).wait()?;
+        buf[..done.length].copy_from_slice(&done.buf[..done.length]);
+        Ok(RecvInfo {
+            tag: done.tag,
+            length: done.length,
+        })
+    }
+
+    /// Receives the next matching message whatever its size, blocking until one arrives:
+    /// probes for it, then receives it into a buffer of its exact length.
+    pub fn recv_vec(&self, tag: Tag, mask: Tag) -> Result<(Vec<u8>, RecvInfo)> {
+        let sh = &self.shared;
+        let mut found = None;
+        sh.wait_until(
+            || {
+                found = sh.state.lock().engine.probe(tag, mask);
+                found.is_some()
+            },
+            None,
+        );
+        let info = found.expect("wait_until returns once found");
+        let request = self.msg_recv(info);
+        let done = request.wait()?;
+        Ok((
+            done.buf,
+            RecvInfo {
+                tag: done.tag,
+                length: done.length,
+            },
+        ))
+    }
+
+    /// Receives a value sent with [`Ep::send_obj`] (serde + bincode), blocking.
+    pub fn recv_obj<T: serde::de::DeserializeOwned>(&self, tag: Tag, mask: Tag) -> Result<T> {
+        let (buf, info) = self.recv_vec(tag, mask)?;
+        use bincode::Options;
+        Ok(crate::ep::codec().deserialize(&buf[..info.length])?)
+    }
+
+    /// Looks for an unexpected message matching `tag`/`mask` without receiving it.
+    pub fn probe(&self, tag: Tag, mask: Tag) -> Option<ProbeInfo> {
+        self.progress();
+        self.shared.state.lock().engine.probe(tag, mask)
+    }
+
+    fn msg_recv(&self, info: ProbeInfo) -> Request {
+        let slot = Slot::new(RequestKind::Recv, info.tag, None);
+        let sh = &self.shared;
+        let mut out = Outbox::default();
+        {
+            let mut st = sh.state.lock();
+            let bufid = st.new_buf(UserMem::Plain(vec![0; info.len as usize]));
+            match st.engine.msg_recv(info.msg, bufid, info.len) {
+                Some(id) => {
+                    let _ = slot.id.set(id);
+                    st.reqs.insert(
+                        id,
+                        Pending {
+                            buf: bufid,
+                            slot: slot.clone(),
+                            conn: None,
+                        },
+                    );
+                }
+                None => {
+                    let buf = st.take_buf(bufid);
+                    slot.finish(Outcome {
+                        status: Status::ConnectionClosed,
+                        length: 0,
+                        tag: info.tag,
+                        buf,
+                    });
+                }
+            }
+            sh.run(&mut st, &mut out);
+        }
+        sh.finish(out);
+        Request {
+            slot,
+            worker: self.clone(),
+        }
+    }
+
+    /// Resource figures, e.g. to check that receive memory does not grow with endpoints.
+    pub fn stats(&self) -> WorkerStats {
+        let sh = &self.shared;
+        let st = sh.state.lock();
+        WorkerStats {
+            device: sh.rdma.get().map(|r| r.device.name()),
+            eps: st.conns.len(),
+            srq_depth: sh.cfg.srq_depth(),
+            recv_buffer_bytes: sh.rdma.get().map_or(0, |r| r.recv_bytes),
+            send_buffer_bytes: st.send_pool.bytes,
+            rcache_bytes: st.rcache.cached_bytes(),
+            rcache_registrations: st.rcache.registrations,
+            pending_requests: st.engine.pending_requests(),
+            unexpected_messages: st.engine.unexpected_len(),
+        }
+    }
+}
+
+impl Shared {
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    pub(crate) fn new_conn_id(&self) -> ConnId {
+        ConnId(self.next_conn.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The worker's resources, created on `device` if there are none yet.
+    pub(crate) fn rdma_on(&self, device: &Device) -> Result<&Rdma> {
+        if let Some(r) = self.rdma.get() {
+            return self.same_device(r, device);
+        }
+        let _guard = self.init.lock();
+        if let Some(r) = self.rdma.get() {
+            return self.same_device(r, device);
+        }
+        let (rdma, bufs) = Rdma::new(device, &self.cfg)?;
+        for (i, buf) in bufs.into_iter().enumerate() {
+            rdma.srq.post_recv(buf, i as u64).map_err(|(e, _)| e)?;
+        }
+        if let Some(fd) = rdma.cq.event_fd() {
+            self.poller.add(fd, TOKEN_CQ)?;
+        }
+        let _ = self.rdma.set(rdma);
+        Ok(self.rdma.get().expect("just set"))
+    }
+
+    fn same_device<'a>(&self, r: &'a Rdma, device: &Device) -> Result<&'a Rdma> {
+        if &r.device == device {
+            Ok(r)
+        } else {
+            Err(Error::Invalid(format!(
+                "this worker runs on {}, not {}; use one worker per device",
+                r.device.name(),
+                device.name()
+            )))
+        }
+    }
+
+    /// Registers an established connection the engine already knows as `id`.
+    pub(crate) fn add_conn(&self, id: ConnId, conn: Connection) -> Arc<ConnState> {
+        let depth = self.rdma.get().map_or(64, |r| r.qp_config.send_depth);
+        let cs = Arc::new(ConnState::new(id, conn, depth));
+        if let Err(e) = self.poller.add(cs.conn.event_fd(), TOKEN_CM) {
+            log::warn!("cannot watch {id:?}'s connection events: {e}");
+        }
+        self.conn_list.write().push(cs.clone());
+        let mut out = Outbox::default();
+        {
+            let mut st = self.state.lock();
+            st.conns.insert(id, cs.clone());
+            let qp = cs.conn.qp_num();
+            st.qp_map.insert(qp, id);
+            let parked: Vec<Parked> = {
+                let (mine, rest) = std::mem::take(&mut st.parked)
+                    .into_iter()
+                    .partition(|p| p.qp == qp);
+                st.parked = rest;
+                mine
+            };
+            for p in parked {
+                st.deliver(id, p.id, p.buf, p.len);
+            }
+            self.run(&mut st, &mut out);
+        }
+        log::debug!("{id:?} up with {:?} (qp {})", cs.peer, cs.conn.qp_num());
+        self.finish(out);
+        cs
+    }
+
+    pub(crate) fn engine_up(&self, id: ConnId, peer: &Handshake) -> Result<()> {
+        Ok(self.state.lock().engine.handle_connection_up(id, peer)?)
+    }
+
+    pub(crate) fn engine_down(&self, id: ConnId) {
+        let mut out = Outbox::default();
+        {
+            let mut st = self.state.lock();
+            st.engine.handle_connection_down(id);
+            self.run(&mut st, &mut out);
+        }
+        self.finish(out);
+    }
+
+    pub(crate) fn local_handshake(&self) -> Vec<u8> {
+        self.state.lock().engine.local_handshake().encode()
+    }
+
+    pub(crate) fn tag_send(
+        &self,
+        worker: &Worker,
+        cs: &Arc<ConnState>,
+        tag: Tag,
+        buf: Vec<u8>,
+    ) -> Request {
+        let slot = Slot::new(RequestKind::Send, tag, cs.peer);
+        let mut out = Outbox::default();
+        {
+            let mut st = self.state.lock();
+            let len = buf.len() as u64;
+            let bufid = st.new_buf(UserMem::Plain(buf));
+            match st.engine.tag_send(cs.id, tag, bufid, len) {
+                Ok(id) => {
+                    let _ = slot.id.set(id);
+                    cs.pending_sends.fetch_add(1, Ordering::AcqRel);
+                    st.reqs.insert(
+                        id,
+                        Pending {
+                            buf: bufid,
+                            slot: slot.clone(),
+                            conn: Some(cs.clone()),
+                        },
+                    );
+                }
+                Err(e) => {
+                    log::debug!("tag_send on {:?}: {e}", cs.id);
+                    let buf = st.take_buf(bufid);
+                    slot.finish(Outcome {
+                        status: Status::ConnectionClosed,
+                        length: len,
+                        tag,
+                        buf,
+                    });
+                }
+            }
+            self.run(&mut st, &mut out);
+        }
+        self.finish(out);
+        Request {
+            slot,
+            worker: worker.clone(),
+        }
+    }
+
+    pub(crate) fn cancel(&self, id: RequestId) -> bool {
+        let mut out = Outbox::default();
+        let cancelled;
+        {
+            let mut st = self.state.lock();
+            cancelled = st.engine.cancel(id);
+            self.run(&mut st, &mut out);
+        }
+        self.finish(out);
+        cancelled
+    }
+
+    /// Closes a connection locally (after the caller flushed it).
+    pub(crate) fn close_conn(&self, id: ConnId) {
+        let mut out = Outbox::default();
+        {
+            let mut st = self.state.lock();
+            st.engine.close(id);
+            self.run(&mut st, &mut out);
+            // A connection the engine had already forgotten (peer gone) is closing already.
+        }
+        self.finish(out);
+    }
+
+    fn run(&self, st: &mut State, out: &mut Outbox) {
+        st.run_actions(self.rdma.get(), self.rndv, out);
+        self.next_timer.store(
+            st.engine.poll_timeout().unwrap_or(u64::MAX),
+            Ordering::Release,
+        );
+    }
+
+    /// Posts, reposts and wakes what the last locked section left to do.
+    fn finish(&self, out: Outbox) {
+        for cs in &out.flush {
+            if cs.flush() {
+                self.failures_pending.store(true, Ordering::Release);
+                self.waker.wake();
+            }
+        }
+        if !out.reposts.is_empty() {
+            if let Some(rdma) = self.rdma.get() {
+                let mut failed = Vec::new();
+                for (buf, id) in out.reposts {
+                    if let Err((e, buf)) = rdma.srq.post_recv(buf, id) {
+                        log::error!("reposting receive buffer {id}: {e}");
+                        failed.push((buf, id));
+                    }
+                }
+                if !failed.is_empty() {
+                    self.state.lock().spare_recv.extend(failed);
+                }
+            }
+        }
+        if !out.reaped.is_empty() {
+            let mut list = self.conn_list.write();
+            for cs in &out.reaped {
+                let _ = self.poller.remove(cs.conn.event_fd());
+                list.retain(|c| !Arc::ptr_eq(c, cs));
+            }
+        }
+        drop(out.reaped);
+        if out.completed > 0 {
+            self.notify();
+        }
+    }
+
+    fn notify(&self) {
+        *self.gen.lock() += 1;
+        self.cv.notify_all();
+    }
+
+    fn cm_check_due(&self, now: u64) -> bool {
+        let last = self.last_cm_check.load(Ordering::Relaxed);
+        if self.cm_due.swap(false, Ordering::AcqRel)
+            || now.saturating_sub(last) >= CM_CHECK_INTERVAL.as_nanos() as u64
+        {
+            self.last_cm_check.store(now, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn progress(&self) -> usize {
+        let Some(mut wcs) = self.progress_lock.try_lock() else {
+            return 0;
+        };
+        let rdma = self.rdma.get();
+        wcs.clear();
+        if let Some(r) = rdma {
+            if let Err(e) = r.cq.poll(&mut wcs, 64) {
+                log::error!("{e}");
+            }
+        }
+        let now = self.now_ns();
+        let mut cm_events: Vec<(ConnId, CmEvent)> = Vec::new();
+        let housekeeping = self.cm_check_due(now);
+        if housekeeping {
+            for cs in self.conn_list.read().iter() {
+                loop {
+                    match cs.conn.next_event(Some(Duration::ZERO)) {
+                        Ok(Some(ev)) => cm_events.push((cs.id, ev)),
+                        Ok(None) => break,
+                        Err(e) => {
+                            log::debug!("events of {:?}: {e}", cs.id);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let timer_due = now >= self.next_timer.load(Ordering::Acquire);
+        let failures = self.failures_pending.swap(false, Ordering::AcqRel);
+        if wcs.is_empty() && cm_events.is_empty() && !timer_due && !failures && !housekeeping {
+            return 0;
+        }
+        let work = wcs.len() + cm_events.len();
+        let mut out = Outbox::default();
+        {
+            let mut st = self.state.lock();
+            for wc in wcs.drain(..) {
+                st.on_completion(wc, &mut out);
+            }
+            for (id, ev) in cm_events {
+                st.on_cm_event(id, ev, &mut out);
+            }
+            if failures {
+                let list: Vec<Arc<ConnState>> = st.conns.values().cloned().collect();
+                for cs in list {
+                    let items: Vec<Outgoing> = std::mem::take(&mut *cs.failures.lock());
+                    for item in items {
+                        st.on_post_failure(&cs, item, &mut out);
+                    }
+                }
+            }
+            if timer_due {
+                st.engine.handle_timeout(now);
+            }
+            if housekeeping {
+                st.housekeeping(&mut out);
+            }
+            self.run(&mut st, &mut out);
+        }
+        drop(wcs);
+        self.finish(out);
+        work
+    }
+
+    /// Event-mode wait: arm, re-progress, sleep on every fd, take the events, progress.
+    pub(crate) fn wait_events(&self, timeout: Option<Duration>) -> Result<usize> {
+        let n = self.progress();
+        if n > 0 {
+            return Ok(n);
+        }
+        if let Some(r) = self.rdma.get() {
+            r.cq.request_notify()?;
+        }
+        let n = self.progress();
+        if n > 0 {
+            return Ok(n);
+        }
+        let mut sleep = timeout;
+        let next = self.next_timer.load(Ordering::Acquire);
+        if next != u64::MAX {
+            let until = Duration::from_nanos(next.saturating_sub(self.now_ns()));
+            sleep = Some(sleep.map_or(until, |s| s.min(until)));
+        }
+        if !self.conn_list.read().is_empty() {
+            // Closing connections and parked frames are looked after periodically.
+            let tick = Duration::from_millis(250);
+            sleep = Some(sleep.map_or(tick, |s| s.min(tick)));
+        }
+        let mut tokens = Vec::new();
+        self.poller.wait(&mut tokens, sleep)?;
+        for token in tokens {
+            match token {
+                TOKEN_WAKER => self.waker.drain(),
+                TOKEN_CQ => {
+                    if let Some(r) = self.rdma.get() {
+                        r.cq.take_events()?;
+                    }
+                }
+                _ => self.cm_due.store(true, Ordering::Release),
+            }
+        }
+        Ok(self.progress())
+    }
+
+    /// Blocks until `done()` (true) or the deadline (false), progressing in the worker's
+    /// wait mode — or sleeping on completions when a progress thread does the progress.
+    pub(crate) fn wait_until(
+        &self,
+        mut done: impl FnMut() -> bool,
+        deadline: Option<Instant>,
+    ) -> bool {
+        let slice = |max: Duration| -> Duration {
+            deadline.map_or(max, |d| {
+                d.saturating_duration_since(Instant::now()).min(max)
+            })
+        };
+        loop {
+            if done() {
+                return true;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
+            if self.progress_thread.load(Ordering::Acquire) {
+                self.sleep_on_completions(&mut done, slice(Duration::from_millis(50)));
+                continue;
+            }
+            match self.mode {
+                WaitMode::BusyPoll => {
+                    if self.progress() == 0 {
+                        std::hint::spin_loop();
+                    }
+                }
+                WaitMode::Event => {
+                    if self.progress() > 0 {
+                        continue;
+                    }
+                    if let Some(guard) = self.waiter.try_lock() {
+                        if done() {
+                            return true;
+                        }
+                        if let Err(e) = self.wait_events(Some(slice(Duration::from_millis(100)))) {
+                            log::error!("waiting for events: {e}");
+                        }
+                        drop(guard);
+                        // Hand the waiting over to another blocked thread, if any.
+                        self.notify();
+                    } else {
+                        self.sleep_on_completions(&mut done, slice(Duration::from_millis(20)));
+                    }
+                }
+            }
+        }
+    }
+
+    fn sleep_on_completions(&self, done: &mut impl FnMut() -> bool, max: Duration) {
+        let mut gen = self.gen.lock();
+        let seen = *gen;
+        if done() {
+            return;
+        }
+        let deadline = Instant::now() + max;
+        while *gen == seen {
+            if self.cv.wait_until(&mut gen, deadline).timed_out() {
+                break;
+            }
+        }
+    }
+}
+
+impl State {
+    fn new_buf(&mut self, mem: UserMem) -> UserBufId {
+        let id = UserBufId(self.next_buf);
+        self.next_buf += 1;
+        self.user_bufs.insert(id, mem);
+        id
+    }
+
+    fn take_buf(&mut self, id: UserBufId) -> Vec<u8> {
+        self.user_bufs
+            .remove(&id)
+            .and_then(UserMem::into_vec)
+            .unwrap_or_default()
+    }
+
+    fn deliver(&mut self, conn: ConnId, id: u64, buf: RegisteredBuf, len: usize) {
+        let bytes = &buf[..len.min(buf.len())];
+        self.engine.handle_frame(conn, RecvBufId(id), bytes);
+        self.recv_held.insert(id, buf);
+    }
+
+    fn on_completion(&mut self, wc: rdmx_conn::Completion, out: &mut Outbox) {
+        let ok = wc.status.is_success();
+        match (wc.kind, wc.cookie & COOKIE_KIND) {
+            (WorkKind::Recv, _) => {
+                let Some(buf) = wc.buffer else { return };
+                let id = wc.cookie;
+                if !ok {
+                    if wc.status != WcStatus::FLUSHED {
+                        log::warn!("receive failed: {}", wc.status.description());
+                        out.reposts.push((buf, id));
+                    }
+                    return;
+                }
+                match self.qp_map.get(&wc.qp_num) {
+                    Some(&conn) => self.deliver(conn, id, buf, wc.byte_len as usize),
+                    None => self.parked.push(Parked {
+                        qp: wc.qp_num,
+                        id,
+                        buf,
+                        len: wc.byte_len as usize,
+                        since: Instant::now(),
+                    }),
+                }
+            }
+            (_, COOKIE_SEND) => {
+                let conn = ConnId(wc.cookie & !COOKIE_KIND);
+                if let Some(buf) = wc.buffer {
+                    self.send_pool.give(buf);
+                }
+                if let Some(cs) = self.conns.get(&conn) {
+                    cs.completed();
+                    out.flush(cs);
+                    if !ok && !cs.closing.load(Ordering::Acquire) {
+                        log::warn!(
+                            "send on {conn:?} to {:?} failed: {}",
+                            cs.peer,
+                            wc.status.description()
+                        );
+                    }
+                }
+                self.engine.handle_send_complete(conn, ok);
+            }
+            (_, COOKIE_READ) => {
+                if !ok {
+                    log::debug!("RDMA READ failed: {}", wc.status.description());
+                }
+                self.read_done(wc.cookie, wc.buffer, ok, true, out);
+            }
+            _ => log::debug!("completion with unknown cookie {:#x}", wc.cookie),
+        }
+    }
+
+    /// A READ completed (`posted`) or could not be posted: give its piece back and report it.
+    fn read_done(
+        &mut self,
+        cookie: u64,
+        buf: Option<RegisteredBuf>,
+        ok: bool,
+        posted: bool,
+        out: &mut Outbox,
+    ) {
+        let Some(r) = self.reads.remove(&(cookie & !COOKIE_KIND)) else {
+            return;
+        };
+        if let Some(cs) = self.conns.get(&r.conn) {
+            if posted {
+                cs.completed();
+            }
+            out.flush(cs);
+        }
+        if let (Some(buf), Some(mem)) = (buf, self.user_bufs.get_mut(&r.buf)) {
+            mem.put_back(r.off, buf);
+        }
+        if self.orphans.contains(&r.buf) {
+            if self.user_bufs.get(&r.buf).map_or(true, |m| !m.in_flight()) {
+                self.orphans.remove(&r.buf);
+                self.user_bufs.remove(&r.buf);
+            }
+            return;
+        }
+        self.engine.handle_read_complete(r.request, r.off, ok);
+    }
+
+    fn on_post_failure(&mut self, cs: &Arc<ConnState>, item: Outgoing, out: &mut Outbox) {
+        match item {
+            Outgoing::Frame { buf, .. } => {
+                self.send_pool.give(buf);
+                self.engine.handle_send_complete(cs.id, false);
+            }
+            Outgoing::Inline(_) => self.engine.handle_send_complete(cs.id, false),
+            Outgoing::Read { target, cookie, .. } => {
+                self.read_done(cookie, Some(target), false, false, out)
+            }
+            Outgoing::Disconnect => {}
+        }
+    }
+
+    fn on_cm_event(&mut self, id: ConnId, ev: CmEvent, out: &mut Outbox) {
+        match ev.kind {
+            CmEventKind::DISCONNECTED | CmEventKind::DEVICE_REMOVAL => {
+                let Some(cs) = self.conns.get(&id).cloned() else {
+                    return;
+                };
+                if !cs.closing.load(Ordering::Acquire) {
+                    log::info!("{id:?}: {:?} disconnected ({})", cs.peer, ev.kind.name());
+                }
+                self.engine.handle_connection_down(id);
+                self.start_closing(&cs, out);
+            }
+            other => log::debug!("{id:?}: {}", other.name()),
+        }
+    }
+
+    fn start_closing(&mut self, cs: &Arc<ConnState>, out: &mut Outbox) {
+        if !cs.closing.swap(true, Ordering::AcqRel) {
+            cs.push(Outgoing::Disconnect);
+            out.flush(cs);
+            self.closing.push((cs.id, Instant::now()));
+        }
+    }
+
+    /// Destroys drained closing connections; reposts frames parked too long; retries
+    /// failed reposts.
+    fn housekeeping(&mut self, out: &mut Outbox) {
+        let now = Instant::now();
+        let mut keep = Vec::new();
+        for (id, since) in std::mem::take(&mut self.closing) {
+            let Some(cs) = self.conns.get(&id).cloned() else {
+                continue;
+            };
+            if cs.idle() || now.duration_since(since) > REAP_TIMEOUT {
+                if !cs.idle() {
+                    log::debug!(
+                        "{id:?}: destroying with {} work requests still posted",
+                        cs.in_flight()
+                    );
+                }
+                self.conns.remove(&id);
+                self.qp_map.retain(|_, c| *c != id);
+                out.reaped.push(cs);
+            } else {
+                keep.push((id, since));
+            }
+        }
+        self.closing = keep;
+        let (old, fresh): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|p| now.duration_since(p.since) > PARK_TIMEOUT);
+        self.parked = fresh;
+        for p in old {
+            log::debug!("dropping a frame from unknown qp {}", p.qp);
+            out.reposts.push((p.buf, p.id));
+        }
+        out.reposts.append(&mut self.spare_recv);
+    }
+
+    fn run_actions(&mut self, rdma: Option<&Rdma>, mode: RndvRegistration, out: &mut Outbox) {
+        while let Some(action) = self.engine.poll_action() {
+            match action {
+                Action::SendFrame {
+                    conn,
+                    frame,
+                    payload,
+                } => self.send_frame(rdma, conn, frame.as_bytes(), payload, out),
+                Action::ExposeSendBuffer { request, buf, len } => {
+                    let exposed = match (rdma, self.user_bufs.get_mut(&buf)) {
+                        (Some(r), Some(mem)) => mem
+                            .register(mode, &r.pd, &mut self.rcache, Access::REMOTE_READ, false)
+                            .and_then(|()| mem.remote().ok_or_else(|| "no remote key".to_string())),
+                        _ => Err("the send buffer is gone".to_string()),
+                    };
+                    match exposed {
+                        Ok(remote) => self.engine.handle_send_buffer_exposed(
+                            request,
+                            RemoteBuf {
+                                addr: remote.addr,
+                                rkey: remote.rkey,
+                            },
+                        ),
+                        Err(e) => {
+                            log::warn!("cannot expose a {len}-byte send buffer: {e}");
+                            self.engine.handle_send_buffer_expose_failed(request);
+                        }
+                    }
+                }
+                Action::ReleaseSendBuffer { buf, .. } => {
+                    if let Some(mem) = self.user_bufs.get_mut(&buf) {
+                        mem.unregister(&mut self.rcache, 0);
+                    }
+                }
+                Action::RdmaRead {
+                    conn,
+                    request,
+                    remote,
+                    len,
+                    dst,
+                    dst_offset,
+                } => {
+                    if let Err(e) =
+                        self.post_read(rdma, mode, conn, request, remote, len, dst, dst_offset, out)
+                    {
+                        log::warn!("cannot read {len} bytes on {conn:?}: {e}");
+                        self.engine.handle_read_complete(request, dst_offset, false);
+                    }
+                }
+                Action::CopyFromRecvBuf {
+                    src,
+                    src_offset,
+                    len,
+                    dst,
+                    dst_offset,
+                } => {
+                    let copied = match (self.recv_held.get(&src.0), self.user_bufs.get_mut(&dst)) {
+                        (Some(b), Some(mem)) => b
+                            .get(src_offset..src_offset + len)
+                            .is_some_and(|data| mem.write_at(dst_offset, data)),
+                        _ => false,
+                    };
+                    if !copied {
+                        log::error!("eager copy of {len} bytes into {dst:?} out of range");
+                    }
+                }
+                Action::CopyToUser {
+                    dst,
+                    dst_offset,
+                    data,
+                } => {
+                    let copied = self
+                        .user_bufs
+                        .get_mut(&dst)
+                        .is_some_and(|mem| mem.write_at(dst_offset, &data));
+                    if !copied {
+                        log::error!("copy of {} bytes into {dst:?} out of range", data.len());
+                    }
+                }
+                Action::RepostRecv { buf } => {
+                    if let Some(b) = self.recv_held.remove(&buf.0) {
+                        out.reposts.push((b, buf.0));
+                    }
+                }
+                Action::Complete(c) => self.complete(c, out),
+                Action::CloseConnection { conn, reason } => {
+                    match &reason {
+                        CloseReason::Local => log::debug!("{conn:?}: closed locally"),
+                        other => log::warn!("{conn:?}: closing: {other:?}"),
+                    }
+                    if let Some(cs) = self.conns.get(&conn).cloned() {
+                        self.start_closing(&cs, out);
+                    }
+                }
+            }
+        }
+        // Every frame's buffer is reposted by the engine at once; anything left is a bug in
+        // the driver or the engine, so put it back rather than lose SRQ depth.
+        if !self.recv_held.is_empty() {
+            log::error!("{} receive buffers were not reposted", self.recv_held.len());
+            out.reposts
+                .extend(self.recv_held.drain().map(|(id, b)| (b, id)));
+        }
+    }
+
+    fn send_frame(
+        &mut self,
+        rdma: Option<&Rdma>,
+        conn: ConnId,
+        frame: &[u8],
+        payload: Option<rdmx_proto::PayloadRef>,
+        out: &mut Outbox,
+    ) {
+        let Some(cs) = self.conns.get(&conn).cloned() else {
+            log::debug!("frame for closed {conn:?} dropped");
+            return;
+        };
+        let data: &[u8] = match payload {
+            Some(p) => match self
+                .user_bufs
+                .get(&p.buf)
+                .and_then(|m| m.head(p.len as usize))
+            {
+                Some(d) => d,
+                None => {
+                    log::error!("eager payload of {} bytes unavailable", p.len);
+                    return;
+                }
+            },
+            None => &[],
+        };
+        let total = frame.len() + data.len();
+        let item = if total <= cs.max_inline() {
+            let mut v = Vec::with_capacity(total);
+            v.extend_from_slice(frame);
+            v.extend_from_slice(data);
+            Outgoing::Inline(v)
+        } else {
+            let Some(rdma) = rdma else { return };
+            if total > self.send_pool.buf_len() {
+                log::error!("a {total}-byte frame exceeds the send buffers");
+                return;
+            }
+            let mut buf = match self.send_pool.take(&rdma.pd) {
+                Ok(b) => b,
+                Err(e) => {
+                    log::error!("no send buffer: {e}");
+                    self.engine.handle_send_complete(conn, false);
+                    return;
+                }
+            };
+            buf[..frame.len()].copy_from_slice(frame);
+            buf[frame.len()..total].copy_from_slice(data);
+            Outgoing::Frame { buf, len: total }
+        };
+        cs.push(item);
+        out.flush(&cs);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_read(
+        &mut self,
+        rdma: Option<&Rdma>,
+        mode: RndvRegistration,
+        conn: ConnId,
+        request: RequestId,
+        remote: RemoteBuf,
+        len: u64,
+        dst: UserBufId,
+        dst_offset: u64,
+        out: &mut Outbox,
+    ) -> Result<(), String> {
+        let cs = self
+            .conns
+            .get(&conn)
+            .cloned()
+            .ok_or("the connection is closed")?;
+        let rdma = rdma.ok_or("no RDMA resources")?;
+        let mem = self
+            .user_bufs
+            .get_mut(&dst)
+            .ok_or("the receive buffer is gone")?;
+        mem.register(mode, &rdma.pd, &mut self.rcache, Access::LOCAL_WRITE, true)?;
+        let target = mem
+            .take_range(dst_offset, len)
+            .ok_or("the READ falls outside the receive buffer")?;
+        let key = self.next_read;
+        self.next_read = (self.next_read + 1) & !COOKIE_KIND;
+        self.reads.insert(
+            key,
+            ReadCtx {
+                conn,
+                request,
+                buf: dst,
+                off: dst_offset,
+            },
+        );
+        cs.push(Outgoing::Read {
+            target,
+            len: len as usize,
+            remote: rdmx_conn::RemoteBuf {
+                addr: remote.addr,
+                len: len as u32,
+                rkey: remote.rkey,
+            },
+            cookie: COOKIE_READ | key,
+        });
+        out.flush(&cs);
+        Ok(())
+    }
+
+    fn complete(&mut self, c: rdmx_proto::Completion, out: &mut Outbox) {
+        let Some(p) = self.reqs.remove(&c.request) else {
+            return;
+        };
+        if let Some(cs) = &p.conn {
+            cs.pending_sends.fetch_sub(1, Ordering::AcqRel);
+        }
+        let buf = match self.user_bufs.remove(&p.buf) {
+            Some(mut mem) => {
+                let copy_back = if c.status == Status::Ok { c.length } else { 0 };
+                mem.unregister(&mut self.rcache, copy_back);
+                if mem.in_flight() {
+                    // A READ into it was never reported (connection died): the worker keeps
+                    // it until the READ completes or the connection is destroyed.
+                    self.user_bufs.insert(p.buf, mem);
+                    self.orphans.insert(p.buf);
+                    Vec::new()
+                } else {
+                    mem.into_vec().unwrap_or_default()
+                }
+            }
+            None => Vec::new(),
+        };
+        p.slot.finish(Outcome {
+            status: c.status,
+            length: c.length,
+            tag: c.tag,
+            buf,
+        });
+        out.completed += 1;
+    }
+}
