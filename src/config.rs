@@ -50,6 +50,24 @@ pub enum RndvRegistration {
     /// once, reused): no registration on the data path, one memcpy per side. A cached region
     /// stays registered, with its rkey, while it sits in the cache.
     Cache,
+    /// The cache below [`RndvRegistration::AUTO_CACHE_BELOW`] bytes, per-operation
+    /// registration from there up: where two copies cost less than a registration and a
+    /// deregistration, and where they cost more (measured with `examples/rndv_reg.rs`).
+    Auto,
+}
+
+impl RndvRegistration {
+    /// Under [`RndvRegistration::Auto`], buffers smaller than this go through the cache.
+    pub const AUTO_CACHE_BELOW: usize = 64 * 1024;
+
+    /// The mode used for a buffer of `len` bytes.
+    pub(crate) fn for_len(self, len: usize) -> RndvRegistration {
+        match self {
+            RndvRegistration::Auto if len < Self::AUTO_CACHE_BELOW => RndvRegistration::Cache,
+            RndvRegistration::Auto => RndvRegistration::PerOperation,
+            other => other,
+        }
+    }
 }
 
 impl RndvRegistration {
@@ -57,6 +75,7 @@ impl RndvRegistration {
         match value.trim().to_ascii_lowercase().as_str() {
             "per-op" | "perop" | "per-operation" | "direct" => Some(RndvRegistration::PerOperation),
             "cache" | "rcache" => Some(RndvRegistration::Cache),
+            "auto" => Some(RndvRegistration::Auto),
             _ => None,
         }
     }
@@ -67,6 +86,7 @@ impl fmt::Display for RndvRegistration {
         f.write_str(match self {
             RndvRegistration::PerOperation => "per-op",
             RndvRegistration::Cache => "cache",
+            RndvRegistration::Auto => "auto",
         })
     }
 }
@@ -159,7 +179,7 @@ pub const WAIT_MODE_VAR: &str = "RDMX_WAIT_MODE";
 pub const PROGRESS_THREAD_VAR: &str = "RDMX_PROGRESS_THREAD";
 /// `RDMX_DEVICE`: RDMA device name (e.g. `rxe0`); unset picks the device of the first address.
 pub const DEVICE_VAR: &str = "RDMX_DEVICE";
-/// `RDMX_RNDV_REG`: `per-op` or `cache`, see [`RndvRegistration`].
+/// `RDMX_RNDV_REG`: `auto`, `per-op` or `cache`, see [`RndvRegistration`].
 pub const RNDV_REG_VAR: &str = "RDMX_RNDV_REG";
 /// `RDMX_RCACHE_SIZE`: bytes of registered memory the registration cache may keep.
 pub const RCACHE_SIZE_VAR: &str = "RDMX_RCACHE_SIZE";
@@ -178,7 +198,7 @@ impl Default for Config {
             wait_mode: Setting::default(WaitMode::BusyPoll),
             progress_thread: Setting::default(false),
             device: Setting::default(None),
-            rndv_registration: Setting::default(RndvRegistration::PerOperation),
+            rndv_registration: Setting::default(RndvRegistration::Auto),
             rcache_bytes: Setting::default(256 << 20),
             connect_timeout: Setting::default(Duration::from_secs(5)),
         }
@@ -245,7 +265,7 @@ impl Config {
         }
         if let Some(v) = env(RNDV_REG_VAR) {
             let m = RndvRegistration::parse(&v)
-                .ok_or_else(|| env_error(RNDV_REG_VAR, &v, "`per-op` or `cache`"))?;
+                .ok_or_else(|| env_error(RNDV_REG_VAR, &v, "`auto`, `per-op` or `cache`"))?;
             from_env(&mut c.rndv_registration, m);
         }
         if let Some(v) = env(RCACHE_SIZE_VAR) {
@@ -381,7 +401,7 @@ impl Config {
                 RNDV_REG_VAR,
                 &c.rndv_registration,
                 c.rndv_registration.value.to_string(),
-                "rendezvous memory: per-op registration or registration cache",
+                "rendezvous memory: auto, per-op registration or registration cache",
             ),
             e(
                 RCACHE_SIZE_VAR,

@@ -33,6 +33,14 @@ pub enum Error {
     /// A typed message could not be encoded or decoded.
     #[error("bincode: {0}")]
     Codec(#[from] bincode::Error),
+    /// The peer's worker refused the connection, and said why.
+    #[error("{addr} refused the connection: {reason}")]
+    Rejected {
+        /// The address connected to.
+        addr: String,
+        /// The reason the peer gave.
+        reason: String,
+    },
     /// A blocking call ran out of time.
     #[error("timed out after {0:?}: {1}")]
     Timeout(std::time::Duration, String),
@@ -53,6 +61,19 @@ impl Error {
             Error::Request { buffer, .. } => std::mem::take(buffer),
             _ => Vec::new(),
         }
+    }
+}
+
+/// A failed connect: when the peer's rdmx worker rejected it with a reason, that reason.
+pub(crate) fn connect_error(addr: &str, e: rdmx_conn::Error) -> Error {
+    let data = e.reject_data();
+    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    match data[..end].strip_prefix(b"rdmx: ") {
+        Some(reason) => Error::Rejected {
+            addr: addr.to_string(),
+            reason: String::from_utf8_lossy(reason).into_owned(),
+        },
+        None => e.into(),
     }
 }
 

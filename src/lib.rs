@@ -61,15 +61,29 @@
 //! ## Memory registration
 //!
 //! Eager messages are copied through registered send buffers and the SRQ's receive
-//! buffers. Rendezvous messages need the user's buffer registered: by default
-//! ([`RndvRegistration::PerOperation`], `RDMX_RNDV_REG=per-op`) the buffer itself is
-//! registered when the rendezvous starts and deregistered when it ends, so the rkey a peer
-//! got stops working at once. [`RndvRegistration::Cache`] instead stages data through
-//! regions from a registration cache (registered once, then reused): no registration on
-//! the data path, but a copy on each side, and a cached region stays readable with its old
-//! rkey while it sits in the cache. The default was chosen by measuring both on the
-//! rendezvous path (`cargo run --release --example rndv_reg`, in the Soft-RoCE guest).
-//! Registrations grant REMOTE_READ only, never REMOTE_WRITE.
+//! buffers. A rendezvous message needs NIC access to the user's buffer, in one of two ways:
+//!
+//! * [`RndvRegistration::PerOperation`] registers the user's buffer itself when the
+//!   rendezvous starts and deregisters it when it ends: zero-copy, and the rkey a peer got
+//!   stops working at once.
+//! * [`RndvRegistration::Cache`] stages the data through regions of a registration cache
+//!   (registered once, reused, at most `RDMX_RCACHE_SIZE` bytes kept): no registration on
+//!   the data path, but a copy on each side.
+//!
+//! The default, [`RndvRegistration::Auto`] (`RDMX_RNDV_REG=auto`), uses the cache below
+//! [`RndvRegistration::AUTO_CACHE_BELOW`] (64 KiB) and per-operation registration from
+//! there up. It was chosen by measuring both on the rendezvous path with
+//! `examples/rndv_reg.rs` on Soft-RoCE: a registration plus deregistration cost about
+//! 200–260 µs whatever the size up to 1 MiB, a copy about 80 µs at 16 KiB and 300 µs at
+//! 64 KiB, so two copies win below ~64 KiB and lose above (whole messages: the cache was
+//! 18 % faster at 16 KiB, per-operation 6–13 % faster at 64 KiB–4 MiB, within the guest's
+//! noise at 1 MiB).
+//!
+//! What stays readable: a buffer registered per operation is readable by the one peer it was
+//! advertised to, from the RTS until the transfer ends (ATS, cancel or disconnect). A cache
+//! region is readable with its rkey for as long as the worker keeps it, and holds whatever
+//! message was staged in it last; the rkeys of cache regions are only ever sent in RTSs to
+//! this worker's peers. No registration grants REMOTE_WRITE.
 //!
 //! ## Threads
 //!

@@ -151,17 +151,19 @@ impl UserMem {
                 return Ok(());
             }
         };
-        match mode {
-            RndvRegistration::PerOperation => match pd.register_vec(vec, access) {
-                Ok(buf) => {
-                    *self = UserMem::Direct(Pieces::whole(buf));
-                    Ok(())
+        match mode.for_len(vec.len()) {
+            RndvRegistration::PerOperation | RndvRegistration::Auto => {
+                match pd.register_vec(vec, access) {
+                    Ok(buf) => {
+                        *self = UserMem::Direct(Pieces::whole(buf));
+                        Ok(())
+                    }
+                    Err((e, vec)) => {
+                        *self = UserMem::Plain(vec);
+                        Err(e.to_string())
+                    }
                 }
-                Err((e, vec)) => {
-                    *self = UserMem::Plain(vec);
-                    Err(e.to_string())
-                }
-            },
+            }
             RndvRegistration::Cache => match cache.take(pd, vec.len()) {
                 Ok(mut region) => {
                     if !copy_back {

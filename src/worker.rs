@@ -344,7 +344,8 @@ impl Worker {
             None => sh.rdma_on(&Device::for_route(&dst)?)?,
         };
         let handshake = sh.state.lock().engine.local_handshake().encode();
-        let conn = rdmx_conn::connect(&dst, &rdma.qp_config, &handshake, sh.cfg.connect_timeout())?;
+        let conn = rdmx_conn::connect(&dst, &rdma.qp_config, &handshake, sh.cfg.connect_timeout())
+            .map_err(|e| crate::error::connect_error(addr, e))?;
         let peer = Handshake::decode(conn.peer_private_data()).map_err(|e| {
             Error::Invalid(format!("{addr} accepted with an unusable handshake: {e}"))
         })?;
