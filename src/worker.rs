@@ -116,6 +116,7 @@ pub(crate) struct Shared {
     last_cm_check: AtomicU64,
     next_timer: AtomicU64,
     failures_pending: AtomicBool,
+    housekeeping_pending: AtomicBool,
     pub(crate) progress_thread: AtomicBool,
     next_conn: AtomicU64,
     _ctx: Context,
@@ -220,6 +221,7 @@ impl Worker {
             last_cm_check: AtomicU64::new(0),
             next_timer: AtomicU64::new(u64::MAX),
             failures_pending: AtomicBool::new(false),
+            housekeeping_pending: AtomicBool::new(false),
             progress_thread: AtomicBool::new(false),
             next_conn: AtomicU64::new(1),
             cfg,
@@ -258,7 +260,7 @@ impl Worker {
                         }
                     }
                     WaitMode::Event => {
-                        if let Err(e) = sh.wait_events(Some(Duration::from_millis(100))) {
+                        if let Err(e) = sh.wait_events(Some(Duration::from_secs(1))) {
                             log::error!("progress thread: {e}");
                             std::thread::sleep(Duration::from_millis(10));
                         }
@@ -653,6 +655,10 @@ impl Shared {
 
     fn run(&self, st: &mut State, out: &mut Outbox) {
         st.run_actions(self.rdma.get(), self.rndv, out);
+        self.housekeeping_pending.store(
+            !st.closing.is_empty() || !st.parked.is_empty(),
+            Ordering::Release,
+        );
         self.next_timer.store(
             st.engine.poll_timeout().unwrap_or(u64::MAX),
             Ordering::Release,
@@ -794,7 +800,7 @@ impl Shared {
             let until = Duration::from_nanos(next.saturating_sub(self.now_ns()));
             sleep = Some(sleep.map_or(until, |s| s.min(until)));
         }
-        if !self.conn_list.read().is_empty() {
+        if self.housekeeping_pending.load(Ordering::Acquire) {
             // Closing connections and parked frames are looked after periodically.
             let tick = Duration::from_millis(250);
             sleep = Some(sleep.map_or(tick, |s| s.min(tick)));
@@ -852,7 +858,7 @@ impl Shared {
                         if done() {
                             return true;
                         }
-                        if let Err(e) = self.wait_events(Some(slice(Duration::from_millis(100)))) {
+                        if let Err(e) = self.wait_events(Some(slice(Duration::from_secs(1)))) {
                             log::error!("waiting for events: {e}");
                         }
                         drop(guard);

@@ -192,13 +192,15 @@ fn event_wait_mode_roundtrips_and_idles() {
         let done = finish(r).expect("receive");
         (done, thread_cpu_ticks() - before)
     });
-    thread::sleep(Duration::from_millis(500));
+    let idle = Duration::from_secs(2);
+    thread::sleep(idle);
     cep.send(9, b"wake up").unwrap();
     let (done, ticks) = waiter.join().unwrap();
     assert_eq!(&done.buf[..done.length], b"wake up");
-    println!("event-mode waiter used {ticks} CPU ticks (of 100/s) over ~0.5 s");
+    let percent = ticks as f64 / (idle.as_secs_f64() * 100.0) * 100.0;
+    println!("event-mode waiter used {ticks} CPU ticks (100/s) in {idle:?} asleep: {percent:.1} %");
     assert!(
-        ticks <= 5,
+        ticks <= 10,
         "an event-mode waiter must sleep, used {ticks} ticks"
     );
     // Ping-pong in event mode.
