@@ -125,6 +125,12 @@ impl Request {
     /// Asks for the request to be cancelled: an unmatched receive, or a send that has not
     /// completed, then completes with [`Status::Cancelled`]. A receive already being filled
     /// cannot be cancelled. Returns whether the cancellation took.
+    ///
+    /// Cancelling a rendezvous send whose announcement already reached the peer withdraws
+    /// the peer's access to the buffer: a receiver that then matches it gets
+    /// [`Status::ReadFailed`], and on RDMA the refused READ also breaks the connection (an
+    /// RC queue pair enters the error state on a remote access error), so both sides'
+    /// pending requests on that endpoint fail with [`Status::ConnectionClosed`].
     pub fn cancel(&self) -> bool {
         match self.slot.id.get() {
             Some(&id) if !self.slot.is_done() => self.worker.shared.cancel(id),

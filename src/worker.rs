@@ -352,10 +352,7 @@ impl Worker {
             Error::Invalid(format!("{addr} accepted with an unusable handshake: {e}"))
         })?;
         let id = sh.new_conn_id();
-        {
-            let mut st = sh.state.lock();
-            st.engine.handle_connection_up(id, &peer)?;
-        }
+        sh.engine_up(id, &peer)?;
         Ok(Ep::new(self.clone(), sh.add_conn(id, conn)))
     }
 
@@ -365,25 +362,12 @@ impl Worker {
     /// `buf` completes the request with [`Status::Truncated`] and is dropped.
     pub fn tag_recv(&self, tag: Tag, mask: Tag, buf: Vec<u8>) -> Request {
         let slot = Slot::new(RequestKind::Recv, tag, None);
-        let sh = &self.shared;
-        let mut out = Outbox::default();
-        {
-            let mut st = sh.state.lock();
+        self.shared.with_state(|st| {
             let cap = buf.len() as u64;
             let bufid = st.new_buf(UserMem::Plain(buf));
             let id = st.engine.tag_recv(tag, mask, bufid, cap);
-            let _ = slot.id.set(id);
-            st.reqs.insert(
-                id,
-                Pending {
-                    buf: bufid,
-                    slot: slot.clone(),
-                    conn: None,
-                },
-            );
-            sh.run(&mut st, &mut out);
-        }
-        sh.finish(out);
+            st.track(id, bufid, &slot, None);
+        });
         Request {
             slot,
             worker: self.clone(),
@@ -413,7 +397,19 @@ impl Worker {
             None,
         );
         let info = found.expect("wait_until returns once found");
-        let request = self.msg_recv(info);
+        // The length is the peer's claim: allocate it fallibly.
+        let mut buf = Vec::new();
+        usize::try_from(info.len)
+            .ok()
+            .and_then(|len| buf.try_reserve_exact(len).ok().map(|()| len))
+            .map(|len| buf.resize(len, 0))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "cannot allocate {} bytes for the message with tag {:#x}",
+                    info.len, info.tag
+                ))
+            })?;
+        let request = self.msg_recv(info, buf);
         let done = request.wait()?;
         Ok((
             done.buf,
@@ -437,25 +433,12 @@ impl Worker {
         self.shared.state.lock().engine.probe(tag, mask)
     }
 
-    fn msg_recv(&self, info: ProbeInfo) -> Request {
+    fn msg_recv(&self, info: ProbeInfo, buf: Vec<u8>) -> Request {
         let slot = Slot::new(RequestKind::Recv, info.tag, None);
-        let sh = &self.shared;
-        let mut out = Outbox::default();
-        {
-            let mut st = sh.state.lock();
-            let bufid = st.new_buf(UserMem::Plain(vec![0; info.len as usize]));
+        self.shared.with_state(|st| {
+            let bufid = st.new_buf(UserMem::Plain(buf));
             match st.engine.msg_recv(info.msg, bufid, info.len) {
-                Some(id) => {
-                    let _ = slot.id.set(id);
-                    st.reqs.insert(
-                        id,
-                        Pending {
-                            buf: bufid,
-                            slot: slot.clone(),
-                            conn: None,
-                        },
-                    );
-                }
+                Some(id) => st.track(id, bufid, &slot, None),
                 None => {
                     let buf = st.take_buf(bufid);
                     slot.finish(Outcome {
@@ -466,9 +449,7 @@ impl Worker {
                     });
                 }
             }
-            sh.run(&mut st, &mut out);
-        }
-        sh.finish(out);
+        });
         Request {
             slot,
             worker: self.clone(),
@@ -542,9 +523,7 @@ impl Shared {
             log::warn!("cannot watch {id:?}'s connection events: {e}");
         }
         self.conn_list.write().push(cs.clone());
-        let mut out = Outbox::default();
-        {
-            let mut st = self.state.lock();
+        self.with_state(|st| {
             st.conns.insert(id, cs.clone());
             let qp = cs.conn.qp_num();
             st.qp_map.insert(qp, id);
@@ -558,10 +537,8 @@ impl Shared {
             for p in parked {
                 st.deliver(id, p.id, p.buf, p.len);
             }
-            self.run(&mut st, &mut out);
-        }
+        });
         log::debug!("{id:?} up with {:?} (qp {})", cs.peer, cs.conn.qp_num());
-        self.finish(out);
         cs
     }
 
@@ -570,13 +547,7 @@ impl Shared {
     }
 
     pub(crate) fn engine_down(&self, id: ConnId) {
-        let mut out = Outbox::default();
-        {
-            let mut st = self.state.lock();
-            st.engine.handle_connection_down(id);
-            self.run(&mut st, &mut out);
-        }
-        self.finish(out);
+        self.with_state(|st| st.engine.handle_connection_down(id));
     }
 
     pub(crate) fn local_handshake(&self) -> Vec<u8> {
@@ -591,23 +562,13 @@ impl Shared {
         buf: Vec<u8>,
     ) -> Request {
         let slot = Slot::new(RequestKind::Send, tag, cs.peer);
-        let mut out = Outbox::default();
-        {
-            let mut st = self.state.lock();
+        self.with_state(|st| {
             let len = buf.len() as u64;
             let bufid = st.new_buf(UserMem::Plain(buf));
             match st.engine.tag_send(cs.id, tag, bufid, len) {
                 Ok(id) => {
-                    let _ = slot.id.set(id);
                     cs.pending_sends.fetch_add(1, Ordering::AcqRel);
-                    st.reqs.insert(
-                        id,
-                        Pending {
-                            buf: bufid,
-                            slot: slot.clone(),
-                            conn: Some(cs.clone()),
-                        },
-                    );
+                    st.track(id, bufid, &slot, Some(cs));
                 }
                 Err(e) => {
                     log::debug!("tag_send on {:?}: {e}", cs.id);
@@ -620,9 +581,7 @@ impl Shared {
                     });
                 }
             }
-            self.run(&mut st, &mut out);
-        }
-        self.finish(out);
+        });
         Request {
             slot,
             worker: worker.clone(),
@@ -630,27 +589,27 @@ impl Shared {
     }
 
     pub(crate) fn cancel(&self, id: RequestId) -> bool {
-        let mut out = Outbox::default();
-        let cancelled;
-        {
-            let mut st = self.state.lock();
-            cancelled = st.engine.cancel(id);
-            self.run(&mut st, &mut out);
-        }
-        self.finish(out);
-        cancelled
+        self.with_state(|st| st.engine.cancel(id))
     }
 
     /// Closes a connection locally (after the caller flushed it).
     pub(crate) fn close_conn(&self, id: ConnId) {
+        // A connection the engine had already forgotten (peer gone) is closing already.
+        self.with_state(|st| st.engine.close(id));
+    }
+
+    /// Runs `f` on the protocol state, then the actions it caused, under the state lock;
+    /// then posts what they queued, after releasing it.
+    fn with_state<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         let mut out = Outbox::default();
-        {
+        let result = {
             let mut st = self.state.lock();
-            st.engine.close(id);
+            let result = f(&mut st);
             self.run(&mut st, &mut out);
-            // A connection the engine had already forgotten (peer gone) is closing already.
-        }
+            result
+        };
         self.finish(out);
+        result
     }
 
     fn run(&self, st: &mut State, out: &mut Outbox) {
@@ -893,6 +852,25 @@ impl State {
         self.next_buf += 1;
         self.user_bufs.insert(id, mem);
         id
+    }
+
+    /// Records a request the engine accepted, with its buffer and (for sends) connection.
+    fn track(
+        &mut self,
+        id: RequestId,
+        buf: UserBufId,
+        slot: &Arc<Slot>,
+        conn: Option<&Arc<ConnState>>,
+    ) {
+        let _ = slot.id.set(id);
+        self.reqs.insert(
+            id,
+            Pending {
+                buf,
+                slot: slot.clone(),
+                conn: conn.cloned(),
+            },
+        );
     }
 
     fn take_buf(&mut self, id: UserBufId) -> Vec<u8> {
