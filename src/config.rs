@@ -7,6 +7,7 @@ use std::time::Duration;
 use rdmx_proto::config::parse_size;
 
 use crate::error::{Error, Result};
+use crate::transport::Transport;
 
 /// How a worker waits for work when a caller blocks (in [`crate::Request::wait`],
 /// [`crate::Worker::wait`] or a blocking helper).
@@ -161,6 +162,7 @@ pub struct Config {
     pub(crate) rndv_registration: Setting<RndvRegistration>,
     pub(crate) rcache_bytes: Setting<u64>,
     pub(crate) connect_timeout: Setting<Duration>,
+    pub(crate) transport: Setting<Transport>,
 }
 
 /// `RDMX_EAGER_THRESHOLD`: largest message sent eagerly, in bytes.
@@ -183,6 +185,8 @@ pub const DEVICE_VAR: &str = "RDMX_DEVICE";
 pub const RNDV_REG_VAR: &str = "RDMX_RNDV_REG";
 /// `RDMX_RCACHE_SIZE`: bytes of registered memory the registration cache may keep.
 pub const RCACHE_SIZE_VAR: &str = "RDMX_RCACHE_SIZE";
+/// `RDMX_TRANSPORT`: `auto`, `rdma` or `tcp`.
+pub const TRANSPORT_VAR: &str = "RDMX_TRANSPORT";
 /// `RDMX_CONNECT_TIMEOUT_MS`: how long connect and accept wait for the peer.
 pub const CONNECT_TIMEOUT_VAR: &str = "RDMX_CONNECT_TIMEOUT_MS";
 
@@ -201,6 +205,7 @@ impl Default for Config {
             rndv_registration: Setting::default(RndvRegistration::Auto),
             rcache_bytes: Setting::default(256 << 20),
             connect_timeout: Setting::default(Duration::from_secs(5)),
+            transport: Setting::default(Transport::Auto),
         }
     }
 }
@@ -272,6 +277,11 @@ impl Config {
             let n = parse_size(RCACHE_SIZE_VAR, &v, 0, 1 << 40)?;
             from_env(&mut c.rcache_bytes, n);
         }
+        if let Some(v) = env(TRANSPORT_VAR) {
+            let t = Transport::parse(&v)
+                .ok_or_else(|| env_error(TRANSPORT_VAR, &v, "`auto`, `rdma` or `tcp`"))?;
+            from_env(&mut c.transport, t);
+        }
         if let Some(v) = env(CONNECT_TIMEOUT_VAR) {
             let ms = parse_count(CONNECT_TIMEOUT_VAR, &v, 1, 3_600_000)?;
             from_env(&mut c.connect_timeout, Duration::from_millis(ms));
@@ -328,6 +338,11 @@ impl Config {
     /// Bytes the registration cache may keep (`RDMX_RCACHE_SIZE`).
     pub fn rcache_bytes(&self) -> u64 {
         self.rcache_bytes.value
+    }
+    /// The transport asked for (`RDMX_TRANSPORT`); see [`crate::Context::transport`] for
+    /// the one in use.
+    pub fn transport(&self) -> Transport {
+        self.transport.value
     }
     /// How long connect and accept wait (`RDMX_CONNECT_TIMEOUT_MS`).
     pub fn connect_timeout(&self) -> Duration {
@@ -410,6 +425,12 @@ impl Config {
                 "bytes the registration cache may keep registered",
             ),
             e(
+                TRANSPORT_VAR,
+                &c.transport,
+                c.transport.value.to_string(),
+                "auto (rdma when a device is found, else tcp), rdma or tcp",
+            ),
+            e(
                 CONNECT_TIMEOUT_VAR,
                 &c.connect_timeout,
                 c.connect_timeout.value.as_millis().to_string(),
@@ -489,6 +510,7 @@ mod tests {
             ("RDMX_PROGRESS_THREAD", "maybe"),
             ("RDMX_RNDV_REG", "sometimes"),
             ("RDMX_CONNECT_TIMEOUT_MS", "0"),
+            ("RDMX_TRANSPORT", "carrier-pigeon"),
         ] {
             let err = Config::from_lookup(lookup(&[(var, val)])).unwrap_err();
             let msg = err.to_string();

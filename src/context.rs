@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::config::{Config, RndvRegistration, WaitMode};
 use crate::error::{Error, Result};
+use crate::transport::Transport;
 use crate::worker::Worker;
 
 /// The root of rdmx, like UCP's context: the effective configuration and the devices, from
@@ -29,6 +30,7 @@ use crate::worker::Worker;
 #[derive(Clone)]
 pub struct Context {
     inner: Arc<Config>,
+    transport: Transport,
 }
 
 impl Context {
@@ -48,6 +50,12 @@ impl Context {
     /// The effective configuration, with each value's source.
     pub fn config(&self) -> &Config {
         &self.inner
+    }
+
+    /// The transport in use: `RDMX_TRANSPORT` / [`ContextBuilder::transport`], with `auto`
+    /// resolved (RDMA when a device is found, else TCP).
+    pub fn transport(&self) -> Transport {
+        self.transport
     }
 
     /// Makes a worker (see [`Worker`]).
@@ -126,6 +134,9 @@ impl ContextBuilder {
     setter!(
         /// How long connect and accept wait.
         connect_timeout: Duration => connect_timeout);
+    setter!(
+        /// The transport: auto, RDMA or TCP.
+        transport: Transport => transport);
 
     /// The RDMA device to use (e.g. `"rxe0"`).
     pub fn device(mut self, name: &str) -> Self {
@@ -145,8 +156,35 @@ impl ContextBuilder {
         if config.connect_timeout.value.is_zero() {
             return Err(Error::Config("the connect timeout must be positive".into()));
         }
+        let transport = resolve(config.transport())?;
         Ok(Context {
             inner: Arc::new(config),
+            transport,
         })
+    }
+}
+
+/// Picks the transport: `auto` is RDMA when rdmacm lists a device, else TCP.
+fn resolve(asked: Transport) -> Result<Transport> {
+    let devices = rdmx_conn::Device::list();
+    let found = match &devices {
+        Ok(d) if !d.is_empty() => Ok(d.iter().map(|d| d.name()).collect::<Vec<_>>().join(", ")),
+        Ok(_) => Err("rdmacm lists no RDMA device".to_string()),
+        Err(e) => Err(format!("cannot list RDMA devices: {e}")),
+    };
+    match (asked, found) {
+        (Transport::Tcp, _) => Ok(Transport::Tcp),
+        (Transport::Rdma, Ok(_)) => Ok(Transport::Rdma),
+        (Transport::Rdma, Err(why)) => Err(Error::Config(format!(
+            "RDMX_TRANSPORT=rdma, but {why}; use tcp (or auto) on this machine"
+        ))),
+        (Transport::Auto, Ok(names)) => {
+            log::info!("transport: rdma (devices: {names})");
+            Ok(Transport::Rdma)
+        }
+        (Transport::Auto, Err(why)) => {
+            log::info!("transport: tcp ({why})");
+            Ok(Transport::Tcp)
+        }
     }
 }

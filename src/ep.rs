@@ -9,8 +9,9 @@ use bincode::Options;
 use rdmx_proto::{Handshake, Tag};
 
 use crate::error::{Error, Result};
-use crate::rdma::ConnState;
+use crate::rdma::RdmaLink;
 use crate::request::Request;
+use crate::transport::{ConnState, Link};
 use crate::worker::Worker;
 
 /// The bincode settings of [`Ep::send_obj`] / [`Worker::recv_obj`]: bincode 1.3's
@@ -81,7 +82,7 @@ impl Ep {
 
     /// The local address of the connection.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.inner.cs.conn.local_addr()
+        self.inner.cs.local
     }
 
     /// The worker this endpoint belongs to.
@@ -163,23 +164,45 @@ impl std::fmt::Debug for Ep {
 /// Listens for connections, made by [`Worker::listen`]. `Send` and `Sync`.
 pub struct Listener {
     worker: Worker,
-    raw: rdmx_conn::Listener,
+    raw: RawListener,
+}
+
+enum RawListener {
+    Rdma(rdmx_conn::Listener),
+    Tcp(rdmx_tcp::Listener),
 }
 
 impl Listener {
-    pub(crate) fn new(worker: Worker, raw: rdmx_conn::Listener) -> Self {
-        Listener { worker, raw }
+    pub(crate) fn rdma(worker: Worker, raw: rdmx_conn::Listener) -> Self {
+        Listener {
+            worker,
+            raw: RawListener::Rdma(raw),
+        }
+    }
+
+    pub(crate) fn tcp(worker: Worker, raw: rdmx_tcp::Listener) -> Self {
+        Listener {
+            worker,
+            raw: RawListener::Tcp(raw),
+        }
     }
 
     /// The address it listens at (with the port chosen when it asked for port 0).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.raw.local_addr()
+        match &self.raw {
+            RawListener::Rdma(l) => l.local_addr(),
+            RawListener::Tcp(l) => l.local_addr(),
+        }
     }
 
     /// Waits up to `timeout` (`None`: without limit) for a connection request, to accept or
     /// reject. `Ok(None)` when the time passed.
     pub fn next_request(&self, timeout: Option<Duration>) -> Result<Option<ConnRequest>> {
-        Ok(self.raw.get_request(timeout)?.map(|req| ConnRequest {
+        let raw = match &self.raw {
+            RawListener::Rdma(l) => l.get_request(timeout)?.map(RawRequest::Rdma),
+            RawListener::Tcp(l) => l.get_request(timeout)?.map(RawRequest::Tcp),
+        };
+        Ok(raw.map(|req| ConnRequest {
             worker: self.worker.clone(),
             req,
         }))
@@ -206,7 +229,35 @@ impl std::fmt::Debug for Listener {
 /// An incoming connection request: [`ConnRequest::accept`] or [`ConnRequest::reject`] it.
 pub struct ConnRequest {
     worker: Worker,
-    req: rdmx_conn::ConnectionRequest,
+    req: RawRequest,
+}
+
+enum RawRequest {
+    Rdma(rdmx_conn::ConnectionRequest),
+    Tcp(rdmx_tcp::ConnectionRequest),
+}
+
+impl RawRequest {
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        match self {
+            RawRequest::Rdma(r) => r.peer_addr(),
+            RawRequest::Tcp(r) => r.peer_addr(),
+        }
+    }
+
+    fn private_data(&self) -> &[u8] {
+        match self {
+            RawRequest::Rdma(r) => r.private_data(),
+            RawRequest::Tcp(r) => r.private_data(),
+        }
+    }
+
+    fn reject(self, data: &[u8]) -> Result<()> {
+        match self {
+            RawRequest::Rdma(r) => Ok(r.reject(data)?),
+            RawRequest::Tcp(r) => Ok(r.reject(data)?),
+        }
+    }
 }
 
 impl ConnRequest {
@@ -215,18 +266,21 @@ impl ConnRequest {
         self.req.peer_addr()
     }
 
-    /// Accepts: the connection joins the worker (sharing its SRQ) and becomes an [`Ep`].
-    /// A peer with an incompatible protocol, or one more endpoint than the worker's SRQ can
-    /// feed (`RDMX_SRQ_DEPTH / RDMX_CREDITS`), is rejected with the reason, and that is the
-    /// error returned.
+    /// Accepts: the connection joins the worker (sharing its SRQ on RDMA) and becomes an
+    /// [`Ep`]. A peer with an incompatible protocol, or one more endpoint than the worker's
+    /// receive buffers can feed (`RDMX_SRQ_DEPTH / RDMX_CREDITS`), is rejected with the
+    /// reason, and that is the error returned.
     pub fn accept(self) -> Result<Ep> {
         let sh = &self.worker.shared;
         let peer = self.req.peer_addr();
-        let rdma = match self.req.device() {
-            Some(device) => sh.rdma_on(&device),
-            None => Err(Error::Invalid(
-                "the request arrived on no known device".into(),
-            )),
+        let rdma = match &self.req {
+            RawRequest::Rdma(r) => match r.device() {
+                Some(device) => sh.rdma_on(&device).map(Some),
+                None => Err(Error::Invalid(
+                    "the request arrived on no known device".into(),
+                )),
+            },
+            RawRequest::Tcp(_) => Ok(None),
         };
         let rdma = match rdma {
             Ok(r) => r,
@@ -244,27 +298,32 @@ impl ConnRequest {
             return Err(reject_with(self.req, e));
         }
         let ours = sh.local_handshake();
-        match self
-            .req
-            .accept(&rdma.qp_config, &ours, sh.cfg.connect_timeout())
-        {
-            Ok(conn) => Ok(Ep::new(self.worker.clone(), sh.add_conn(id, conn))),
+        let link = match (self.req, rdma) {
+            (RawRequest::Rdma(r), Some(rdma)) => r
+                .accept(&rdma.qp_config, &ours, sh.cfg.connect_timeout())
+                .map(|conn| Link::Rdma(RdmaLink::new(id, conn, rdma.qp_config.send_depth)))
+                .map_err(Error::from),
+            (RawRequest::Tcp(r), _) => r.accept(&ours).map(Link::Tcp).map_err(Error::from),
+            (RawRequest::Rdma(_), None) => Err(Error::Invalid("no RDMA resources".into())),
+        };
+        match link {
+            Ok(link) => Ok(Ep::new(self.worker.clone(), sh.add_conn(id, link))),
             Err(e) => {
                 sh.engine_down(id);
-                Err(e.into())
+                Err(e)
             }
         }
     }
 
     /// Rejects the request; the peer's connect fails with "rejected".
     pub fn reject(self) -> Result<()> {
-        Ok(self.req.reject(b"rdmx: rejected by the application")?)
+        self.req.reject(b"rdmx: rejected by the application")
     }
 }
 
 /// Rejects `req`, telling the peer why (truncated to what a reject carries), and returns
 /// the reason.
-fn reject_with(req: rdmx_conn::ConnectionRequest, why: Error) -> Error {
+fn reject_with(req: RawRequest, why: Error) -> Error {
     let mut text = format!("rdmx: {why}").into_bytes();
     text.truncate(rdmx_conn::MAX_REJECT_PRIVATE_DATA);
     log::warn!("rejecting a connection from {:?}: {why}", req.peer_addr());

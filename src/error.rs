@@ -14,6 +14,9 @@ pub enum Error {
     /// An rdmacm or verbs call failed (it names the call, the errno and what it means).
     #[error(transparent)]
     Rdma(#[from] rdmx_conn::Error),
+    /// A TCP transport operation failed.
+    #[error(transparent)]
+    Tcp(#[from] rdmx_tcp::Error),
     /// A request finished with an error status. The buffer it was given comes back in
     /// `buffer` (see [`Error::take_buffer`]) unless the worker had to keep it because the NIC
     /// might still be using it.
@@ -69,6 +72,18 @@ pub(crate) fn connect_error(addr: &str, e: rdmx_conn::Error) -> Error {
     let data = e.reject_data();
     let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
     match data[..end].strip_prefix(b"rdmx: ") {
+        Some(reason) => Error::Rejected {
+            addr: addr.to_string(),
+            reason: String::from_utf8_lossy(reason).into_owned(),
+        },
+        None => e.into(),
+    }
+}
+
+/// A failed TCP connect: when the peer's rdmx worker rejected it with a reason, that reason.
+pub(crate) fn tcp_connect_error(addr: &str, e: rdmx_tcp::Error) -> Error {
+    let data = e.reject_data();
+    match data.strip_prefix(b"rdmx: ") {
         Some(reason) => Error::Rejected {
             addr: addr.to_string(),
             reason: String::from_utf8_lossy(reason).into_owned(),

@@ -19,6 +19,17 @@
 //!   [`Worker::recv_vec`]; typed ones with serde + bincode: [`Ep::send_obj`],
 //!   [`Worker::recv_obj`].
 //!
+//! ## Transports
+//!
+//! A worker runs over RDMA (rdmacm + verbs: SRQ, RDMA READ) or over TCP, with the same API,
+//! protocols and semantics, like UCX's tcp beside rc_verbs. `RDMX_TRANSPORT` (or
+//! [`ContextBuilder::transport`]) picks: `auto` (default) takes RDMA when rdmacm lists a
+//! device and TCP otherwise, and logs which and why; `rdma` where there is none is an
+//! error. Over TCP a rendezvous keeps its shape: the receiver asks for the data and the
+//! sender's progress engine streams it from the user's buffer (vectored writes, no staging
+//! copy) straight into the receiver's buffer — so over TCP the *sender* must progress too
+//! (on RDMA the READ is one-sided). Addresses are `host:port` on both.
+//!
 //! Underneath, [`proto`] is the sans-IO protocol engine (eager messages up to
 //! `RDMX_EAGER_THRESHOLD`, rendezvous by RDMA READ above it, credit flow control) and
 //! [`conn`] the safe rdmacm/verbs layer.
@@ -115,18 +126,20 @@ mod ep;
 mod error;
 mod rdma;
 mod request;
+mod transport;
 mod usermem;
 mod worker;
 
 pub use config::{
     Config, Entry, RndvRegistration, Source, WaitMode, CONNECT_TIMEOUT_VAR, CREDITS_VAR,
     DEVICE_VAR, EAGER_THRESHOLD_VAR, PROGRESS_THREAD_VAR, RCACHE_SIZE_VAR, RECV_BUF_SIZE_VAR,
-    RNDV_REG_VAR, SEND_BUFS_VAR, SRQ_DEPTH_VAR, WAIT_MODE_VAR,
+    RNDV_REG_VAR, SEND_BUFS_VAR, SRQ_DEPTH_VAR, TRANSPORT_VAR, WAIT_MODE_VAR,
 };
 pub use context::{Context, ContextBuilder};
 pub use ep::{ConnRequest, Ep, Listener};
 pub use error::{Error, Result, Status};
 pub use request::{Done, Request};
+pub use transport::Transport;
 pub use worker::{RecvInfo, Worker, WorkerStats};
 
 pub use rdmx_conn as conn;

@@ -8,8 +8,7 @@
 //! full send queue is back-pressure, not an error.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crossbeam::queue::SegQueue;
 use parking_lot::Mutex;
@@ -148,35 +147,27 @@ pub(crate) enum Outgoing {
     Disconnect,
 }
 
-/// A connection of a worker.
-pub(crate) struct ConnState {
-    pub(crate) id: ConnId,
+/// An RDMA connection of a worker, with its queue of work to post.
+pub(crate) struct RdmaLink {
+    id: ConnId,
     pub(crate) conn: Connection,
-    pub(crate) peer: Option<SocketAddr>,
     queue: SegQueue<Outgoing>,
     post: Mutex<VecDeque<Outgoing>>,
     in_flight: AtomicU32,
     depth: u32,
-    /// Closed by either side: no new work, reaped once nothing is posted.
-    pub(crate) closing: AtomicBool,
-    /// Send requests on this connection not yet completed.
-    pub(crate) pending_sends: AtomicUsize,
     /// Work whose post failed, for the worker to report as failed completions.
     pub(crate) failures: Mutex<Vec<Outgoing>>,
 }
 
-impl ConnState {
+impl RdmaLink {
     pub(crate) fn new(id: ConnId, conn: Connection, depth: u32) -> Self {
-        ConnState {
+        RdmaLink {
             id,
-            peer: conn.peer_addr(),
             conn,
             queue: SegQueue::new(),
             post: Mutex::new(VecDeque::new()),
             in_flight: AtomicU32::new(0),
             depth,
-            closing: AtomicBool::new(false),
-            pending_sends: AtomicUsize::new(0),
             failures: Mutex::new(Vec::new()),
         }
     }
@@ -185,7 +176,7 @@ impl ConnState {
         self.conn.max_inline() as usize
     }
 
-    /// Queues work; call [`ConnState::flush`] after releasing the worker's state lock.
+    /// Queues work; call [`RdmaLink::flush`] after releasing the worker's state lock.
     pub(crate) fn push(&self, item: Outgoing) {
         self.queue.push(item);
     }
@@ -210,8 +201,9 @@ impl ConnState {
     }
 
     /// Posts queued work in order while the send queue has room. Returns whether a post
-    /// failed (the failure is recorded in `failures` for the worker to report).
-    pub(crate) fn flush(&self) -> bool {
+    /// failed (the failure is recorded in `failures` for the worker to report). `closing`
+    /// says whether failures are expected (the connection is going away).
+    pub(crate) fn flush(&self, closing: bool) -> bool {
         let mut stalled = self.post.lock();
         let mut failed = false;
         loop {
@@ -271,7 +263,7 @@ impl ConnState {
                     stalled.push_front(item);
                     break;
                 }
-                if !self.closing.load(Ordering::Acquire) {
+                if !closing {
                     log::warn!("posting on {:?} failed: {e}", self.id);
                 }
                 self.failures.lock().push(item);

@@ -7,6 +7,7 @@
 //! disjoint ranges at once: each posted READ owns its piece until its completion returns it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use rdmx_conn::{Access, ProtectionDomain, RegisteredBuf};
 
@@ -103,6 +104,12 @@ pub(crate) enum UserMem {
     /// The memory could not be taken back from the NIC (a READ never reported); the worker
     /// keeps it until the connection is destroyed.
     Lost,
+    /// TCP: a send buffer exposed for READ requests under exposure `slot`; the link streams
+    /// from it without copying (it holds clones of the `Arc` while writing).
+    Shared { data: Arc<Vec<u8>>, slot: u64 },
+    /// TCP: lent to a link as the destination of READ data; it comes back when no READ
+    /// into it is left.
+    Lent,
 }
 
 impl UserMem {
@@ -120,7 +127,7 @@ impl UserMem {
                 }
             }
             UserMem::Direct(p) => p.write_at(off, data),
-            UserMem::Lost => false,
+            UserMem::Lost | UserMem::Lent | UserMem::Shared { .. } => false,
         }
     }
 
@@ -129,7 +136,8 @@ impl UserMem {
         match self {
             UserMem::Plain(v) | UserMem::Staged { vec: v, .. } => v.get(..len),
             UserMem::Direct(p) => p.read(len),
-            UserMem::Lost => None,
+            UserMem::Shared { data, .. } => data.get(..len),
+            UserMem::Lost | UserMem::Lent => None,
         }
     }
 
@@ -244,7 +252,19 @@ impl UserMem {
                     }
                 }
             },
+            UserMem::Shared { data, .. } => {
+                // A READ answer still being written holds a clone: the user gets a copy.
+                *self = UserMem::Plain(Arc::try_unwrap(data).unwrap_or_else(|d| (*d).clone()));
+            }
             other => *self = other,
+        }
+    }
+
+    /// The exposure slot of a TCP-exposed send buffer.
+    pub(crate) fn exposure_slot(&self) -> Option<u64> {
+        match self {
+            UserMem::Shared { slot, .. } => Some(*slot),
+            _ => None,
         }
     }
 
@@ -260,6 +280,7 @@ impl UserMem {
     pub(crate) fn in_flight(&self) -> bool {
         match self {
             UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.in_flight > 0,
+            UserMem::Lent => true,
             _ => false,
         }
     }

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 use rdmx_conn::{
-    Access, AddrInfo, CmEvent, CmEventKind, Connection, Device, Poller, RegisteredBuf, Side, Waker,
-    WcStatus, WorkKind,
+    Access, AddrInfo, CmEvent, CmEventKind, Device, Poller, RegisteredBuf, Side, Waker, WcStatus,
+    WorkKind,
 };
 use rdmx_proto::{
     Action, CloseReason, ConnId, Engine, Handshake, ProbeInfo, RecvBufId, RemoteBuf, RequestId,
@@ -20,8 +20,9 @@ use crate::config::{Config, RndvRegistration, WaitMode};
 use crate::context::Context;
 use crate::ep::{Ep, Listener};
 use crate::error::{Error, Result};
-use crate::rdma::{ConnState, Outgoing, Rdma, SendPool, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
+use crate::rdma::{Outgoing, Rdma, RdmaLink, SendPool, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
 use crate::request::{Outcome, Request, Slot};
+use crate::transport::{ConnState, Link, Transport};
 use crate::usermem::{RegCache, UserMem};
 
 const TOKEN_WAKER: u64 = 0;
@@ -101,6 +102,7 @@ pub(crate) struct Shared {
     pub(crate) cfg: Config,
     mode: WaitMode,
     rndv: RndvRegistration,
+    pub(crate) transport: Transport,
     epoch: Instant,
     state: Mutex<State>,
     rdma: OnceLock<Rdma>,
@@ -135,6 +137,42 @@ struct ReadCtx {
     off: u64,
 }
 
+/// A received frame's buffer, held while the engine's actions use it.
+enum RecvBuf {
+    /// An SRQ buffer, reposted afterwards.
+    Rdma(RegisteredBuf),
+    /// A frame read from a TCP link.
+    Tcp(Vec<u8>),
+}
+
+impl std::ops::Deref for RecvBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            RecvBuf::Rdma(b) => b,
+            RecvBuf::Tcp(v) => v,
+        }
+    }
+}
+
+/// A send buffer exposed over TCP: the READ requests naming its slot must carry this rkey.
+struct Exposure {
+    buf: UserBufId,
+    rkey: u32,
+}
+
+/// TCP frames get receive-buffer ids from here up (SRQ buffers use their index).
+const TCP_FRAME_IDS: u64 = 1 << 48;
+/// A TCP exposure's address is `slot << SLOT_SHIFT | offset`.
+const SLOT_SHIFT: u32 = 40;
+
+fn rkey_seed() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id().into());
+    h.finish() as u32
+}
+
 struct Parked {
     qp: u32,
     id: u64,
@@ -149,7 +187,12 @@ struct State {
     orphans: HashSet<UserBufId>,
     reqs: HashMap<RequestId, Pending>,
     next_buf: u64,
-    recv_held: HashMap<u64, RegisteredBuf>,
+    recv_held: HashMap<u64, RecvBuf>,
+    next_tcp_frame: u64,
+    exposed: HashMap<u64, Exposure>,
+    free_slots: Vec<u64>,
+    next_slot: u64,
+    rkey_seed: u32,
     parked: Vec<Parked>,
     conns: HashMap<ConnId, Arc<ConnState>>,
     qp_map: HashMap<u32, ConnId>,
@@ -190,6 +233,7 @@ impl Worker {
         let shared = Arc::new(Shared {
             mode: cfg.wait_mode(),
             rndv: cfg.rndv_registration(),
+            transport: ctx.transport(),
             epoch: Instant::now(),
             state: Mutex::new(State {
                 engine,
@@ -198,6 +242,11 @@ impl Worker {
                 reqs: HashMap::new(),
                 next_buf: 0,
                 recv_held: HashMap::new(),
+                next_tcp_frame: TCP_FRAME_IDS,
+                exposed: HashMap::new(),
+                free_slots: Vec::new(),
+                next_slot: 1,
+                rkey_seed: rkey_seed(),
                 parked: Vec::new(),
                 conns: HashMap::new(),
                 qp_map: HashMap::new(),
@@ -227,7 +276,7 @@ impl Worker {
             cfg,
             _ctx: ctx.clone(),
         });
-        if let Some(name) = shared.cfg.device() {
+        if let (Transport::Rdma, Some(name)) = (shared.transport, shared.cfg.device()) {
             let device = Device::by_name(name)?;
             shared.rdma_on(&device)?;
         }
@@ -318,6 +367,10 @@ impl Worker {
     /// Listens at `addr` (`"host:port"`; port 0 picks a free port, see
     /// [`Listener::local_addr`]).
     pub fn listen(&self, addr: &str) -> Result<Listener> {
+        if self.shared.transport == Transport::Tcp {
+            let listener = rdmx_tcp::Listener::bind(addr)?;
+            return Ok(Listener::tcp(self.clone(), listener));
+        }
         let info = AddrInfo::resolve(addr, Side::Passive)?;
         let listener = rdmx_conn::Listener::bind(&info, 128)?;
         match listener.device() {
@@ -332,7 +385,7 @@ impl Worker {
                 )))
             }
         }
-        Ok(Listener::new(self.clone(), listener))
+        Ok(Listener::rdma(self.clone(), listener))
     }
 
     /// Connects to a listener at `addr` (`"host:port"`), waiting at most the configured
@@ -340,6 +393,17 @@ impl Worker {
     /// unreachable address is an error naming the address.
     pub fn connect(&self, addr: &str) -> Result<Ep> {
         let sh = &self.shared;
+        if sh.transport == Transport::Tcp {
+            let handshake = sh.local_handshake();
+            let link = rdmx_tcp::connect(addr, &handshake, sh.cfg.connect_timeout())
+                .map_err(|e| crate::error::tcp_connect_error(addr, e))?;
+            let peer = Handshake::decode(link.peer_private_data()).map_err(|e| {
+                Error::Invalid(format!("{addr} accepted with an unusable handshake: {e}"))
+            })?;
+            let id = sh.new_conn_id();
+            sh.engine_up(id, &peer)?;
+            return Ok(Ep::new(self.clone(), sh.add_conn(id, Link::Tcp(link))));
+        }
         let dst = AddrInfo::resolve(addr, Side::Active)?;
         let rdma = match sh.rdma.get() {
             Some(r) => r,
@@ -353,7 +417,11 @@ impl Worker {
         })?;
         let id = sh.new_conn_id();
         sh.engine_up(id, &peer)?;
-        Ok(Ep::new(self.clone(), sh.add_conn(id, conn)))
+        let depth = rdma.qp_config.send_depth;
+        Ok(Ep::new(
+            self.clone(),
+            sh.add_conn(id, Link::Rdma(RdmaLink::new(id, conn, depth))),
+        ))
     }
 
     /// Posts a tag receive into `buf` (its length is the capacity): it matches the first
@@ -516,16 +584,17 @@ impl Shared {
     }
 
     /// Registers an established connection the engine already knows as `id`.
-    pub(crate) fn add_conn(&self, id: ConnId, conn: Connection) -> Arc<ConnState> {
-        let depth = self.rdma.get().map_or(64, |r| r.qp_config.send_depth);
-        let cs = Arc::new(ConnState::new(id, conn, depth));
-        if let Err(e) = self.poller.add(cs.conn.event_fd(), TOKEN_CM) {
+    pub(crate) fn add_conn(&self, id: ConnId, link: Link) -> Arc<ConnState> {
+        let cs = Arc::new(ConnState::new(id, link));
+        if let Err(e) = self.poller.add(cs.event_fd(), TOKEN_CM) {
             log::warn!("cannot watch {id:?}'s connection events: {e}");
         }
         self.conn_list.write().push(cs.clone());
         self.with_state(|st| {
             st.conns.insert(id, cs.clone());
-            let qp = cs.conn.qp_num();
+            let Some(qp) = cs.rdma().map(|l| l.conn.qp_num()) else {
+                return;
+            };
             st.qp_map.insert(qp, id);
             let parked: Vec<Parked> = {
                 let (mine, rest) = std::mem::take(&mut st.parked)
@@ -538,7 +607,7 @@ impl Shared {
                 st.deliver(id, p.id, p.buf, p.len);
             }
         });
-        log::debug!("{id:?} up with {:?} (qp {})", cs.peer, cs.conn.qp_num());
+        log::debug!("{id:?} up with {:?}", cs.peer);
         cs
     }
 
@@ -649,7 +718,7 @@ impl Shared {
         if !out.reaped.is_empty() {
             let mut list = self.conn_list.write();
             for cs in &out.reaped {
-                let _ = self.poller.remove(cs.conn.event_fd());
+                let _ = self.poller.remove(cs.event_fd());
                 list.retain(|c| !Arc::ptr_eq(c, cs));
             }
         }
@@ -691,8 +760,9 @@ impl Shared {
         let housekeeping = self.cm_check_due(now);
         if housekeeping {
             for cs in self.conn_list.read().iter() {
+                let Some(link) = cs.rdma() else { continue };
                 loop {
-                    match cs.conn.next_event(Some(Duration::ZERO)) {
+                    match link.conn.next_event(Some(Duration::ZERO)) {
                         Ok(Some(ev)) => cm_events.push((cs.id, ev)),
                         Ok(None) => break,
                         Err(e) => {
@@ -703,12 +773,37 @@ impl Shared {
                 }
             }
         }
+        let mut tcp_events: Vec<(Arc<ConnState>, Vec<rdmx_tcp::Event>)> = Vec::new();
+        if self.transport == Transport::Tcp {
+            for cs in self.conn_list.read().iter() {
+                let Some(link) = cs.tcp() else { continue };
+                if link.wants_write() && cs.flush() {
+                    self.failures_pending.store(true, Ordering::Release);
+                }
+                let mut events = Vec::new();
+                if let Err(e) = link.poll(&mut events) {
+                    events.push(rdmx_tcp::Event::Closed {
+                        reason: e.to_string(),
+                    });
+                }
+                if !events.is_empty() {
+                    tcp_events.push((cs.clone(), events));
+                }
+            }
+        }
         let timer_due = now >= self.next_timer.load(Ordering::Acquire);
         let failures = self.failures_pending.swap(false, Ordering::AcqRel);
-        if wcs.is_empty() && cm_events.is_empty() && !timer_due && !failures && !housekeeping {
+        if wcs.is_empty()
+            && cm_events.is_empty()
+            && tcp_events.is_empty()
+            && !timer_due
+            && !failures
+            && !housekeeping
+        {
             return 0;
         }
-        let work = wcs.len() + cm_events.len();
+        let work =
+            wcs.len() + cm_events.len() + tcp_events.iter().map(|e| e.1.len()).sum::<usize>();
         let mut out = Outbox::default();
         {
             let mut st = self.state.lock();
@@ -718,10 +813,16 @@ impl Shared {
             for (id, ev) in cm_events {
                 st.on_cm_event(id, ev, &mut out);
             }
+            for (cs, events) in tcp_events {
+                for ev in events {
+                    st.on_tcp_event(&cs, ev, &mut out);
+                }
+            }
             if failures {
                 let list: Vec<Arc<ConnState>> = st.conns.values().cloned().collect();
                 for cs in list {
-                    let items: Vec<Outgoing> = std::mem::take(&mut *cs.failures.lock());
+                    let Some(link) = cs.rdma() else { continue };
+                    let items: Vec<Outgoing> = std::mem::take(&mut *link.failures.lock());
                     for item in items {
                         st.on_post_failure(&cs, item, &mut out);
                     }
@@ -759,6 +860,17 @@ impl Shared {
             let until = Duration::from_nanos(next.saturating_sub(self.now_ns()));
             sleep = Some(sleep.map_or(until, |s| s.min(until)));
         }
+        if self.transport == Transport::Tcp
+            && self
+                .conn_list
+                .read()
+                .iter()
+                .any(|c| c.tcp().is_some_and(|l| l.wants_write()))
+        {
+            // Output waits for a full socket buffer to drain; the poller only watches reads.
+            let tick = Duration::from_millis(1);
+            sleep = Some(sleep.map_or(tick, |s| s.min(tick)));
+        }
         if self.housekeeping_pending.load(Ordering::Acquire) {
             // Closing connections and parked frames are looked after periodically.
             let tick = Duration::from_millis(250);
@@ -766,6 +878,7 @@ impl Shared {
         }
         let mut tokens = Vec::new();
         self.poller.wait(&mut tokens, sleep)?;
+        log::trace!("woke after sleeping up to {sleep:?}: {tokens:?}");
         for token in tokens {
             match token {
                 TOKEN_WAKER => self.waker.drain(),
@@ -883,7 +996,7 @@ impl State {
     fn deliver(&mut self, conn: ConnId, id: u64, buf: RegisteredBuf, len: usize) {
         let bytes = &buf[..len.min(buf.len())];
         self.engine.handle_frame(conn, RecvBufId(id), bytes);
-        self.recv_held.insert(id, buf);
+        self.recv_held.insert(id, RecvBuf::Rdma(buf));
     }
 
     fn on_completion(&mut self, wc: rdmx_conn::Completion, out: &mut Outbox) {
@@ -916,7 +1029,9 @@ impl State {
                     self.send_pool.give(buf);
                 }
                 if let Some(cs) = self.conns.get(&conn) {
-                    cs.completed();
+                    if let Some(link) = cs.rdma() {
+                        link.completed();
+                    }
                     out.flush(cs);
                     if !ok && !cs.closing.load(Ordering::Acquire) {
                         log::warn!(
@@ -932,7 +1047,7 @@ impl State {
                 if !ok {
                     log::debug!("RDMA READ failed: {}", wc.status.description());
                 }
-                self.read_done(wc.cookie, wc.buffer, ok, true, out);
+                self.read_done(wc.cookie & !COOKIE_KIND, wc.buffer, ok, true, out);
             }
             _ => log::debug!("completion with unknown cookie {:#x}", wc.cookie),
         }
@@ -941,20 +1056,29 @@ impl State {
     /// A READ completed (`posted`) or could not be posted: give its piece back and report it.
     fn read_done(
         &mut self,
-        cookie: u64,
+        key: u64,
         buf: Option<RegisteredBuf>,
         ok: bool,
         posted: bool,
         out: &mut Outbox,
     ) {
-        let Some(r) = self.reads.remove(&(cookie & !COOKIE_KIND)) else {
+        let Some(r) = self.reads.remove(&key) else {
             return;
         };
-        if let Some(cs) = self.conns.get(&r.conn) {
-            if posted {
-                cs.completed();
+        if let Some(cs) = self.conns.get(&r.conn).cloned() {
+            match &cs.link {
+                Link::Rdma(link) if posted => link.completed(),
+                Link::Tcp(link) => {
+                    // The link hands the destination back once no READ into it is left.
+                    if let (Some(vec), Some(mem)) =
+                        (link.reclaim(r.buf.0), self.user_bufs.get_mut(&r.buf))
+                    {
+                        *mem = UserMem::Plain(vec);
+                    }
+                }
+                Link::Rdma(_) => {}
             }
-            out.flush(cs);
+            out.flush(&cs);
         }
         if let (Some(buf), Some(mem)) = (buf, self.user_bufs.get_mut(&r.buf)) {
             mem.put_back(r.off, buf);
@@ -977,7 +1101,7 @@ impl State {
             }
             Outgoing::Inline(_) => self.engine.handle_send_complete(cs.id, false),
             Outgoing::Read { target, cookie, .. } => {
-                self.read_done(cookie, Some(target), false, false, out)
+                self.read_done(cookie & !COOKIE_KIND, Some(target), false, false, out)
             }
             Outgoing::Disconnect => {}
         }
@@ -1001,7 +1125,11 @@ impl State {
 
     fn start_closing(&mut self, cs: &Arc<ConnState>, out: &mut Outbox) {
         if !cs.closing.swap(true, Ordering::AcqRel) {
-            cs.push(Outgoing::Disconnect);
+            // RDMA disconnects after what is queued is posted; TCP shuts the socket down
+            // once everything is written (ConnState::flush).
+            if let Some(link) = cs.rdma() {
+                link.push(Outgoing::Disconnect);
+            }
             out.flush(cs);
             self.closing.push((cs.id, Instant::now()));
         }
@@ -1018,10 +1146,7 @@ impl State {
             };
             if cs.idle() || now.duration_since(since) > REAP_TIMEOUT {
                 if !cs.idle() {
-                    log::debug!(
-                        "{id:?}: destroying with {} work requests still posted",
-                        cs.in_flight()
-                    );
+                    log::debug!("{id:?}: destroying with work still posted or unwritten");
                 }
                 self.conns.remove(&id);
                 self.qp_map.retain(|_, c| *c != id);
@@ -1054,28 +1179,24 @@ impl State {
                     let exposed = match (rdma, self.user_bufs.get_mut(&buf)) {
                         (Some(r), Some(mem)) => mem
                             .register(mode, &r.pd, &mut self.rcache, Access::REMOTE_READ, false)
-                            .and_then(|()| mem.remote().ok_or_else(|| "no remote key".to_string())),
+                            .and_then(|()| mem.remote().ok_or_else(|| "no remote key".to_string()))
+                            .map(|r| RemoteBuf {
+                                addr: r.addr,
+                                rkey: r.rkey,
+                            }),
+                        // No RDMA resources: a TCP worker.
+                        (None, Some(_)) => self.expose_tcp(buf),
                         _ => Err("the send buffer is gone".to_string()),
                     };
                     match exposed {
-                        Ok(remote) => self.engine.handle_send_buffer_exposed(
-                            request,
-                            RemoteBuf {
-                                addr: remote.addr,
-                                rkey: remote.rkey,
-                            },
-                        ),
+                        Ok(remote) => self.engine.handle_send_buffer_exposed(request, remote),
                         Err(e) => {
                             log::warn!("cannot expose a {len}-byte send buffer: {e}");
                             self.engine.handle_send_buffer_expose_failed(request);
                         }
                     }
                 }
-                Action::ReleaseSendBuffer { buf, .. } => {
-                    if let Some(mem) = self.user_bufs.get_mut(&buf) {
-                        mem.unregister(&mut self.rcache, 0);
-                    }
-                }
+                Action::ReleaseSendBuffer { buf, .. } => self.release(buf, 0),
                 Action::RdmaRead {
                     conn,
                     request,
@@ -1122,7 +1243,7 @@ impl State {
                     }
                 }
                 Action::RepostRecv { buf } => {
-                    if let Some(b) = self.recv_held.remove(&buf.0) {
+                    if let Some(RecvBuf::Rdma(b)) = self.recv_held.remove(&buf.0) {
                         out.reposts.push((b, buf.0));
                     }
                 }
@@ -1143,7 +1264,10 @@ impl State {
         if !self.recv_held.is_empty() {
             log::error!("{} receive buffers were not reposted", self.recv_held.len());
             out.reposts
-                .extend(self.recv_held.drain().map(|(id, b)| (b, id)));
+                .extend(self.recv_held.drain().filter_map(|(id, b)| match b {
+                    RecvBuf::Rdma(b) => Some((b, id)),
+                    RecvBuf::Tcp(_) => None,
+                }));
         }
     }
 
@@ -1173,8 +1297,16 @@ impl State {
             },
             None => &[],
         };
+        let link = match &cs.link {
+            Link::Tcp(link) => {
+                link.queue_frame(frame, data);
+                out.flush(&cs);
+                return;
+            }
+            Link::Rdma(link) => link,
+        };
         let total = frame.len() + data.len();
-        let item = if total <= cs.max_inline() {
+        let item = if total <= link.max_inline() {
             let mut v = Vec::with_capacity(total);
             v.extend_from_slice(frame);
             v.extend_from_slice(data);
@@ -1197,7 +1329,7 @@ impl State {
             buf[frame.len()..total].copy_from_slice(data);
             Outgoing::Frame { buf, len: total }
         };
-        cs.push(item);
+        link.push(item);
         out.flush(&cs);
     }
 
@@ -1219,16 +1351,24 @@ impl State {
             .get(&conn)
             .cloned()
             .ok_or("the connection is closed")?;
-        let rdma = rdma.ok_or("no RDMA resources")?;
-        let mem = self
-            .user_bufs
-            .get_mut(&dst)
-            .ok_or("the receive buffer is gone")?;
-        mem.register(mode, &rdma.pd, &mut self.rcache, Access::LOCAL_WRITE, true)?;
-        let target = mem
-            .take_range(dst_offset, len)
-            .ok_or("the READ falls outside the receive buffer")?;
         let key = self.next_read;
+        if let Link::Tcp(link) = &cs.link {
+            // Lend the destination to the link, which writes the READ data straight into it.
+            let mem = self
+                .user_bufs
+                .get_mut(&dst)
+                .ok_or("the receive buffer is gone")?;
+            if let UserMem::Plain(vec) = std::mem::replace(mem, UserMem::Lent) {
+                link.lend(dst.0, vec);
+            }
+            if let Err(e) = link.expect_read(key, dst.0, dst_offset as usize, len as usize) {
+                if let Some(vec) = link.reclaim(dst.0) {
+                    *mem = UserMem::Plain(vec);
+                }
+                return Err(e.to_string());
+            }
+            link.queue_read_request(key, remote.addr, remote.rkey, len);
+        }
         self.next_read = (self.next_read + 1) & !COOKIE_KIND;
         self.reads.insert(
             key,
@@ -1239,7 +1379,27 @@ impl State {
                 off: dst_offset,
             },
         );
-        cs.push(Outgoing::Read {
+        let link = match &cs.link {
+            Link::Tcp(_) => {
+                out.flush(&cs);
+                return Ok(());
+            }
+            Link::Rdma(link) => link,
+        };
+        let rdma = rdma.ok_or("no RDMA resources")?;
+        let mem = self
+            .user_bufs
+            .get_mut(&dst)
+            .ok_or("the receive buffer is gone")?;
+        if let Err(e) = mem.register(mode, &rdma.pd, &mut self.rcache, Access::LOCAL_WRITE, true) {
+            self.reads.remove(&key);
+            return Err(e);
+        }
+        let Some(target) = mem.take_range(dst_offset, len) else {
+            self.reads.remove(&key);
+            return Err("the READ falls outside the receive buffer".into());
+        };
+        link.push(Outgoing::Read {
             target,
             len: len as usize,
             remote: rdmx_conn::RemoteBuf {
@@ -1253,6 +1413,137 @@ impl State {
         Ok(())
     }
 
+    /// Ends a buffer's exposure or registration (copying `copy_back` bytes back from a
+    /// staged receive), leaving it plain memory when nothing else holds it.
+    fn release(&mut self, buf: UserBufId, copy_back: u64) {
+        let Some(mem) = self.user_bufs.get_mut(&buf) else {
+            return;
+        };
+        if let Some(slot) = mem.exposure_slot() {
+            self.exposed.remove(&slot);
+            self.free_slots.push(slot);
+        }
+        mem.unregister(&mut self.rcache, copy_back);
+    }
+
+    /// TCP: exposes a send buffer to READ requests; the address names its slot.
+    fn expose_tcp(&mut self, buf: UserBufId) -> Result<RemoteBuf, String> {
+        let mem = self
+            .user_bufs
+            .get_mut(&buf)
+            .ok_or("the send buffer is gone")?;
+        let UserMem::Plain(vec) = std::mem::replace(mem, UserMem::Lost) else {
+            return Err("the send buffer is already exposed".into());
+        };
+        let slot = self.free_slots.pop().unwrap_or_else(|| {
+            self.next_slot += 1;
+            self.next_slot - 1
+        });
+        if slot >= 1 << (64 - SLOT_SHIFT) {
+            *mem = UserMem::Plain(vec);
+            return Err("too many exposed buffers".into());
+        }
+        self.rkey_seed = self
+            .rkey_seed
+            .wrapping_mul(1_664_525)
+            .wrapping_add(1_013_904_223);
+        let rkey = self.rkey_seed;
+        *mem = UserMem::Shared {
+            data: Arc::new(vec),
+            slot,
+        };
+        self.exposed.insert(slot, Exposure { buf, rkey });
+        Ok(RemoteBuf {
+            addr: slot << SLOT_SHIFT,
+            rkey,
+        })
+    }
+
+    /// TCP: answers a peer's READ request from the exposed buffer it names, streaming
+    /// straight from it; anything that does not name exposed bytes gets a failure.
+    fn answer_read(&mut self, cs: &Arc<ConnState>, read_id: u64, addr: u64, rkey: u32, len: u64) {
+        let Some(link) = cs.tcp() else { return };
+        let slot = addr >> SLOT_SHIFT;
+        let offset = addr & ((1 << SLOT_SHIFT) - 1);
+        let data = self
+            .exposed
+            .get(&slot)
+            .filter(|e| e.rkey == rkey)
+            .and_then(|e| match self.user_bufs.get(&e.buf) {
+                Some(UserMem::Shared { data, .. }) => Some(data.clone()),
+                _ => None,
+            })
+            .filter(|d| {
+                offset
+                    .checked_add(len)
+                    .is_some_and(|end| end <= d.len() as u64)
+            });
+        match data {
+            Some(d) => {
+                link.queue_read_data(read_id, true, Some((d, offset as usize, len as usize)))
+            }
+            None => {
+                log::debug!("{:?}: READ request for bytes not exposed", cs.id);
+                link.queue_read_data(read_id, false, None);
+            }
+        }
+    }
+
+    fn on_tcp_event(&mut self, cs: &Arc<ConnState>, ev: rdmx_tcp::Event, out: &mut Outbox) {
+        match ev {
+            rdmx_tcp::Event::Frame(bytes) => {
+                if cs.is_closing() {
+                    return;
+                }
+                let id = self.next_tcp_frame;
+                self.next_tcp_frame += 1;
+                self.engine.handle_frame(cs.id, RecvBufId(id), &bytes);
+                self.recv_held.insert(id, RecvBuf::Tcp(bytes));
+            }
+            rdmx_tcp::Event::ReadRequest {
+                read_id,
+                addr,
+                rkey,
+                len,
+            } => {
+                self.answer_read(cs, read_id, addr, rkey, len);
+                out.flush(cs);
+            }
+            rdmx_tcp::Event::ReadDone { read_id, ok } => {
+                self.read_done(read_id, None, ok, true, out)
+            }
+            rdmx_tcp::Event::Closed { reason } => {
+                if !cs.is_closing() {
+                    log::info!("{:?}: {:?} closed: {reason}", cs.id, cs.peer);
+                }
+                self.tcp_down(cs, out);
+            }
+        }
+    }
+
+    /// TCP: the link is gone. Its requests fail, its lent buffers come back, and every READ
+    /// it owed is reported failed.
+    fn tcp_down(&mut self, cs: &Arc<ConnState>, out: &mut Outbox) {
+        self.engine.handle_connection_down(cs.id);
+        if let Some(link) = cs.tcp() {
+            for (key, vec) in link.reclaim_all() {
+                if let Some(mem) = self.user_bufs.get_mut(&UserBufId(key)) {
+                    *mem = UserMem::Plain(vec);
+                }
+            }
+        }
+        let owed: Vec<u64> = self
+            .reads
+            .iter()
+            .filter(|(_, r)| r.conn == cs.id)
+            .map(|(&k, _)| k)
+            .collect();
+        for key in owed {
+            self.read_done(key, None, false, true, out);
+        }
+        self.start_closing(cs, out);
+    }
+
     fn complete(&mut self, c: rdmx_proto::Completion, out: &mut Outbox) {
         let Some(p) = self.reqs.remove(&c.request) else {
             return;
@@ -1260,10 +1551,9 @@ impl State {
         if let Some(cs) = &p.conn {
             cs.pending_sends.fetch_sub(1, Ordering::AcqRel);
         }
+        self.release(p.buf, if c.status == Status::Ok { c.length } else { 0 });
         let buf = match self.user_bufs.remove(&p.buf) {
-            Some(mut mem) => {
-                let copy_back = if c.status == Status::Ok { c.length } else { 0 };
-                mem.unregister(&mut self.rcache, copy_back);
+            Some(mem) => {
                 if mem.in_flight() {
                     // A READ into it was never reported (connection died): the worker keeps
                     // it until the READ completes or the connection is destroyed.

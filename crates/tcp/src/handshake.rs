@@ -1,0 +1,410 @@
+//! Listening, connecting and the HELLO / ACCEPT / REJECT exchange.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+use crate::link::Link;
+use crate::wire::{self, HANDSHAKE_PREFIX, HEADER_LEN};
+use crate::{Error, Result, MAX_PRIVATE_DATA};
+
+/// Longest sleep of [`Listener::get_request`]'s accept loop.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_millis(5);
+/// First sleep of [`Listener::get_request`]'s accept loop.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_micros(100);
+/// Bound on writing ACCEPT / REJECT (a few hundred bytes into an empty send buffer: this
+/// only guards against a pathological peer).
+const ANSWER_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A listening TCP socket (nonblocking) on which peers [`connect`].
+pub struct Listener {
+    inner: TcpListener,
+    local: Option<SocketAddr>,
+}
+
+impl fmt::Debug for Listener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Listener")
+            .field("local_addr", &self.local)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Listener {
+    /// Binds `addr` (`"host:port"`; port 0 picks a free port, see [`Listener::local_addr`])
+    /// and listens, with std's default socket options.
+    pub fn bind(addr: &str) -> Result<Listener> {
+        let inner =
+            TcpListener::bind(addr).map_err(|e| Error::io(format!("bind {addr}"), None, e))?;
+        inner
+            .set_nonblocking(true)
+            .map_err(|e| Error::io(format!("set {addr} nonblocking"), None, e))?;
+        let local = inner.local_addr().ok();
+        Ok(Listener { inner, local })
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local
+    }
+
+    /// The listening socket's descriptor: it polls readable when a connection waits to be
+    /// taken by [`Listener::get_request`].
+    pub fn fd(&self) -> RawFd {
+        self.inner.as_raw_fd()
+    }
+
+    /// Takes the next waiting connection and reads its HELLO.
+    ///
+    /// Waits up to `timeout` (`None`: forever; `Some(Duration::ZERO)`: only looks) for a
+    /// connection, then reads the connector's HELLO within the same deadline. Returns
+    /// `Ok(None)` when no connection arrived in time, and the [`ConnectionRequest`] to
+    /// [`accept`](ConnectionRequest::accept) or [`reject`](ConnectionRequest::reject)
+    /// otherwise.
+    ///
+    /// The wait is a nonblocking `accept` retried after sleeps growing from 100 µs to at most
+    /// 5 ms. That costs up to 5 ms of latency per connection and a few hundred wake-ups per
+    /// second while waiting, which is acceptable only because accepting is not a hot path;
+    /// a worker with an event loop polls [`Listener::fd`] instead and calls this with
+    /// `Some(Duration::ZERO)` when it is readable.
+    ///
+    /// # Errors
+    ///
+    /// An error accepting (other than a connection aborted before it was taken), or an
+    /// error concerning the one connector taken: its HELLO did not arrive before the
+    /// deadline ([`Error::is_timeout`]), it closed the connection, or it sent something
+    /// other than a valid HELLO. Such a connection is dropped; the error carries its address
+    /// and the listener stays usable. With `timeout = None` a connector that never sends its
+    /// HELLO blocks this call forever.
+    pub fn get_request(&self, timeout: Option<Duration>) -> Result<Option<ConnectionRequest>> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut backoff = ACCEPT_BACKOFF_MIN;
+        let (stream, peer) = loop {
+            match self.inner.accept() {
+                Ok(accepted) => break accepted,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let nap = match deadline {
+                        Some(d) => {
+                            let left = d.saturating_duration_since(Instant::now());
+                            if left.is_zero() {
+                                return Ok(None);
+                            }
+                            left.min(backoff)
+                        }
+                        None => backoff,
+                    };
+                    std::thread::sleep(nap);
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                }
+                Err(e) => return Err(Error::io("accept", self.local, e)),
+            }
+        };
+        let peer = Some(peer);
+        let setup = |e| Error::io("configure accepted socket", peer, e);
+        stream.set_nonblocking(false).map_err(setup)?;
+        stream.set_nodelay(true).map_err(setup)?;
+        let (kind, data) = read_handshake(&stream, peer, "read HELLO", deadline)?;
+        if kind != wire::KIND_HELLO {
+            return Err(Error::protocol(
+                "read HELLO",
+                peer,
+                format!("expected HELLO, got {}", wire::kind_name(kind)),
+            ));
+        }
+        Ok(Some(ConnectionRequest { stream, peer, data }))
+    }
+}
+
+/// A connection whose HELLO arrived, waiting to be accepted or rejected. Dropping it closes
+/// the connection without an answer.
+pub struct ConnectionRequest {
+    stream: TcpStream,
+    peer: Option<SocketAddr>,
+    data: Vec<u8>,
+}
+
+impl fmt::Debug for ConnectionRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionRequest")
+            .field("peer_addr", &self.peer)
+            .field("private_data_len", &self.data.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConnectionRequest {
+    /// The connector's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    /// The private data the connector sent in its HELLO (at most [`MAX_PRIVATE_DATA`] bytes).
+    pub fn private_data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Answers ACCEPT with `private_data` (at most [`MAX_PRIVATE_DATA`] bytes) and returns
+    /// the nonblocking [`Link`]; [`Link::peer_private_data`] is the connector's HELLO data.
+    ///
+    /// # Errors
+    ///
+    /// `private_data` too long (the connection is then dropped unanswered), or writing the
+    /// answer or configuring the socket failed.
+    pub fn accept(self, private_data: &[u8]) -> Result<Link> {
+        self.answer(wire::KIND_ACCEPT, private_data)?;
+        let peer = self.peer;
+        Link::new(self.stream, self.data).map_err(|e| Error::io("configure link", peer, e))
+    }
+
+    /// Answers REJECT with `private_data` (the reason, at most [`MAX_PRIVATE_DATA`] bytes;
+    /// the connector's [`connect`] fails with [`Error::is_refused`] and
+    /// [`Error::reject_data`]) and closes the connection.
+    ///
+    /// # Errors
+    ///
+    /// `private_data` too long (the connection is then dropped unanswered), or writing the
+    /// answer failed.
+    pub fn reject(self, private_data: &[u8]) -> Result<()> {
+        self.answer(wire::KIND_REJECT, private_data)?;
+        // The connector sends nothing after its HELLO, which was read exactly, so closing
+        // sends a FIN (not a reset that could destroy the REJECT in flight).
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+        Ok(())
+    }
+
+    fn answer(&self, kind: u8, private_data: &[u8]) -> Result<()> {
+        let what = format!("send {}", wire::kind_name(kind));
+        check_private_data(&what, self.peer, private_data)?;
+        let deadline = Instant::now().checked_add(ANSWER_WRITE_TIMEOUT);
+        write_all_by(&self.stream, &wire::handshake(kind, private_data), deadline)
+            .map_err(|e| Error::io(what, self.peer, e))
+    }
+}
+
+/// Connects to `addr` (`"host:port"`), sends HELLO with `private_data` (at most
+/// [`MAX_PRIVATE_DATA`] bytes) and waits for the listener's answer.
+///
+/// `timeout` bounds the TCP connect and the HELLO / answer exchange together (name
+/// resolution, done first by the system resolver, is not bounded). Every address `addr`
+/// resolves to is tried in turn until a TCP connection is made.
+///
+/// # Errors
+///
+/// * the listener answered REJECT: [`Error::is_refused`] and [`Error::reject_data`] holds its
+///   reason bytes;
+/// * the operating system refused the connection (nobody listens): [`Error::is_refused`];
+/// * the deadline passed, connecting or waiting for the answer: [`Error::is_timeout`];
+/// * name resolution, I/O or protocol errors (an answer that is not a valid ACCEPT or
+///   REJECT), or `private_data` too long.
+pub fn connect(addr: &str, private_data: &[u8], timeout: Duration) -> Result<Link> {
+    check_private_data("connect", None, private_data)?;
+    let deadline = Instant::now().checked_add(timeout);
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| Error::io(format!("resolve {addr}"), None, e))?
+        .collect();
+    let mut last = None;
+    for a in addrs {
+        let peer = Some(a);
+        let res = match remaining(deadline) {
+            Ok(Some(left)) => TcpStream::connect_timeout(&a, left),
+            Ok(None) => TcpStream::connect(a),
+            Err(_) => return Err(last.unwrap_or_else(|| Error::timeout("connect", peer))),
+        };
+        match res {
+            Ok(stream) => return hello(stream, peer, private_data, deadline),
+            Err(e) => {
+                log::debug!("connect to {a} failed: {e}");
+                last = Some(Error::io("connect", peer, e));
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        Error::invalid(
+            format!("resolve {addr}"),
+            None,
+            "the name resolves to no address",
+        )
+    }))
+}
+
+/// The connector's half of the exchange on a connected stream.
+fn hello(
+    stream: TcpStream,
+    peer: Option<SocketAddr>,
+    private_data: &[u8],
+    deadline: Option<Instant>,
+) -> Result<Link> {
+    let setup = |e| Error::io("configure socket", peer, e);
+    stream.set_nodelay(true).map_err(setup)?;
+    write_all_by(
+        &stream,
+        &wire::handshake(wire::KIND_HELLO, private_data),
+        deadline,
+    )
+    .map_err(|e| Error::io("send HELLO", peer, e))?;
+    let (kind, data) = read_handshake(&stream, peer, "wait for ACCEPT", deadline)?;
+    match kind {
+        wire::KIND_ACCEPT => Link::new(stream, data).map_err(setup),
+        wire::KIND_REJECT => Err(Error::rejected("connect", peer, data)),
+        other => Err(Error::protocol(
+            "wait for ACCEPT",
+            peer,
+            format!("expected ACCEPT or REJECT, got {}", wire::kind_name(other)),
+        )),
+    }
+}
+
+fn check_private_data(what: &str, peer: Option<SocketAddr>, data: &[u8]) -> Result<()> {
+    if data.len() > MAX_PRIVATE_DATA {
+        return Err(Error::invalid(
+            what,
+            peer,
+            format!(
+                "{} bytes of private data, at most {MAX_PRIVATE_DATA} allowed",
+                data.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads one handshake message (exactly its bytes, nothing more) and returns its kind and
+/// private data.
+fn read_handshake(
+    stream: &TcpStream,
+    peer: Option<SocketAddr>,
+    what: &str,
+    deadline: Option<Instant>,
+) -> Result<(u8, Vec<u8>)> {
+    let mut hdr = [0u8; HEADER_LEN];
+    read_exact_by(stream, &mut hdr, deadline).map_err(|e| hs_io_error(what, peer, e))?;
+    let (kind, len) = wire::parse_header(&hdr).map_err(|m| Error::protocol(what, peer, m))?;
+    if !matches!(
+        kind,
+        wire::KIND_HELLO | wire::KIND_ACCEPT | wire::KIND_REJECT
+    ) {
+        return Err(Error::protocol(
+            what,
+            peer,
+            format!(
+                "expected a handshake message, got kind {kind} ({})",
+                wire::kind_name(kind)
+            ),
+        ));
+    }
+    if !(HANDSHAKE_PREFIX..=HANDSHAKE_PREFIX + MAX_PRIVATE_DATA).contains(&len) {
+        return Err(Error::protocol(
+            what,
+            peer,
+            format!(
+                "{} body of {len} bytes (must be {HANDSHAKE_PREFIX}..={})",
+                wire::kind_name(kind),
+                HANDSHAKE_PREFIX + MAX_PRIVATE_DATA
+            ),
+        ));
+    }
+    let mut body = vec![0u8; len];
+    read_exact_by(stream, &mut body, deadline).map_err(|e| hs_io_error(what, peer, e))?;
+    if body[..4] != wire::MAGIC {
+        return Err(Error::protocol(
+            what,
+            peer,
+            format!("bad handshake magic {:?} (expected \"RXTC\")", &body[..4]),
+        ));
+    }
+    let version = u16::from_le_bytes([body[4], body[5]]);
+    if version != wire::VERSION {
+        return Err(Error::protocol(
+            what,
+            peer,
+            format!(
+                "unsupported handshake version {version} (this side speaks {})",
+                wire::VERSION
+            ),
+        ));
+    }
+    body.drain(..HANDSHAKE_PREFIX);
+    Ok((kind, body))
+}
+
+fn hs_io_error(what: &str, peer: Option<SocketAddr>, e: io::Error) -> Error {
+    if e.kind() == io::ErrorKind::TimedOut {
+        Error::timeout(what, peer)
+    } else {
+        Error::io(what, peer, e)
+    }
+}
+
+/// The time left before `deadline`: `Ok(None)` without deadline, a `TimedOut` error once it
+/// has passed.
+fn remaining(deadline: Option<Instant>) -> io::Result<Option<Duration>> {
+    match deadline {
+        None => Ok(None),
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"))
+            } else {
+                Ok(Some(left))
+            }
+        }
+    }
+}
+
+/// `read_exact` on a blocking stream that honours `deadline` across partial reads.
+fn read_exact_by(
+    stream: &TcpStream,
+    mut buf: &mut [u8],
+    deadline: Option<Instant>,
+) -> io::Result<()> {
+    while !buf.is_empty() {
+        stream.set_read_timeout(remaining(deadline)?)?;
+        match (&*stream).read(buf) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the peer closed the connection during the handshake",
+                ))
+            }
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// `write_all` on a blocking stream that honours `deadline` across partial writes.
+fn write_all_by(stream: &TcpStream, mut buf: &[u8], deadline: Option<Instant>) -> io::Result<()> {
+    while !buf.is_empty() {
+        stream.set_write_timeout(remaining(deadline)?)?;
+        match (&*stream).write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,700 @@
+//! The endpoint API test suite, shared by every transport: `tests/device_api.rs` runs it
+//! over RDMA in the Soft-RoCE guest, `tests/tcp_api.rs` over TCP on the host. Each test
+//! binary provides `crate::net()`, naming its transport and addresses.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rdmx::{
+    Context, ContextBuilder, Ep, Request, RndvRegistration, Status, Transport, WaitMode, Worker,
+    TAG_MASK_ALL, TAG_MASK_ANY,
+};
+
+const LONG: Duration = Duration::from_secs(30);
+
+/// Where a test binary runs the suite.
+pub struct Net {
+    /// The transport under test.
+    pub transport: Transport,
+    /// The address servers listen on.
+    pub addr_a: String,
+    /// A second local address (RDMA: on the second device).
+    pub addr_b: String,
+}
+
+/// Generates one `#[test]` per suite function, each with the attributes in brackets.
+macro_rules! api_tests {
+    ([$($attr:tt)*];) => {};
+    ([$($attr:tt)*]; $name:ident $(, $rest:ident)* $(,)?) => {
+        #[test]
+        $($attr)*
+        fn $name() {
+            api::$name();
+        }
+        api_tests!([$($attr)*]; $($rest),*);
+    };
+}
+
+/// Every test of the suite, with the given attributes (e.g. an `#[ignore]`).
+macro_rules! all_api_tests {
+    ($($attr:tt)*) => {
+        api_tests!([$($attr)*];
+            eager_and_rendezvous_expected,
+            eager_and_rendezvous_unexpected,
+            registration_cache_mode_and_small_threshold,
+            per_operation_registration_mode,
+            event_wait_mode_roundtrips_and_idles,
+            wildcard_and_masked_tags,
+            truncation_on_both_protocols,
+            cancel_receive_and_rendezvous_send,
+            several_threads_send_on_one_worker,
+            many_eps_share_one_srq,
+            peer_close_fails_pending_requests_only_on_that_ep,
+            connect_failures_are_errors,
+            progress_thread_completes_requests,
+            typed_messages_and_second_device,
+            peer_death_fails_pending_requests,
+        );
+    };
+}
+
+fn addr_a() -> String {
+    crate::net().addr_a
+}
+
+fn addr_b() -> String {
+    crate::net().addr_b
+}
+
+fn is_rdma() -> bool {
+    crate::net().transport == Transport::Rdma
+}
+
+fn init_log() {
+    let _ = env_logger::builder().is_test(true).try_init();
+}
+
+/// A builder that ignores the process environment (tests set everything explicitly).
+fn builder() -> ContextBuilder {
+    Context::builder()
+        .env_lookup(|_| None)
+        .transport(crate::net().transport)
+        .srq_depth(1024)
+        .credits(16)
+}
+
+thread_local! {
+    /// The workers of the running test (each test runs on its own thread).
+    static WORKERS: std::cell::RefCell<Vec<Worker>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A worker that [`finish`] progresses too.
+fn new_worker(ctx: &Context) -> Worker {
+    let w = ctx.worker().expect("worker");
+    WORKERS.with(|v| v.borrow_mut().push(w.clone()));
+    w
+}
+
+/// Waits for a request, failing the test instead of hanging when it never completes. The
+/// test's other workers are progressed meanwhile: one thread plays both sides, and over
+/// TCP a rendezvous also needs the sender's progress (it streams the data).
+fn finish(r: Request) -> rdmx::Result<rdmx::Done> {
+    let deadline = Instant::now() + LONG;
+    while !r.wait_for(Duration::from_millis(1)) {
+        assert!(
+            Instant::now() < deadline,
+            "request did not complete within {LONG:?}: {r:?}"
+        );
+        WORKERS.with(|v| {
+            for w in v.borrow().iter() {
+                w.progress();
+            }
+        });
+    }
+    r.wait()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 11) as u8)
+        .collect()
+}
+
+/// A server worker listening on `ip`, and `n` client eps connected to it from one client
+/// worker; returns (server worker, server eps, client worker, client eps).
+fn connect_n(ctx: &Context, ip: &str, n: usize) -> (Worker, Vec<Ep>, Worker, Vec<Ep>) {
+    let server = new_worker(ctx);
+    let listener = server.listen(&format!("{ip}:0")).expect("listen");
+    let addr = listener.local_addr().expect("bound").to_string();
+    let client = new_worker(ctx);
+    let c = client.clone();
+    let t = thread::spawn(move || {
+        (0..n)
+            .map(|_| c.connect(&addr).expect("connect"))
+            .collect::<Vec<_>>()
+    });
+    let server_eps = (0..n).map(|_| listener.accept().expect("accept")).collect();
+    let client_eps = t.join().expect("client thread");
+    (server, server_eps, client, client_eps)
+}
+
+fn pair(ctx: &Context) -> (Worker, Ep, Worker, Ep) {
+    let (sw, mut se, cw, mut ce) = connect_n(ctx, &addr_a(), 1);
+    (sw, se.remove(0), cw, ce.remove(0))
+}
+
+/// Sends every size both ways around the threshold and checks each byte; with the receive
+/// posted first (`expected`) or the messages sent first (unexpected).
+fn sizes_roundtrip(ctx: &Context, expected: bool) {
+    let thr = ctx.config().eager_threshold() as usize;
+    let sizes = [
+        0,
+        1,
+        64,
+        thr - 1,
+        thr,
+        thr + 1,
+        65536,
+        (1 << 20) + 3,
+        (16 << 20) + 5,
+    ];
+    let (server, _sep, _client, cep) = pair(ctx);
+    let mut recvs = Vec::new();
+    if expected {
+        for (i, &len) in sizes.iter().enumerate() {
+            recvs.push(server.tag_recv(i as u64, TAG_MASK_ALL, vec![0; len]));
+        }
+    }
+    let sends: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| cep.tag_send(i as u64, pattern(len, i as u8)))
+        .collect();
+    if !expected {
+        // Let every message arrive (eager data, or the RTS of rendezvous) before receiving.
+        let deadline = Instant::now() + LONG;
+        while server.stats().unexpected_messages < sizes.len() {
+            assert!(Instant::now() < deadline, "messages did not all arrive");
+            server.progress();
+        }
+        let probed = server.probe(3, TAG_MASK_ALL).expect("probe sees message 3");
+        assert_eq!(probed.len as usize, thr - 1);
+        for (i, &len) in sizes.iter().enumerate() {
+            recvs.push(server.tag_recv(i as u64, TAG_MASK_ALL, vec![0; len]));
+        }
+    }
+    for (i, r) in recvs.into_iter().enumerate() {
+        let done = finish(r).expect("receive ok");
+        assert_eq!(done.length, sizes[i], "length of message {i}");
+        assert_eq!(done.tag, i as u64);
+        assert!(
+            done.buf == pattern(sizes[i], i as u8),
+            "payload of {} bytes differs",
+            sizes[i]
+        );
+    }
+    for (i, s) in sends.into_iter().enumerate() {
+        let done = finish(s).expect("send ok");
+        assert_eq!(done.buf.len(), sizes[i], "the send buffer comes back whole");
+        assert!(
+            done.buf == pattern(sizes[i], i as u8),
+            "send buffer unchanged"
+        );
+    }
+}
+
+pub fn eager_and_rendezvous_expected() {
+    init_log();
+    sizes_roundtrip(&builder().build().unwrap(), true);
+}
+
+pub fn eager_and_rendezvous_unexpected() {
+    init_log();
+    sizes_roundtrip(&builder().build().unwrap(), false);
+}
+
+pub fn registration_cache_mode_and_small_threshold() {
+    init_log();
+    let ctx = builder()
+        .rndv_registration(RndvRegistration::Cache)
+        .eager_threshold(512)
+        .build()
+        .unwrap();
+    sizes_roundtrip(&ctx, true);
+    sizes_roundtrip(&ctx, false);
+}
+
+pub fn per_operation_registration_mode() {
+    init_log();
+    let ctx = builder()
+        .rndv_registration(RndvRegistration::PerOperation)
+        .build()
+        .unwrap();
+    sizes_roundtrip(&ctx, true);
+    sizes_roundtrip(&ctx, false);
+}
+
+pub fn event_wait_mode_roundtrips_and_idles() {
+    init_log();
+    let ctx = builder().wait_mode(WaitMode::Event).build().unwrap();
+    sizes_roundtrip(&ctx, true);
+    let (server, _sep, _client, cep) = pair(&ctx);
+    // A receive waited for in event mode: the waiting thread sleeps.
+    let r = server.tag_recv(9, TAG_MASK_ALL, vec![0; 16]);
+    let waiter = thread::spawn(move || {
+        let before = thread_cpu_ticks();
+        let done = r.wait().expect("receive");
+        (done, thread_cpu_ticks() - before)
+    });
+    let idle = Duration::from_secs(2);
+    thread::sleep(idle);
+    cep.send(9, b"wake up").unwrap();
+    let (done, ticks) = waiter.join().unwrap();
+    assert_eq!(&done.buf[..done.length], b"wake up");
+    let percent = ticks as f64 / (idle.as_secs_f64() * 100.0) * 100.0;
+    println!("event-mode waiter used {ticks} CPU ticks (100/s) in {idle:?} asleep: {percent:.1} %");
+    assert!(
+        ticks <= 10,
+        "an event-mode waiter must sleep, used {ticks} ticks"
+    );
+    // Ping-pong in event mode.
+    for i in 0..50u64 {
+        let r = server.tag_recv(100 + i, TAG_MASK_ALL, vec![0; 8]);
+        cep.send(100 + i, &i.to_le_bytes()).unwrap();
+        assert_eq!(finish(r).unwrap().buf, i.to_le_bytes());
+    }
+}
+
+/// utime + stime of the calling thread, in clock ticks.
+fn thread_cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("thread stat");
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    // After the command name: state is field 3, utime 14, stime 15 (1-based).
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+pub fn wildcard_and_masked_tags() {
+    init_log();
+    let ctx = builder().build().unwrap();
+    let (server, _sep, _client, cep) = pair(&ctx);
+    // Unexpected messages first, in this order.
+    for (tag, body) in [(0x10u64, "a"), (0x21, "b"), (0x12, "c"), (0x30, "d")] {
+        cep.send(tag, body.as_bytes()).unwrap();
+    }
+    let recv = |tag, mask| {
+        let r = server.tag_recv(tag, mask, vec![0; 8]);
+        assert!(r.wait_for(LONG));
+        let d = finish(r).unwrap();
+        (
+            d.tag,
+            String::from_utf8(d.buf[..d.length].to_vec()).unwrap(),
+        )
+    };
+    // High nibble 1: the first such message in arrival order.
+    assert_eq!(recv(0x10, 0xf0), (0x10, "a".into()));
+    assert_eq!(recv(0x1f, 0xf0), (0x12, "c".into()));
+    // Wildcard: the oldest remaining.
+    assert_eq!(recv(0, TAG_MASK_ANY), (0x21, "b".into()));
+    assert_eq!(recv(0x30, TAG_MASK_ALL), (0x30, "d".into()));
+    // Posted wildcard receives match in posting order.
+    let r1 = server.tag_recv(0, TAG_MASK_ANY, vec![0; 8]);
+    let r2 = server.tag_recv(0, TAG_MASK_ANY, vec![0; 8]);
+    assert!(!r1.test() && !r2.is_done(), "nothing sent yet");
+    cep.send(5, b"first").unwrap();
+    cep.send(6, b"second").unwrap();
+    assert_eq!(finish(r1).unwrap().tag, 5);
+    assert_eq!(finish(r2).unwrap().tag, 6);
+}
+
+pub fn truncation_on_both_protocols() {
+    init_log();
+    let ctx = builder().build().unwrap();
+    let thr = ctx.config().eager_threshold() as usize;
+    let (server, _sep, _client, cep) = pair(&ctx);
+    // Eager: the receiver gets Truncated (the sender already completed).
+    let r = server.tag_recv(1, TAG_MASK_ALL, vec![0; 10]);
+    cep.send(1, &pattern(100, 1)).unwrap();
+    let mut err = finish(r).expect_err("truncated");
+    assert_eq!(err.status(), Some(Status::Truncated));
+    assert_eq!(err.take_buffer().len(), 10, "the buffer comes back");
+    // Rendezvous: both sides fail, nothing delivered.
+    let r = server.tag_recv(2, TAG_MASK_ALL, vec![0xee; thr + 100]);
+    let s = cep.tag_send(2, pattern(thr * 4, 2));
+    let mut err = finish(r).expect_err("truncated");
+    assert_eq!(err.status(), Some(Status::Truncated));
+    assert!(
+        err.take_buffer().iter().all(|&b| b == 0xee),
+        "nothing delivered"
+    );
+    let mut err = finish(s).expect_err("remote truncated");
+    assert_eq!(err.status(), Some(Status::RemoteTruncated));
+    assert_eq!(err.take_buffer(), pattern(thr * 4, 2));
+    // The connection still works.
+    let r = server.tag_recv(3, TAG_MASK_ALL, vec![0; 4]);
+    cep.send(3, b"fine").unwrap();
+    assert_eq!(finish(r).unwrap().buf, b"fine");
+}
+
+pub fn cancel_receive_and_rendezvous_send() {
+    init_log();
+    let ctx = builder().build().unwrap();
+    let (server, sep, client, cep) = pair(&ctx);
+    let r = server.tag_recv(1, TAG_MASK_ALL, vec![7; 32]);
+    assert!(r.cancel(), "an unmatched receive can be cancelled");
+    let mut err = finish(r).expect_err("cancelled");
+    assert_eq!(err.status(), Some(Status::Cancelled));
+    assert_eq!(err.take_buffer(), vec![7; 32]);
+    // A rendezvous send nobody receives yet: cancel it; the late receiver sees ReadFailed.
+    let big = pattern(1 << 20, 9);
+    let s = cep.tag_send(2, big.clone());
+    // Let the RTS arrive.
+    let deadline = Instant::now() + LONG;
+    while server.probe(2, TAG_MASK_ALL).is_none() {
+        assert!(Instant::now() < deadline);
+    }
+    assert!(s.cancel());
+    let mut err = finish(s).expect_err("cancelled");
+    assert_eq!(err.status(), Some(Status::Cancelled));
+    assert_eq!(
+        err.take_buffer(),
+        big,
+        "the cancelled send's buffer comes back"
+    );
+    let r = server.tag_recv(2, TAG_MASK_ALL, vec![0; 1 << 20]);
+    let err = finish(r).expect_err("the exposure is gone");
+    assert_eq!(err.status(), Some(Status::ReadFailed));
+    if is_rdma() {
+        // On RC a READ refused by the peer's NIC puts the QP in the error state: the
+        // connection is lost on both sides, and says so.
+        let deadline = Instant::now() + LONG;
+        while cep.is_connected() || sep.is_connected() {
+            assert!(
+                Instant::now() < deadline,
+                "the broken connection was not noticed"
+            );
+            server.progress();
+            client.progress();
+        }
+    } else {
+        // Over TCP the refused READ is an answer like any other: the connection stays up.
+        let r = server.tag_recv(4, TAG_MASK_ALL, vec![0; 8]);
+        cep.send(4, b"alive").unwrap();
+        assert_eq!(&finish(r).unwrap().buf[..5], b"alive");
+        assert!(cep.is_connected() && sep.is_connected());
+        drop(client);
+    }
+    // Dropping an unfinished receive cancels it: the next message goes to the next receive.
+    let (server, _sep, _client, cep) = pair(&ctx);
+    drop(server.tag_recv(3, TAG_MASK_ALL, vec![0; 8]));
+    let r = server.tag_recv(3, TAG_MASK_ALL, vec![0; 8]);
+    cep.send(3, b"x").unwrap();
+    assert_eq!(finish(r).unwrap().length, 1);
+    assert_eq!(server.stats().pending_requests, 0);
+}
+
+pub fn several_threads_send_on_one_worker() {
+    init_log();
+    let ctx = builder().build().unwrap();
+    let thr = ctx.config().eager_threshold() as usize;
+    let (server, _seps, _client, ceps) = connect_n(&ctx, &addr_a(), 2);
+    const THREADS: u64 = 4;
+    const PER: u64 = 150;
+    let barrier = Arc::new(Barrier::new(THREADS as usize));
+    let senders: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let ep = ceps[(t % 2) as usize].clone();
+            let barrier = barrier.clone();
+            thread::spawn(move || {
+                barrier.wait();
+                let mut reqs = Vec::new();
+                for i in 0..PER {
+                    // Mostly eager, every 10th message rendezvous.
+                    let len = if i % 10 == 9 {
+                        thr * 3
+                    } else {
+                        8 + (i as usize % 64)
+                    };
+                    let mut body = pattern(len, i as u8);
+                    body[..8].copy_from_slice(&i.to_le_bytes());
+                    reqs.push(ep.tag_send(t << 32 | i, body));
+                }
+                for r in reqs {
+                    finish(r).expect("send");
+                }
+            })
+        })
+        .collect();
+    let mut next: HashMap<u64, u64> = HashMap::new();
+    for _ in 0..THREADS * PER {
+        let r = server.tag_recv(0, TAG_MASK_ANY, vec![0; thr * 3]);
+        assert!(r.wait_for(LONG), "a message went missing");
+        let d = finish(r).unwrap();
+        let (t, i) = (d.tag >> 32, d.tag & 0xffff_ffff);
+        let seq = u64::from_le_bytes(d.buf[..8].try_into().unwrap());
+        assert_eq!(seq, i);
+        let expect = next.entry(t).or_insert(0);
+        // Each thread's messages arrive in its order (one thread uses one ep).
+        assert_eq!(i, *expect, "thread {t}'s messages reordered");
+        *expect += 1;
+    }
+    for s in senders {
+        s.join().unwrap();
+    }
+    assert!(next.values().all(|&n| n == PER));
+}
+
+pub fn many_eps_share_one_srq() {
+    init_log();
+    let ctx = builder().srq_depth(1024).credits(16).build().unwrap();
+    let server = new_worker(&ctx);
+    let listener = server.listen(&format!("{}:0", addr_a())).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let client = new_worker(&ctx);
+    let connect = |n: usize| {
+        let c = client.clone();
+        let a = addr.clone();
+        let t = thread::spawn(move || (0..n).map(|_| c.connect(&a).unwrap()).collect::<Vec<_>>());
+        let accepted: Vec<Ep> = (0..n).map(|_| listener.accept().unwrap()).collect();
+        (accepted, t.join().unwrap())
+    };
+    let (mut sep, mut cep) = connect(1);
+    let one = server.stats();
+    let (s2, c2) = connect(31);
+    sep.extend(s2);
+    cep.extend(c2);
+    let many = server.stats();
+    println!("1 ep: {one:?}\n32 eps: {many:?}");
+    assert_eq!(many.eps, 32);
+    assert_eq!(
+        one.recv_buffer_bytes, many.recv_buffer_bytes,
+        "receive-buffer memory must not grow with endpoints"
+    );
+    if is_rdma() {
+        assert_eq!(
+            many.recv_buffer_bytes,
+            1024 * u64::from(ctx.config().recv_buf_size())
+        );
+    } else {
+        // TCP has no SRQ: frames are read into buffers allocated per message.
+        assert_eq!(many.recv_buffer_bytes, 0);
+    }
+    // Every ep works, through the one SRQ.
+    let recvs: Vec<_> = (0..32u64)
+        .map(|i| server.tag_recv(i, TAG_MASK_ALL, vec![0; 16]))
+        .collect();
+    for (i, ep) in cep.iter().enumerate() {
+        ep.send(i as u64, &(i as u64).to_le_bytes()).unwrap();
+    }
+    for (i, r) in recvs.into_iter().enumerate() {
+        assert_eq!(finish(r).unwrap().buf[..8], (i as u64).to_le_bytes());
+    }
+    // The 65th ep would overrun the SRQ: 1024 / 16 = 64 admitted.
+    let (s3, c3) = connect(32);
+    assert_eq!(server.stats().eps, 64);
+    let c = client.clone();
+    let err = thread::spawn(move || c.connect(&addr).expect_err("SRQ full"));
+    let err2 = listener.accept().expect_err("the server refuses");
+    let err = err.join().unwrap();
+    println!("65th connect: {err}\nserver: {err2}");
+    assert!(err.to_string().contains("shared receive queue"), "{err}");
+    assert!(err2.to_string().contains("shared receive queue"), "{err2}");
+    drop((s3, c3, sep, cep));
+}
+
+pub fn peer_close_fails_pending_requests_only_on_that_ep() {
+    init_log();
+    let ctx = builder().build().unwrap();
+    let (server, mut seps, _client, ceps) = connect_n(&ctx, &addr_a(), 2);
+    // A rendezvous send on ep 0 that the peer never receives, then the peer closes ep 0.
+    let pending = ceps[0].tag_send(1, pattern(1 << 20, 1));
+    let deadline = Instant::now() + LONG;
+    while server.probe(1, TAG_MASK_ALL).is_none() {
+        assert!(Instant::now() < deadline);
+    }
+    let closed_at = Instant::now();
+    seps.remove(0).close().unwrap();
+    let mut err = finish(pending).expect_err("the peer closed");
+    println!(
+        "pending send failed {:?} after the peer closed",
+        closed_at.elapsed()
+    );
+    assert_eq!(err.status(), Some(Status::ConnectionClosed));
+    assert_eq!(err.take_buffer(), pattern(1 << 20, 1));
+    assert!(closed_at.elapsed() < Duration::from_secs(5));
+    assert!(!ceps[0].is_connected());
+    // New sends on the closed ep fail at once, with the buffer back.
+    let err = finish(ceps[0].tag_send(2, vec![1; 3])).expect_err("closed");
+    assert_eq!(err.status(), Some(Status::ConnectionClosed));
+    // The other ep keeps working, both ways.
+    let r = server.tag_recv(3, TAG_MASK_ALL, vec![0; 1 << 20]);
+    let s = ceps[1].tag_send(3, pattern(1 << 20, 3));
+    // One thread drives both workers: the receive first (the server reads), then the send.
+    assert_eq!(finish(r).unwrap().buf, pattern(1 << 20, 3));
+    finish(s).unwrap();
+}
+
+pub fn connect_failures_are_errors() {
+    init_log();
+    let ctx = builder()
+        .connect_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let worker = new_worker(&ctx);
+    let start = Instant::now();
+    let err = worker
+        .connect(&format!("{}:1", addr_a()))
+        .expect_err("nobody listens");
+    println!("connect to a closed port: {err} ({:?})", start.elapsed());
+    // A listener that rejects.
+    let server = new_worker(&ctx);
+    let listener = server.listen(&format!("{}:0", addr_a())).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let t = thread::spawn(move || worker.connect(&addr).expect_err("rejected"));
+    listener
+        .next_request(Some(LONG))
+        .unwrap()
+        .expect("a request")
+        .reject()
+        .unwrap();
+    let err = t.join().unwrap();
+    assert!(
+        err.to_string().contains("rejected by the application"),
+        "{err}"
+    );
+    // Garbage addresses.
+    assert!(server.connect("not an address").is_err());
+    assert!(server.listen("192.0.2.1:99999").is_err());
+}
+
+pub fn progress_thread_completes_requests() {
+    init_log();
+    let ctx = builder().progress_thread(true).build().unwrap();
+    let (server, _sep, _client, cep) = pair(&ctx);
+    let r = server.tag_recv(1, TAG_MASK_ALL, vec![0; 1 << 20]);
+    let s = cep.tag_send(1, pattern(1 << 20, 4));
+    // Nobody calls progress or wait: the progress threads complete both.
+    let deadline = Instant::now() + LONG;
+    while !(r.is_done() && s.is_done()) {
+        assert!(
+            Instant::now() < deadline,
+            "progress thread did not complete the requests"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(finish(r).unwrap().buf, pattern(1 << 20, 4));
+    finish(s).unwrap();
+}
+
+pub fn typed_messages_and_second_device() {
+    init_log();
+    #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+    struct Job {
+        id: u32,
+        name: String,
+        weights: Vec<f64>,
+    }
+    fn job_copy(j: &Job) -> Job {
+        Job {
+            id: j.id,
+            name: j.name.clone(),
+            weights: j.weights.clone(),
+        }
+    }
+    let ctx = builder().build().unwrap();
+    // On rxe1 this time.
+    let (sw, mut se, _cw, mut ce) = connect_n(&ctx, &addr_b(), 1);
+    let (sep, cep) = (se.remove(0), ce.remove(0));
+    if is_rdma() {
+        assert_eq!(sw.stats().device.as_deref(), Some("rxe1"));
+    }
+    let job = Job {
+        id: 7,
+        name: "train".into(),
+        weights: (0..5000).map(f64::from).collect(), // 40 KB: rendezvous
+    };
+    // A blocking rendezvous send needs the receiver to progress: send from another thread.
+    let sender = {
+        let cep = cep.clone();
+        let job = job_copy(&job);
+        thread::spawn(move || cep.send_obj(5, &job))
+    };
+    let got: Job = sw.recv_obj(5, TAG_MASK_ALL).unwrap();
+    assert_eq!(got, job);
+    sender.join().unwrap().unwrap();
+    sep.send_obj(6, &("ok", 1u8)).unwrap();
+    let (word, n): (String, u8) = cep.worker().recv_obj(6, TAG_MASK_ALL).unwrap();
+    assert_eq!((word.as_str(), n), ("ok", 1));
+    // A message that is not the expected type is a decode error, not a panic.
+    cep.send(7, b"\x01").unwrap();
+    assert!(sw.recv_obj::<Job>(7, TAG_MASK_ALL).is_err());
+}
+
+/// Peer death: the peer process (this test binary again, in the peer role) is killed with
+/// SIGKILL while a rendezvous send to it is pending; the send fails within 5 s and the
+/// worker's other endpoint keeps working.
+pub fn peer_death_fails_pending_requests() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    init_log();
+    let ctx = builder().build().unwrap();
+    if let Ok(addr) = std::env::var("RDMX_TEST_PEER_OF") {
+        // The peer role: connect, take one message, say so, then wait to be killed.
+        let worker = new_worker(&ctx);
+        let ep = worker.connect(&addr).unwrap();
+        worker.recv_vec(1, TAG_MASK_ALL).unwrap();
+        println!("READY");
+        thread::sleep(LONG);
+        drop(ep);
+        return;
+    }
+    let (server, _sep, _client, cep) = pair(&ctx);
+    let listener = server.listen(&format!("{}:0", addr_a())).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--include-ignored",
+            "--exact",
+            "peer_death_fails_pending_requests",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RDMX_TEST_PEER_OF", &addr)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the peer process");
+    let doomed = listener
+        .next_request(Some(LONG))
+        .unwrap()
+        .expect("the peer process connects")
+        .accept()
+        .unwrap();
+    doomed.send(1, b"hi").unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l.contains("READY"))),
+        "peer did not start"
+    );
+    let pending = doomed.tag_send(2, pattern(1 << 20, 2));
+    thread::sleep(Duration::from_millis(100));
+    child.kill().expect("SIGKILL the peer");
+    let killed_at = Instant::now();
+    child.wait().unwrap();
+    let err = finish(pending).expect_err("the peer is dead");
+    println!(
+        "pending send failed {:?} after SIGKILL",
+        killed_at.elapsed()
+    );
+    assert_eq!(err.status(), Some(Status::ConnectionClosed));
+    assert!(killed_at.elapsed() < Duration::from_secs(5));
+    // The worker's other endpoint is unaffected.
+    let r = server.tag_recv(3, TAG_MASK_ALL, vec![0; 64]);
+    cep.send(3, b"still here").unwrap();
+    assert_eq!(&finish(r).unwrap().buf[..10], b"still here");
+}
