@@ -54,12 +54,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let test: Test = worker.recv_obj(SETUP, TAG_MASK_ALL)?;
         let mut buf = vec![0u8; test.size];
         if test.bw {
+            let mut bufs: Vec<Vec<u8>> = (0..test.window).map(|_| vec![0; test.size]).collect();
             for _ in 0..test.iters.div_ceil(test.window) {
-                let reqs: Vec<_> = (0..test.window)
-                    .map(|_| worker.tag_recv(DATA, TAG_MASK_ALL, vec![0; test.size]))
+                let reqs: Vec<_> = bufs
+                    .drain(..)
+                    .map(|b| worker.tag_recv(DATA, TAG_MASK_ALL, b))
                     .collect();
                 for r in reqs {
-                    r.wait()?;
+                    bufs.push(r.wait()?.buf);
                 }
                 ep.send(ACK, &[])?;
             }
@@ -88,12 +90,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     if test.bw {
         let windows = test.iters.div_ceil(test.window);
+        let mut bufs: Vec<Vec<u8>> = (0..test.window).map(|_| vec![1; test.size]).collect();
         for _ in 0..windows {
-            let reqs: Vec<_> = (0..test.window)
-                .map(|_| ep.tag_send(DATA, vec![1u8; test.size]))
-                .collect();
+            let reqs: Vec<_> = bufs.drain(..).map(|b| ep.tag_send(DATA, b)).collect();
             for r in reqs {
-                r.wait()?;
+                bufs.push(r.wait()?.buf);
             }
             worker.tag_recv(ACK, TAG_MASK_ALL, Vec::new()).wait()?;
         }
