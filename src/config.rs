@@ -32,7 +32,7 @@ impl WaitMode {
 
 impl fmt::Display for WaitMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             WaitMode::BusyPoll => "poll",
             WaitMode::Event => "event",
         })
@@ -84,7 +84,7 @@ impl RndvRegistration {
 
 impl fmt::Display for RndvRegistration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             RndvRegistration::PerOperation => "per-op",
             RndvRegistration::Cache => "cache",
             RndvRegistration::Auto => "auto",
@@ -105,7 +105,7 @@ pub enum Source {
 
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             Source::Default => "default",
             Source::Environment => "environment",
             Source::Builder => "builder",
@@ -222,10 +222,22 @@ impl Config {
     /// and what is allowed.
     pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let mut c = Config::default();
+        c.apply(lookup, Source::Environment)?;
+        Ok(c)
+    }
+
+    /// Sets every variable `lookup` finds, parsed as from the environment, marking the
+    /// values as coming from `source`.
+    pub(crate) fn apply(
+        &mut self,
+        lookup: impl Fn(&str) -> Option<String>,
+        source: Source,
+    ) -> Result<()> {
+        let c = self;
         let env = |var: &'static str| lookup(var).filter(|v| !v.trim().is_empty());
-        fn from_env<T>(s: &mut Setting<T>, v: T) {
+        fn put<T>(s: &mut Setting<T>, v: T, source: Source) {
             s.value = v;
-            s.source = Source::Environment;
+            s.source = source;
         }
         if let Some(v) = env(EAGER_THRESHOLD_VAR) {
             let n = parse_size(
@@ -234,28 +246,28 @@ impl Config {
                 0,
                 rdmx_proto::config::MAX_EAGER_THRESHOLD,
             )?;
-            from_env(&mut c.eager_threshold, n);
+            put(&mut c.eager_threshold, n, source);
         }
         if let Some(v) = env(RECV_BUF_SIZE_VAR) {
             let n = parse_size(RECV_BUF_SIZE_VAR, &v, 256, 2 << 20)?;
-            from_env(&mut c.recv_buf_size, n as u32);
+            put(&mut c.recv_buf_size, n as u32, source);
         }
         if let Some(v) = env(SRQ_DEPTH_VAR) {
             let n = parse_count(SRQ_DEPTH_VAR, &v, 4, 1 << 20)?;
-            from_env(&mut c.srq_depth, n as u32);
+            put(&mut c.srq_depth, n as u32, source);
         }
         if let Some(v) = env(CREDITS_VAR) {
             let n = parse_count(CREDITS_VAR, &v, 4, 4096)?;
-            from_env(&mut c.credits, n as u16);
+            put(&mut c.credits, n as u16, source);
         }
         if let Some(v) = env(SEND_BUFS_VAR) {
             let n = parse_count(SEND_BUFS_VAR, &v, 1, 1 << 20)?;
-            from_env(&mut c.send_bufs, n as u32);
+            put(&mut c.send_bufs, n as u32, source);
         }
         if let Some(v) = env(WAIT_MODE_VAR) {
             let m = WaitMode::parse(&v)
                 .ok_or_else(|| env_error(WAIT_MODE_VAR, &v, "`poll` or `event`"))?;
-            from_env(&mut c.wait_mode, m);
+            put(&mut c.wait_mode, m, source);
         }
         if let Some(v) = env(PROGRESS_THREAD_VAR) {
             let b = match v.trim().to_ascii_lowercase().as_str() {
@@ -263,30 +275,30 @@ impl Config {
                 "0" | "n" | "no" | "off" | "false" => false,
                 _ => return Err(env_error(PROGRESS_THREAD_VAR, &v, "`1` or `0`")),
             };
-            from_env(&mut c.progress_thread, b);
+            put(&mut c.progress_thread, b, source);
         }
         if let Some(v) = env(DEVICE_VAR) {
-            from_env(&mut c.device, Some(v.trim().to_string()));
+            put(&mut c.device, Some(v.trim().to_string()), source);
         }
         if let Some(v) = env(RNDV_REG_VAR) {
             let m = RndvRegistration::parse(&v)
                 .ok_or_else(|| env_error(RNDV_REG_VAR, &v, "`auto`, `per-op` or `cache`"))?;
-            from_env(&mut c.rndv_registration, m);
+            put(&mut c.rndv_registration, m, source);
         }
         if let Some(v) = env(RCACHE_SIZE_VAR) {
             let n = parse_size(RCACHE_SIZE_VAR, &v, 0, 1 << 40)?;
-            from_env(&mut c.rcache_bytes, n);
+            put(&mut c.rcache_bytes, n, source);
         }
         if let Some(v) = env(TRANSPORT_VAR) {
             let t = Transport::parse(&v)
                 .ok_or_else(|| env_error(TRANSPORT_VAR, &v, "`auto`, `rdma` or `tcp`"))?;
-            from_env(&mut c.transport, t);
+            put(&mut c.transport, t, source);
         }
         if let Some(v) = env(CONNECT_TIMEOUT_VAR) {
             let ms = parse_count(CONNECT_TIMEOUT_VAR, &v, 1, 3_600_000)?;
-            from_env(&mut c.connect_timeout, Duration::from_millis(ms));
+            put(&mut c.connect_timeout, Duration::from_millis(ms), source);
         }
-        Ok(c)
+        Ok(())
     }
 
     /// Checks the combination and builds the protocol engine's configuration from it.

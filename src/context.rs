@@ -44,6 +44,7 @@ impl Context {
         ContextBuilder {
             lookup: Box::new(|var| std::env::var(var).ok()),
             overrides: Vec::new(),
+            named: Vec::new(),
         }
     }
 
@@ -84,6 +85,7 @@ type Lookup = Box<dyn Fn(&str) -> Option<String> + Send>;
 pub struct ContextBuilder {
     lookup: Lookup,
     overrides: Vec<Override>,
+    named: Vec<(String, String)>,
 }
 
 macro_rules! setter {
@@ -138,6 +140,14 @@ impl ContextBuilder {
         /// The transport: auto, RDMA or TCP.
         transport: Transport => transport);
 
+    /// Sets a variable by its environment name (e.g. `"RDMX_EAGER_THRESHOLD"`, `"4k"`),
+    /// parsed as the environment would be but counted as a builder setting: for tools that
+    /// take `VAR=VALUE` options. An unknown name or a bad value fails [`Self::build`].
+    pub fn set(mut self, var: &str, value: &str) -> Self {
+        self.named.push((var.to_string(), value.to_string()));
+        self
+    }
+
     /// The RDMA device to use (e.g. `"rxe0"`).
     pub fn device(mut self, name: &str) -> Self {
         let name = name.to_string();
@@ -149,6 +159,28 @@ impl ContextBuilder {
     /// Validates the result and makes the context.
     pub fn build(self) -> Result<Context> {
         let mut config = Config::from_lookup(self.lookup)?;
+        let known: Vec<&str> = config.entries().iter().map(|e| e.var).collect();
+        if let Some((var, _)) = self
+            .named
+            .iter()
+            .find(|(v, _)| !known.contains(&v.as_str()))
+        {
+            return Err(Error::Config(format!(
+                "unknown variable {var}; known: {}",
+                known.join(", ")
+            )));
+        }
+        let named = self.named;
+        config.apply(
+            |var| {
+                named
+                    .iter()
+                    .rev()
+                    .find(|(v, _)| v == var)
+                    .map(|(_, x)| x.clone())
+            },
+            crate::config::Source::Builder,
+        )?;
         for o in self.overrides {
             o(&mut config);
         }

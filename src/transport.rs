@@ -38,7 +38,7 @@ impl Transport {
 
 impl fmt::Display for Transport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             Transport::Auto => "auto",
             Transport::Rdma => "rdma",
             Transport::Tcp => "tcp",

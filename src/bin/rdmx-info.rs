@@ -1,0 +1,122 @@
+//! rdmx-info: what rdmx sees on this machine, like `ucx_info` / `ibv_devinfo`: the RDMA
+//! devices and their ports, which transports are usable and why not, and the effective
+//! configuration with each value's source.
+//!
+//! `rdmx-info [-D VAR=VALUE]...` — each `-D` overrides a variable as a builder setting.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use rdmx::conn::Device;
+use rdmx::Context;
+
+fn main() -> ExitCode {
+    let mut builder = Context::builder();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let setting = match arg.as_str() {
+            "-D" => args.next(),
+            "-h" | "--help" => {
+                println!("usage: rdmx-info [-D VAR=VALUE]...");
+                return ExitCode::SUCCESS;
+            }
+            other => other.strip_prefix("-D").map(str::to_string),
+        };
+        match setting.as_deref().and_then(|s| s.split_once('=')) {
+            Some((var, value)) => builder = builder.set(var, value),
+            None => {
+                eprintln!("rdmx-info: bad argument {arg:?}; usage: rdmx-info [-D VAR=VALUE]...");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "rdmx {} (librdmacm {}, libibverbs {})",
+        env!("CARGO_PKG_VERSION"),
+        rdmx::RDMACM_VERSION,
+        rdmx::IBVERBS_VERSION
+    );
+    let _ = writeln!(o, "\n# RDMA devices");
+    let devices = Device::list();
+    let rdma_usable = match &devices {
+        Err(e) => {
+            let _ = writeln!(o, "  cannot list devices: {e}");
+            Err(format!("cannot list devices: {e}"))
+        }
+        Ok(list) if list.is_empty() => {
+            let _ = writeln!(
+                o,
+                "  none (no RDMA hardware, or no rdma_cm support in this kernel)"
+            );
+            Err("rdmacm lists no RDMA device".to_string())
+        }
+        Ok(list) => {
+            let mut active = 0;
+            for d in list {
+                let limits = d
+                    .limits()
+                    .map(|l| {
+                        format!(
+                            "max_qp_wr {}, max_cqe {}, max_srq_wr {}",
+                            l.max_qp_wr, l.max_cqe, l.max_srq_wr
+                        )
+                    })
+                    .unwrap_or_else(|e| format!("limits unknown: {e}"));
+                let _ = writeln!(o, "  {}: {limits}", d.name());
+                match d.ports() {
+                    Ok(ports) => {
+                        for p in ports {
+                            active += usize::from(p.state == "ACTIVE");
+                            let _ = writeln!(
+                                o,
+                                "    port {}: {} ({}, MTU {})",
+                                p.port, p.state, p.link_layer, p.active_mtu
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        let _ = writeln!(o, "    ports unknown: {e}");
+                    }
+                }
+            }
+            if active > 0 {
+                Ok(())
+            } else {
+                Err("no port is ACTIVE".to_string())
+            }
+        }
+    };
+    let _ = writeln!(o, "\n# Transports");
+    match &rdma_usable {
+        Ok(()) => {
+            let _ = writeln!(o, "  rdma: usable");
+        }
+        Err(why) => {
+            let _ = writeln!(o, "  rdma: not usable: {why}");
+        }
+    }
+    let _ = writeln!(o, "  tcp:  usable (always)");
+    let ctx = match builder.build() {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            eprintln!("rdmx-info: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let _ = writeln!(
+        o,
+        "  selected: {} (RDMX_TRANSPORT={})",
+        ctx.transport(),
+        ctx.config().transport()
+    );
+    let _ = writeln!(o, "\n# Configuration (value, source, meaning)");
+    for line in ctx.config().to_string().lines() {
+        let _ = writeln!(o, "  {line}");
+    }
+    // A closed pipe (`rdmx-info | head`) is not an error worth a panic.
+    let _ = std::io::stdout().write_all(o.as_bytes());
+    ExitCode::SUCCESS
+}
