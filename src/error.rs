@@ -67,29 +67,18 @@ impl Error {
     }
 }
 
-/// A failed connect: when the peer's rdmx worker rejected it with a reason, that reason.
-pub(crate) fn connect_error(addr: &str, e: rdmx_conn::Error) -> Error {
-    let data = e.reject_data();
-    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-    match data[..end].strip_prefix(b"rdmx: ") {
-        Some(reason) => Error::Rejected {
-            addr: addr.to_string(),
-            reason: String::from_utf8_lossy(reason).into_owned(),
-        },
-        None => e.into(),
-    }
-}
-
-/// A failed TCP connect: when the peer's rdmx worker rejected it with a reason, that reason.
-pub(crate) fn tcp_connect_error(addr: &str, e: rdmx_tcp::Error) -> Error {
-    let data = e.reject_data();
-    match data.strip_prefix(b"rdmx: ") {
-        Some(reason) => Error::Rejected {
-            addr: addr.to_string(),
-            reason: String::from_utf8_lossy(reason).into_owned(),
-        },
-        None => e.into(),
-    }
+/// The error for a connect the peer's rdmx worker rejected with a reason (reject data
+/// `"rdmx: <reason>"`, possibly zero-padded as rdmacm delivers it); `None` otherwise.
+pub(crate) fn rejected(addr: &str, reject_data: &[u8]) -> Option<Error> {
+    let end = reject_data
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |i| i + 1);
+    let reason = reject_data[..end].strip_prefix(b"rdmx: ")?;
+    Some(Error::Rejected {
+        addr: addr.to_string(),
+        reason: String::from_utf8_lossy(reason).into_owned(),
+    })
 }
 
 /// What a status means, in words.

@@ -52,6 +52,16 @@ pub(crate) enum Link {
     Tcp(rdmx_tcp::Link),
 }
 
+impl Link {
+    /// The private data the peer sent with its accept or connect.
+    pub(crate) fn peer_private_data(&self) -> &[u8] {
+        match self {
+            Link::Rdma(l) => l.conn.peer_private_data(),
+            Link::Tcp(l) => l.peer_private_data(),
+        }
+    }
+}
+
 /// A connection of a worker.
 pub(crate) struct ConnState {
     pub(crate) id: ConnId,

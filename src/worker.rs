@@ -19,7 +19,7 @@ use rdmx_proto::{
 use crate::config::{Config, RndvRegistration, WaitMode};
 use crate::context::Context;
 use crate::ep::{Ep, Listener};
-use crate::error::{Error, Result};
+use crate::error::{rejected, Error, Result};
 use crate::rdma::{Outgoing, Rdma, RdmaLink, SendPool, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
 use crate::request::{Outcome, Request, Slot};
 use crate::transport::{ConnState, Link, Transport};
@@ -393,35 +393,28 @@ impl Worker {
     /// unreachable address is an error naming the address.
     pub fn connect(&self, addr: &str) -> Result<Ep> {
         let sh = &self.shared;
-        if sh.transport == Transport::Tcp {
-            let handshake = sh.local_handshake();
-            let link = rdmx_tcp::connect(addr, &handshake, sh.cfg.connect_timeout())
-                .map_err(|e| crate::error::tcp_connect_error(addr, e))?;
-            let peer = Handshake::decode(link.peer_private_data()).map_err(|e| {
-                Error::Invalid(format!("{addr} accepted with an unusable handshake: {e}"))
-            })?;
-            let id = sh.new_conn_id();
-            sh.engine_up(id, &peer)?;
-            return Ok(Ep::new(self.clone(), sh.add_conn(id, Link::Tcp(link))));
-        }
-        let dst = AddrInfo::resolve(addr, Side::Active)?;
-        let rdma = match sh.rdma.get() {
-            Some(r) => r,
-            None => sh.rdma_on(&Device::for_route(&dst)?)?,
+        let handshake = sh.local_handshake();
+        let timeout = sh.cfg.connect_timeout();
+        let id = sh.new_conn_id();
+        let link = if sh.transport == Transport::Tcp {
+            let link = rdmx_tcp::connect(addr, &handshake, timeout)
+                .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
+            Link::Tcp(link)
+        } else {
+            let dst = AddrInfo::resolve(addr, Side::Active)?;
+            let rdma = match sh.rdma.get() {
+                Some(r) => r,
+                None => sh.rdma_on(&Device::for_route(&dst)?)?,
+            };
+            let conn = rdmx_conn::connect(&dst, &rdma.qp_config, &handshake, timeout)
+                .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
+            Link::Rdma(RdmaLink::new(id, conn, rdma.qp_config.send_depth))
         };
-        let handshake = sh.state.lock().engine.local_handshake().encode();
-        let conn = rdmx_conn::connect(&dst, &rdma.qp_config, &handshake, sh.cfg.connect_timeout())
-            .map_err(|e| crate::error::connect_error(addr, e))?;
-        let peer = Handshake::decode(conn.peer_private_data()).map_err(|e| {
+        let peer = Handshake::decode(link.peer_private_data()).map_err(|e| {
             Error::Invalid(format!("{addr} accepted with an unusable handshake: {e}"))
         })?;
-        let id = sh.new_conn_id();
         sh.engine_up(id, &peer)?;
-        let depth = rdma.qp_config.send_depth;
-        Ok(Ep::new(
-            self.clone(),
-            sh.add_conn(id, Link::Rdma(RdmaLink::new(id, conn, depth))),
-        ))
+        Ok(Ep::new(self.clone(), sh.add_conn(id, link)))
     }
 
     /// Posts a tag receive into `buf` (its length is the capacity): it matches the first

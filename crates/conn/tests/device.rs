@@ -95,6 +95,37 @@ fn collect(cq: &CompletionQueue, n: usize) -> Vec<Completion> {
     out
 }
 
+/// RDMA READs each `(offset, piece)` from `remote` at that offset, all in flight at once, and
+/// returns the pieces, filled, in the order given (asserting every READ succeeded).
+fn read_pieces(
+    conn: &Connection,
+    cq: &CompletionQueue,
+    remote: RemoteBuf,
+    pieces: Vec<(usize, RegisteredBuf)>,
+) -> Vec<RegisteredBuf> {
+    let n = pieces.len();
+    for (i, (at, piece)) in pieces.into_iter().enumerate() {
+        let len = piece.len();
+        let part = RemoteBuf {
+            addr: remote.addr + at as u64,
+            len: len as u32,
+            rkey: remote.rkey,
+        };
+        conn.post_read(piece, len, part, i as u64)
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    let mut reads = collect(cq, n);
+    assert!(
+        reads
+            .iter()
+            .all(|c| c.status.is_success() && c.kind == WorkKind::Read),
+        "{reads:?}"
+    );
+    reads.sort_by_key(|c| c.cookie);
+    reads.into_iter().map(|c| c.buffer.unwrap()).collect()
+}
+
 /// Accepts one request on another thread, returning the connection through a channel.
 fn accept_one(
     listener: Listener,
@@ -394,29 +425,15 @@ fn rdma_read_of_a_registered_region() {
         target = rest;
     }
     pieces.push(target);
-    for (i, piece) in pieces.into_iter().enumerate() {
-        let part = RemoteBuf {
-            addr: remote.addr + (i * chunk) as u64,
-            len: chunk as u32,
-            rkey: remote.rkey,
-        };
-        conn.post_read(piece, chunk, part, i as u64)
-            .map_err(|(e, _)| e)
-            .unwrap();
-    }
-    let mut reads = collect(&client.cq, 4);
-    assert!(
-        reads
-            .iter()
-            .all(|c| c.status.is_success() && c.kind == WorkKind::Read),
-        "{reads:?}"
-    );
-    reads.sort_by_key(|c| c.cookie);
-    let mut whole = reads[0].buffer.take().unwrap();
-    for c in &mut reads[1..] {
-        whole
-            .unsplit(c.buffer.take().unwrap())
-            .expect("adjacent pieces of one region");
+    let pieces = pieces
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (i * chunk, p))
+        .collect();
+    let mut read = read_pieces(&conn, &client.cq, remote, pieces).into_iter();
+    let mut whole = read.next().unwrap();
+    for piece in read {
+        whole.unsplit(piece).expect("adjacent pieces of one region");
     }
     assert_eq!(whole.len(), LEN);
     assert!(
@@ -805,28 +822,9 @@ fn rdma_read_between_vecs_registered_in_place() {
         64
     );
 
-    let pieces = [(0, head), (split, tail)];
-    for (i, (at, piece)) in pieces.into_iter().enumerate() {
-        let len = piece.len();
-        let part = RemoteBuf {
-            addr: remote.addr + at as u64,
-            len: len as u32,
-            rkey: remote.rkey,
-        };
-        conn.post_read(piece, len, part, i as u64)
-            .map_err(|(e, _)| e)
-            .unwrap();
-    }
-    let mut reads = collect(&client.cq, 2);
-    assert!(
-        reads
-            .iter()
-            .all(|c| c.status.is_success() && c.kind == WorkKind::Read),
-        "{reads:?}"
-    );
-    reads.sort_by_key(|c| c.cookie);
-    head = reads[0].buffer.take().unwrap();
-    let tail = reads[1].buffer.take().unwrap();
+    let mut read = read_pieces(&conn, &client.cq, remote, vec![(0, head), (split, tail)]);
+    let tail = read.pop().unwrap();
+    head = read.pop().unwrap();
     // While the tail is still out, the head alone cannot become the Vec.
     head = head
         .into_vec()
