@@ -85,6 +85,13 @@ impl Ep {
         self.inner.cs.local
     }
 
+    /// The largest message this endpoint sends eagerly: `RDMX_EAGER_THRESHOLD`, capped by the
+    /// peer's receive buffer size less the 40-byte header. Larger messages go by rendezvous.
+    /// `None` once the connection is gone.
+    pub fn eager_limit(&self) -> Option<u64> {
+        self.inner.worker.shared.eager_limit(self.inner.cs.id)
+    }
+
     /// The worker this endpoint belongs to.
     pub fn worker(&self) -> &Worker {
         &self.inner.worker

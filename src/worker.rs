@@ -87,6 +87,14 @@ pub struct WorkerStats {
     pub pending_requests: usize,
     /// Messages that arrived before a matching receive.
     pub unexpected_messages: usize,
+    /// User buffers the worker holds for requests not yet handed back (sends in flight,
+    /// posted receives, rendezvous buffers a peer may still read).
+    pub user_buffers: usize,
+    /// Rendezvous READs issued and not yet complete.
+    pub reads_in_flight: usize,
+    /// Connections the worker still tracks, including closed ones whose last work is
+    /// draining (they are reaped once it is done).
+    pub connections: usize,
 }
 
 /// What a completed receive got: the sender's tag and the message length.
@@ -531,11 +539,22 @@ impl Worker {
             rcache_registrations: st.rcache.registrations,
             pending_requests: st.engine.pending_requests(),
             unexpected_messages: st.engine.unexpected_len(),
+            user_buffers: st.user_bufs.len(),
+            reads_in_flight: st.reads.len(),
+            connections: sh.conn_list.read().len(),
         }
     }
 }
 
 impl Shared {
+    pub(crate) fn eager_limit(&self, conn: ConnId) -> Option<u64> {
+        self.state
+            .lock()
+            .engine
+            .conn_stats(conn)
+            .map(|s| s.eager_limit)
+    }
+
     fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
     }

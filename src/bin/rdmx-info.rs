@@ -66,14 +66,28 @@ fn main() -> ExitCode {
                     })
                     .unwrap_or_else(|e| format!("limits unknown: {e}"));
                 let _ = writeln!(o, "  {}: {limits}", d.name());
+                let addrs = d.ip_addrs().unwrap_or_default();
                 match d.ports() {
                     Ok(ports) => {
                         for p in ports {
                             active += usize::from(p.state == "ACTIVE");
+                            let on_port: Vec<String> = addrs
+                                .iter()
+                                .filter(|(port, _)| *port == p.port)
+                                .map(|(_, a)| a.to_string())
+                                .collect();
                             let _ = writeln!(
                                 o,
-                                "    port {}: {} ({}, MTU {})",
-                                p.port, p.state, p.link_layer, p.active_mtu
+                                "    port {}: {} ({}, MTU {}){}",
+                                p.port,
+                                p.state,
+                                p.link_layer,
+                                p.active_mtu,
+                                if on_port.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(", addresses {}", on_port.join(" "))
+                                }
                             );
                         }
                     }

@@ -639,62 +639,303 @@ pub fn typed_messages_and_second_device() {
 /// Peer death: the peer process (this test binary again, in the peer role) is killed with
 /// SIGKILL while a rendezvous send to it is pending; the send fails within 5 s and the
 /// worker's other endpoint keeps working.
-pub fn peer_death_fails_pending_requests() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-    init_log();
-    let ctx = builder().build().unwrap();
-    if let Ok(addr) = std::env::var("RDMX_TEST_PEER_OF") {
-        // The peer role: connect, take one message, say so, then wait to be killed.
-        let worker = new_worker(&ctx);
-        let ep = worker.connect(&addr).unwrap();
-        worker.recv_vec(1, TAG_MASK_ALL).unwrap();
-        println!("READY");
-        thread::sleep(LONG);
-        drop(ep);
-        return;
+/// What a worker and the process hold: compared before and after a failure to show that
+/// nothing leaks (memory regions, file descriptors, buffers, requests, connections).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resources {
+    fds: usize,
+    mrs: rdmx::conn::RegistrationCount,
+    eps: usize,
+    connections: usize,
+    pending_requests: usize,
+    user_buffers: usize,
+    unexpected_messages: usize,
+    send_buffer_bytes: u64,
+    rcache_bytes: u64,
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+/// The resources of `w` and of this process (so run alone: see [`isolated`]).
+pub fn resources(w: &Worker) -> Resources {
+    let s = w.stats();
+    Resources {
+        fds: open_fds(),
+        mrs: rdmx::conn::live_registrations(),
+        eps: s.eps,
+        connections: s.connections,
+        pending_requests: s.pending_requests,
+        user_buffers: s.user_buffers,
+        unexpected_messages: s.unexpected_messages,
+        send_buffer_bytes: s.send_buffer_bytes,
+        rcache_bytes: s.rcache_bytes,
     }
-    let (server, _sep, _client, cep) = pair(&ctx);
-    let listener = server.listen(&format!("{}:0", addr_a())).unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let mut child = Command::new(std::env::current_exe().unwrap())
+}
+
+/// Progresses the test's workers until `w`'s resources are back to `base` (closed
+/// connections are reaped once their last work drains), failing after 10 s.
+pub fn settle(w: &Worker, base: &Resources) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        WORKERS.with(|v| {
+            for w in v.borrow().iter() {
+                w.progress();
+            }
+        });
+        let now = resources(w);
+        if &now == base {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "resources did not return:\n before {base:?}\n after  {now:?}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Runs test `name` in a process of its own with `RDMX_TEST_ROLE=role` (process-wide counts
+/// such as file descriptors and memory regions must not see other tests), and checks it
+/// passed.
+fn isolated(name: &str, role: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--include-ignored",
             "--exact",
-            "peer_death_fails_pending_requests",
+            name,
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("RDMX_TEST_PEER_OF", &addr)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn the peer process");
-    let doomed = listener
-        .next_request(Some(LONG))
-        .unwrap()
-        .expect("the peer process connects")
-        .accept()
-        .unwrap();
-    doomed.send(1, b"hi").unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    assert!(
-        lines.any(|l| l.is_ok_and(|l| l.contains("READY"))),
-        "peer did not start"
+        .env("RDMX_TEST_ROLE", role)
+        .output()
+        .expect("run the test in its own process");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
-    let pending = doomed.tag_send(2, pattern(1 << 20, 2));
-    thread::sleep(Duration::from_millis(100));
-    child.kill().expect("SIGKILL the peer");
-    let killed_at = Instant::now();
-    child.wait().unwrap();
-    let err = finish(pending).expect_err("the peer is dead");
+    println!("{text}");
+    assert!(out.status.success(), "{name} ({role}) failed");
+    assert!(text.contains("1 passed"), "{name} ({role}) did not run");
+}
+
+/// A peer process that dies by SIGKILL while requests on its ep are in flight.
+struct Victim {
+    child: std::process::Child,
+    ep: Ep,
+}
+
+const VICTIM_BIG: usize = 64 << 20;
+
+impl Victim {
+    /// Starts the peer process in `role` and accepts its connection on `listener`; returns once
+    /// the peer said READY (it is then in the middle of its role).
+    fn start(listener: &rdmx::Listener, role: &str) -> Victim {
+        use std::io::{BufRead, BufReader};
+        let addr = listener.local_addr().unwrap().to_string();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--include-ignored",
+                "--exact",
+                "peer_death_fails_pending_requests",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("RDMX_TEST_ROLE", format!("victim:{role}:{addr}"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn the peer process");
+        let ep = listener
+            .next_request(Some(LONG))
+            .unwrap()
+            .expect("the peer process connects")
+            .accept()
+            .unwrap();
+        if role == "rndv-recv" {
+            // Our receive is posted before the peer sends, so we READ at once.
+            return Victim { child, ep };
+        }
+        ep.send(1, b"go").unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        assert!(
+            lines.any(|l| l.is_ok_and(|l| l.contains("READY"))),
+            "peer did not start"
+        );
+        Victim { child, ep }
+    }
+
+    fn kill(mut self) -> (Ep, Instant) {
+        self.child.kill().expect("SIGKILL the peer");
+        let at = Instant::now();
+        self.child.wait().unwrap();
+        (self.ep, at)
+    }
+}
+
+/// The victim's side, in the child process.
+fn victim(role: &str, addr: &str) {
+    let ctx = builder().build().unwrap();
+    let worker = new_worker(&ctx);
+    let ep = worker.connect(addr).unwrap();
+    match role {
+        "eager-stream" => {
+            worker.recv_vec(1, TAG_MASK_ALL).unwrap();
+            println!("READY");
+            // Take the stream slowly, so that the sender has a backlog when we die.
+            loop {
+                worker.recv_vec(2, TAG_MASK_ALL).unwrap();
+                thread::sleep(Duration::from_millis(2));
+            }
+        }
+        "rndv-send" => {
+            worker.recv_vec(1, TAG_MASK_ALL).unwrap();
+            let r = worker.tag_recv(2, TAG_MASK_ALL, vec![0; VICTIM_BIG]);
+            println!("READY");
+            let _ = r.wait();
+        }
+        "rndv-recv" => {
+            worker.recv_vec(1, TAG_MASK_ALL).unwrap();
+            let big = vec![5; VICTIM_BIG];
+            ep.send(4, b"next").unwrap();
+            let s = ep.tag_send(3, big);
+            let _ = s.wait();
+        }
+        other => panic!("unknown victim role {other}"),
+    }
+    thread::sleep(LONG);
+}
+
+/// Waits at most 5 s after `killed_at` for every request; returns their results.
+fn all_within_5s(reqs: Vec<Request>, killed_at: Instant) -> Vec<rdmx::Result<rdmx::Done>> {
+    let deadline = killed_at + Duration::from_secs(5);
+    let mut out = Vec::new();
+    for r in reqs {
+        while !r.wait_for(Duration::from_millis(1)) {
+            assert!(
+                Instant::now() < deadline,
+                "a request on the dead peer's ep is still pending 5 s after SIGKILL: {r:?}"
+            );
+            WORKERS.with(|v| {
+                for w in v.borrow().iter() {
+                    w.progress();
+                }
+            });
+        }
+        out.push(r.wait());
+    }
+    println!("all requests done {:?} after SIGKILL", killed_at.elapsed());
+    out
+}
+
+/// The other endpoint of the worker still works both ways, eager and rendezvous.
+fn still_serves(server: &Worker, cep: &Ep, seed: u8) {
+    for len in [100, 1 << 20] {
+        let r = server.tag_recv(9, TAG_MASK_ALL, vec![0; len]);
+        let s = cep.tag_send(9, pattern(len, seed));
+        assert_eq!(finish(r).unwrap().buf, pattern(len, seed));
+        finish(s).unwrap();
+    }
+}
+
+/// A peer process is SIGKILLed during an eager stream, while it reads a rendezvous message
+/// from us, and while we read one from it. Every pending request on its ep fails within 5 s,
+/// the worker's other ep keeps working, and memory regions, fds, buffers and connections
+/// return to where they were.
+pub fn peer_death_fails_pending_requests() {
+    init_log();
+    let role = std::env::var("RDMX_TEST_ROLE").unwrap_or_default();
+    if let Some(rest) = role.strip_prefix("victim:") {
+        let (role, addr) = rest.split_once(':').unwrap();
+        return victim(role, addr);
+    }
+    if role != "survivor" {
+        return isolated("peer_death_fails_pending_requests", "survivor");
+    }
+    let ctx = builder().build().unwrap();
+    let (server, _sep, _client, cep) = pair(&ctx);
+    let listener = server.listen(&format!("{}:0", addr_a())).unwrap();
+    still_serves(&server, &cep, 1);
+    let base = resources(&server);
+    println!("before: {base:?}");
+
+    // 1. An eager stream: 2000 messages, most waiting for credits when the peer dies.
+    let v = Victim::start(&listener, "eager-stream");
+    let sends: Vec<Request> = (0..2000)
+        .map(|i| v.ep.tag_send(2, vec![i as u8; 200 + (i % 7) * 500]))
+        .collect();
+    let deadline = Instant::now() + LONG;
+    while sends.iter().filter(|r| r.is_done()).count() < 20 {
+        assert!(Instant::now() < deadline, "the stream did not start");
+        server.progress();
+    }
+    let (ep, killed_at) = v.kill();
+    let results = all_within_5s(sends, killed_at);
+    let failed = results.iter().filter(|r| r.is_err()).count();
     println!(
-        "pending send failed {:?} after SIGKILL",
-        killed_at.elapsed()
+        "eager stream: {} delivered, {failed} failed",
+        results.len() - failed
     );
-    assert_eq!(err.status(), Some(Status::ConnectionClosed));
-    assert!(killed_at.elapsed() < Duration::from_secs(5));
-    // The worker's other endpoint is unaffected.
-    let r = server.tag_recv(3, TAG_MASK_ALL, vec![0; 64]);
-    cep.send(3, b"still here").unwrap();
-    assert_eq!(&finish(r).unwrap().buf[..10], b"still here");
+    assert!(failed > 0, "the peer died with nothing pending");
+    for e in results.into_iter().filter_map(|r| r.err()) {
+        assert_eq!(e.status(), Some(Status::ConnectionClosed), "{e}");
+    }
+    drop(ep);
+    still_serves(&server, &cep, 2);
+    settle(&server, &base);
+
+    // 2. The peer is reading our rendezvous message when it dies.
+    let v = Victim::start(&listener, "rndv-send");
+    let send = v.ep.tag_send(2, pattern(VICTIM_BIG, 3));
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(if is_rdma() { 300 } else { 5 }) {
+        server.progress();
+    }
+    assert!(
+        !send.is_done(),
+        "the read finished before the kill; make VICTIM_BIG larger"
+    );
+    let (ep, killed_at) = v.kill();
+    let mut results = all_within_5s(vec![send], killed_at);
+    let mut err = results.remove(0).expect_err("the reader died");
+    assert_eq!(err.status(), Some(Status::ConnectionClosed), "{err}");
+    assert_eq!(err.take_buffer().len(), VICTIM_BIG);
+    drop(ep);
+    still_serves(&server, &cep, 4);
+    settle(&server, &base);
+
+    // 3. We are reading the peer's rendezvous message when it dies.
+    let recv = server.tag_recv(3, TAG_MASK_ALL, vec![0; VICTIM_BIG]);
+    let v = Victim::start(&listener, "rndv-recv");
+    v.ep.send(1, b"go").unwrap();
+    finish(server.tag_recv(4, TAG_MASK_ALL, vec![0; 4])).unwrap();
+    let deadline = Instant::now() + LONG;
+    while server.stats().reads_in_flight == 0 {
+        assert!(Instant::now() < deadline, "the READ did not start");
+        server.progress();
+    }
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(if is_rdma() { 300 } else { 5 }) {
+        server.progress();
+    }
+    assert!(
+        !recv.is_done(),
+        "the read finished before the kill; make VICTIM_BIG larger"
+    );
+    let (ep, killed_at) = v.kill();
+    let mut results = all_within_5s(vec![recv], killed_at);
+    let err = results.remove(0).expect_err("the sender died");
+    println!("receive failed: {err}");
+    assert!(
+        matches!(
+            err.status(),
+            Some(Status::ConnectionClosed) | Some(Status::ReadFailed)
+        ),
+        "{err}"
+    );
+    drop(ep);
+    still_serves(&server, &cep, 5);
+    settle(&server, &base);
 }

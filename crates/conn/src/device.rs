@@ -225,6 +225,45 @@ impl Device {
         })
     }
 
+    /// The IP addresses in the device's GID tables, with the port each is on: what a RoCE
+    /// device answers to (IPv4 addresses appear as IPv4-mapped GIDs). Link-local IPv6 GIDs are
+    /// left out, and so is InfiniBand, whose GIDs are not IP addresses (its IP address is on
+    /// the IPoIB interface).
+    pub fn ip_addrs(&self) -> Result<Vec<(u8, IpAddr)>> {
+        let ports = self.ports()?;
+        let mut entries = vec![sys::ibv_gid_entry::default(); 512];
+        // SAFETY: the context is open; entries is a writable array of entries.len() elements.
+        let n = unsafe {
+            sys::ibv_query_gid_table(self.context(), entries.as_mut_ptr(), entries.len(), 0)
+        };
+        if n < 0 {
+            return Err(Error::from_ret(
+                "ibv_query_gid_table",
+                n as i32,
+                format!("cannot read the GID table of {}", self.name()),
+            ));
+        }
+        let mut addrs = Vec::new();
+        for e in entries.iter().take(n as usize) {
+            let port = e.port_num as u8;
+            let roce = ports
+                .iter()
+                .any(|p| p.port == port && p.link_layer == "Ethernet");
+            // SAFETY: every bit pattern of the union is a valid byte array.
+            let raw = unsafe { e.gid.raw };
+            let v6 = std::net::Ipv6Addr::from(raw);
+            let addr = match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None if v6.segments()[0] & 0xffc0 == 0xfe80 || v6.is_unspecified() => continue,
+                None => IpAddr::V6(v6),
+            };
+            if roce && !addrs.contains(&(port, addr)) {
+                addrs.push((port, addr));
+            }
+        }
+        Ok(addrs)
+    }
+
     /// The state of every port (through `___ibv_query_port`, what the `ibv_query_port` macro calls).
     pub fn ports(&self) -> Result<Vec<PortInfo>> {
         let count = self.limits()?.phys_port_cnt;

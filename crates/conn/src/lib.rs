@@ -59,6 +59,8 @@ pub use cm::{
 pub use cq::{Completion, CompletionQueue, WcStatus, WorkKind};
 pub use device::{Device, DeviceLimits, PortInfo};
 pub use error::{Error, Result};
-pub use memory::{Access, ProtectionDomain, RegisteredBuf, RemoteBuf};
+pub use memory::{
+    live_registrations, Access, ProtectionDomain, RegisteredBuf, RegistrationCount, RemoteBuf,
+};
 pub use poll::{Poller, Waker};
 pub use srq::SharedReceiveQueue;

@@ -21,6 +21,7 @@ use std::alloc::{self, Layout};
 use std::mem;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rdmx_sys as sys;
@@ -274,6 +275,7 @@ impl Region {
             unsafe { alloc::dealloc(base.as_ptr(), layout) };
             return Err(err);
         }
+        count_registration(layout.size());
         Ok(Arc::new(Region {
             mr,
             base,
@@ -330,6 +332,7 @@ impl Region {
             );
             return Err((err, data));
         }
+        count_registration(len);
         Ok(Arc::new(Region {
             mr,
             base,
@@ -374,6 +377,8 @@ impl Region {
             mem::forget(backing);
             return None;
         }
+        LIVE_REGIONS.fetch_sub(1, Ordering::Relaxed);
+        LIVE_BYTES.fetch_sub(self.len, Ordering::Relaxed);
         Some(backing)
     }
 }
@@ -391,6 +396,33 @@ impl Drop for Region {
             Some(Backing::Released) | None => {}
         }
     }
+}
+
+/// Memory regions registered by this process through rdmx-conn and not yet deregistered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RegistrationCount {
+    /// Live memory regions (`ibv_mr`s).
+    pub regions: usize,
+    /// Bytes they cover.
+    pub bytes: usize,
+}
+
+static LIVE_REGIONS: AtomicUsize = AtomicUsize::new(0);
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// How many memory regions this process has registered and not deregistered: the figure leak
+/// tests compare before and after (a region whose deregistration failed stays counted, as its
+/// memory stays leaked).
+pub fn live_registrations() -> RegistrationCount {
+    RegistrationCount {
+        regions: LIVE_REGIONS.load(Ordering::Relaxed),
+        bytes: LIVE_BYTES.load(Ordering::Relaxed),
+    }
+}
+
+fn count_registration(bytes: usize) {
+    LIVE_REGIONS.fetch_add(1, Ordering::Relaxed);
+    LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed);
 }
 
 /// Exclusive ownership of a byte range of registered memory. Derefs to `[u8]`.

@@ -1,0 +1,80 @@
+//! The ping-pong demo over RDMA (Soft-RoCE), as `scripts/demo` shows it: one process on the
+//! auto transport, and a server and a client process. `#[ignore]`d on the host; `scripts/test`
+//! runs it with `--ignored` in the guest, with `RDMX_PINGPONG_BIN` naming the program.
+
+mod pingpong_util;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use pingpong_util::{one_line_error, pingpong_env, pingpong_path, rows, text};
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the device tests through scripts/test (it boots the Soft-RoCE guest)")
+    })
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn one_process_on_the_auto_transport_uses_rdma() {
+    let out = pingpong_env(&["-s", "1,8K,1M", "-n", "10", "--no-progress"], &[]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("# transport rdma, device rxe"), "{stdout}");
+    assert!(stdout.contains("eager up to 8152 B"), "{stdout}");
+    assert_eq!(
+        rows(&stdout),
+        vec![
+            ("1 B".into(), "eager".into(), 10),
+            ("8 KiB".into(), "rndv".into(), 10),
+            ("1 MiB".into(), "rndv".into(), 10),
+        ]
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn server_and_client_processes_over_rdma() {
+    let mut server = Command::new(pingpong_path())
+        .args(["--server", &format!("{}:0", env("SOFTROCE_ADDR_A"))])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("server");
+    let mut line = String::new();
+    BufReader::new(server.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.ends_with("(rdma)\n"), "{line:?}");
+    let addr = line.split_whitespace().nth(3).expect("address").to_string();
+    let out = pingpong_env(
+        &[
+            "--client", &addr, "--bw", "--window", "4", "-s", "8,64K", "-n", "8", "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(doc["transport"], "rdma");
+    assert_eq!(doc["mode"], "bandwidth");
+    let protocols: Vec<&str> = doc["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["protocol"].as_str().unwrap())
+        .collect();
+    assert_eq!(protocols, ["eager", "rndv"]);
+    assert!(server.wait().unwrap().success());
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn nobody_listening_is_one_line() {
+    let addr = format!("{}:1", env("SOFTROCE_ADDR_A"));
+    one_line_error(
+        &pingpong_env(&["--client", &addr, "-s", "8"], &[]),
+        1,
+        &format!("cannot connect to {addr}"),
+    );
+}

@@ -1,0 +1,195 @@
+//! The ping-pong demo (`examples/pingpong`) as a user runs it, over TCP on loopback: the table,
+//! the JSON, bandwidth mode, a separate server and client, and one clear line with a non-zero
+//! exit for every kind of mistake.
+
+mod pingpong_util;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+
+use pingpong_util::{one_line_error, pingpong_env, pingpong_path, rows, text};
+
+/// pingpong over TCP.
+fn pingpong(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut all = vec![("RDMX_TRANSPORT", "tcp")];
+    all.extend_from_slice(env);
+    pingpong_env(args, &all)
+}
+
+#[test]
+fn loopback_prints_the_header_and_one_row_per_size() {
+    let out = pingpong(&["-s", "1,8K,64K", "-n", "20", "--no-progress"], &[]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("# transport tcp"), "{stdout}");
+    assert!(
+        stdout.contains("# RDMX_EAGER_THRESHOLD 8152 B (default); eager up to 8152 B"),
+        "{stdout}"
+    );
+    assert_eq!(
+        rows(&stdout),
+        vec![
+            ("1 B".into(), "eager".into(), 20),
+            ("8 KiB".into(), "rndv".into(), 20),
+            ("64 KiB".into(), "rndv".into(), 20),
+        ]
+    );
+}
+
+#[test]
+fn the_threshold_from_the_environment_moves_the_switch() {
+    let out = pingpong(
+        &["-s", "8K,8K", "-n", "5"],
+        &[
+            ("RDMX_EAGER_THRESHOLD", "16K"),
+            ("RDMX_RECV_BUF_SIZE", "32K"),
+        ],
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("# RDMX_EAGER_THRESHOLD 16384 B (environment); eager up to 16384 B"),
+        "{stdout}"
+    );
+    assert!(rows(&stdout).iter().all(|r| r.1 == "eager"), "{stdout}");
+}
+
+#[test]
+fn json_has_every_figure_per_size() {
+    let out = pingpong(&["-s", "0:4,100K", "-n", "10", "-w", "2", "--json"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(doc["tool"], "rdmx-pingpong");
+    assert_eq!(doc["transport"], "tcp");
+    assert_eq!(doc["mode"], "latency");
+    assert_eq!(doc["eager_threshold"], 8152);
+    assert_eq!(doc["eager_limit"], 8152);
+    let results = doc["results"].as_array().expect("results");
+    let sizes: Vec<u64> = results
+        .iter()
+        .map(|r| r["size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, vec![0, 1, 2, 4, 100 << 10]);
+    for r in results {
+        let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} in {r}"));
+        assert_eq!(r["iterations"], 10);
+        assert_eq!(r["warmup"], 2);
+        assert!(f("min_us") > 0.0 && f("min_us") <= f("p50_us"), "{r}");
+        assert!(f("p50_us") <= f("p99_us"), "{r}");
+        assert!(f("mean_us") >= f("min_us"), "{r}");
+        assert!(f("msgs_per_s") > 0.0, "{r}");
+        let expect = if r["size"].as_u64() <= Some(8152) {
+            "eager"
+        } else {
+            "rndv"
+        };
+        assert_eq!(r["protocol"], expect);
+    }
+}
+
+#[test]
+fn bandwidth_mode_keeps_a_window_outstanding() {
+    let out = pingpong(
+        &[
+            "--bw", "--window", "4", "-s", "4K,256K", "-n", "8", "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(doc["mode"], "bandwidth");
+    assert_eq!(doc["window"], 4);
+    for r in doc["results"].as_array().unwrap() {
+        assert_eq!(r["iterations"], 8, "{r}");
+        let size = r["size"].as_f64().unwrap();
+        let (bps, mps) = (
+            r["bytes_per_s"].as_f64().unwrap(),
+            r["msgs_per_s"].as_f64().unwrap(),
+        );
+        assert!(bps > 0.0 && ((bps / mps) - size).abs() < 1e-6 * size, "{r}");
+    }
+}
+
+#[test]
+fn server_and_client_in_two_processes() {
+    let mut server = Command::new(pingpong_path())
+        .args(["--server", "127.0.0.1:0"])
+        .env("RDMX_TRANSPORT", "tcp")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("server");
+    let mut line = String::new();
+    BufReader::new(server.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    // "pingpong: listening on 127.0.0.1:PORT (tcp)"
+    let addr = line
+        .split_whitespace()
+        .nth(3)
+        .unwrap_or_else(|| panic!("server said {line:?}"))
+        .to_string();
+    assert!(line.ends_with("(tcp)\n"), "{line:?}");
+    let out = pingpong(&["--client", &addr, "-s", "16,1M", "-n", "10"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains(&format!("server {addr}")), "{stdout}");
+    assert_eq!(rows(&stdout).len(), 2);
+    assert!(
+        server.wait().unwrap().success(),
+        "the server exits after its client"
+    );
+}
+
+#[test]
+fn mistakes_give_one_line_and_a_non_zero_exit() {
+    one_line_error(
+        &pingpong(&["--bogus"], &[]),
+        2,
+        "unknown argument `--bogus`",
+    );
+    one_line_error(&pingpong(&["-s", "1:x"], &[]), 2, "`x` is not a size");
+    one_line_error(
+        &pingpong(&["-n", "-3"], &[]),
+        2,
+        "`-3` is not a whole number",
+    );
+    one_line_error(
+        &pingpong(&["--client", "h:99999"], &[]),
+        2,
+        "not a port number",
+    );
+    one_line_error(
+        &pingpong(&["-s", "8"], &[("RDMX_EAGER_THRESHOLD", "banana")]),
+        1,
+        "RDMX_EAGER_THRESHOLD",
+    );
+}
+
+#[test]
+fn an_unreachable_server_is_one_line() {
+    // Port 1 on loopback: nothing listens, the connection is refused.
+    one_line_error(
+        &pingpong(&["--client", "127.0.0.1:1", "-s", "8"], &[]),
+        1,
+        "cannot connect to 127.0.0.1:1",
+    );
+    // A name that does not resolve.
+    one_line_error(
+        &pingpong(&["--client", "no-such-host.invalid", "-s", "8"], &[]),
+        1,
+        "cannot connect to no-such-host.invalid:13337",
+    );
+}
+
+#[test]
+fn help_lists_the_options() {
+    let out = pingpong(&["--help"], &[]);
+    assert!(out.status.success());
+    let s = text(&out.stdout);
+    for opt in [
+        "--server", "--client", "--sizes", "--iters", "--warmup", "--bw", "--window", "--json",
+    ] {
+        assert!(s.contains(opt), "{opt} in {s}");
+    }
+}

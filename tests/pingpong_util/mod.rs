@@ -1,0 +1,81 @@
+//! Running `examples/pingpong` from tests (host and guest) and reading what it prints.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// The pingpong program: `$RDMX_PINGPONG_BIN` if set (the guest run, which must not build),
+/// else built here.
+pub fn pingpong_path() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if let Some(bin) = std::env::var_os("RDMX_PINGPONG_BIN") {
+                return PathBuf::from(bin);
+            }
+            // target/<profile>/deps/pingpong-HASH → target/<profile>/examples/pingpong. `cargo
+            // test` builds the example only as its unit-test harness, so build the program here
+            // (a no-op when it is fresh) rather than run a stale one.
+            let exe = std::env::current_exe().expect("test binary path");
+            let dir = exe
+                .parent()
+                .and_then(|d| d.parent())
+                .expect("target directory");
+            let mut cargo = Command::new(env!("CARGO"));
+            cargo
+                .args(["build", "--quiet", "--example", "pingpong"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if dir.ends_with("release") {
+                cargo.arg("--release");
+            }
+            let ok = cargo
+                .status()
+                .expect("cargo build --example pingpong")
+                .success();
+            assert!(ok, "building examples/pingpong failed");
+            dir.join("examples").join("pingpong")
+        })
+        .clone()
+}
+
+pub fn pingpong_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(pingpong_path());
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run pingpong")
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The rows of the table: (size column, protocol, iterations).
+pub fn rows(stdout: &str) -> Vec<(String, String, usize)> {
+    stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim_start().starts_with("size"))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f.len(), 9, "row {l:?}");
+            (
+                format!("{} {}", f[0], f[1]),
+                f[2].to_string(),
+                f[3].parse().expect("iterations"),
+            )
+        })
+        .collect()
+}
+
+/// Checks that the run failed with `code` and said exactly one line containing `needle`.
+pub fn one_line_error(out: &Output, code: i32, needle: &str) {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr:?}");
+    assert!(stderr.starts_with("pingpong: "), "{stderr:?}");
+    assert!(stderr.contains(needle), "{needle:?} in {stderr:?}");
+    assert!(out.stdout.is_empty());
+}
