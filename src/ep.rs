@@ -103,6 +103,13 @@ impl Ep {
         !self.inner.cs.closing.load(Ordering::Acquire)
     }
 
+    /// Why the endpoint closed, once it has: e.g. `"protocol error: …"` naming what was wrong
+    /// with a peer's frame, `"the peer disconnected …"`, `"connection lost: …"`, or
+    /// `"closed locally"`. `None` while it is connected.
+    pub fn close_reason(&self) -> Option<String> {
+        self.inner.cs.close_reason.lock().clone()
+    }
+
     /// Waits until every send on this endpoint has completed and nothing is left to post,
     /// or `timeout` passes (an [`Error::Timeout`]).
     pub fn flush(&self, timeout: Duration) -> Result<()> {

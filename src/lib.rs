@@ -90,11 +90,16 @@
 //! 18 % faster at 16 KiB, per-operation 6–13 % faster at 64 KiB–4 MiB, within the guest's
 //! noise at 1 MiB).
 //!
-//! What stays readable: a buffer registered per operation is readable by the one peer it was
-//! advertised to, from the RTS until the transfer ends (ATS, cancel or disconnect). A cache
-//! region is readable with its rkey for as long as the worker keeps it, and holds whatever
-//! message was staged in it last; the rkeys of cache regions are only ever sent in RTSs to
-//! this worker's peers. No registration grants REMOTE_WRITE.
+//! What stays readable: only rendezvous *send* buffers are ever remotely readable
+//! (REMOTE_READ); receive buffers, READ targets and send buffers of eager messages are not,
+//! and no registration grants REMOTE_WRITE (rdmx-conn's `Access` cannot express it). A buffer
+//! registered per operation is readable from the RTS until the transfer ends (ATS, cancel or
+//! disconnect), then deregistered: a late READ with its rkey fails. A send-staging region of
+//! the cache stays registered while the worker keeps it, so a peer that was once sent its
+//! rkey can go on reading it, and it holds the rendezvous message staged in it last (only
+//! messages this worker sent, each to one of its peers); regions staging received data are
+//! separate and never remotely readable. Use `RDMX_RNDV_REG=per-op` where peers must not
+//! keep that access.
 //!
 //! ## Threads
 //!
@@ -118,7 +123,17 @@
 //! dies, every pending request on that endpoint completes with
 //! [`Status::ConnectionClosed`] (within seconds: rdmacm reports the disconnect, or the
 //! NIC's retries run out); the worker's other endpoints are untouched. A peer's malformed
-//! frame closes that endpoint only. Errors are [`Error`]; logging goes through `log`.
+//! frame — too long for a receive buffer, a length that disagrees with the bytes, an unknown
+//! opcode or version, an RTS advertising an empty, absurdly large (over 2^47 bytes) or
+//! wrapping buffer — closes that endpoint only, and [`Ep::close_reason`] says what was
+//! wrong. Errors are [`Error`]; logging goes through `log`.
+//!
+//! These promises are tests: a peer process SIGKILLed during an eager stream and during a
+//! rendezvous READ in either direction (every pending request fails within 5 s; memory
+//! regions, file descriptors, buffers and connections return to where they were), 64
+//! endpoints flooding an SRQ of 256 buffers (nothing lost, duplicated or reordered; no RNR),
+//! connect/close churn, hostile frames, and the host suite under valgrind (`scripts/test`;
+//! full-size campaigns in `scripts/stress`, the decoder fuzzing campaign in `scripts/fuzz`).
 
 mod config;
 mod context;

@@ -72,6 +72,8 @@ pub(crate) struct ConnState {
     pub(crate) closing: AtomicBool,
     /// Send requests on this connection not yet completed.
     pub(crate) pending_sends: AtomicUsize,
+    /// Why the connection closed (the first reason recorded wins).
+    pub(crate) close_reason: parking_lot::Mutex<Option<String>>,
 }
 
 impl ConnState {
@@ -86,6 +88,7 @@ impl ConnState {
             local,
             link,
             closing: AtomicBool::new(false),
+            close_reason: parking_lot::Mutex::new(None),
             pending_sends: AtomicUsize::new(0),
         }
     }

@@ -172,7 +172,7 @@ impl UserMem {
                     }
                 }
             }
-            RndvRegistration::Cache => match cache.take(pd, vec.len()) {
+            RndvRegistration::Cache => match cache.take(pd, vec.len(), access) {
                 Ok(mut region) => {
                     if !copy_back {
                         region[..vec.len()].copy_from_slice(&vec);
@@ -292,7 +292,8 @@ impl UserMem {
 /// and remote read, and stay registered while cached. At most `limit` bytes are kept; a
 /// region given back beyond that is deregistered.
 pub(crate) struct RegCache {
-    classes: BTreeMap<usize, Vec<RegisteredBuf>>,
+    /// Free regions by (remote_read, local_write, size class).
+    classes: BTreeMap<(bool, bool, usize), Vec<RegisteredBuf>>,
     cached: u64,
     limit: u64,
     /// Regions registered over the cache's life (for statistics).
@@ -300,10 +301,6 @@ pub(crate) struct RegCache {
 }
 
 const MIN_CLASS: usize = 64 * 1024;
-const CACHE_ACCESS: Access = Access {
-    local_write: true,
-    remote_read: true,
-};
 
 impl RegCache {
     pub(crate) fn new(limit: u64) -> Self {
@@ -319,18 +316,23 @@ impl RegCache {
         len.max(MIN_CLASS).next_power_of_two()
     }
 
+    /// A region of at least `len` bytes with exactly `access`: send staging regions are
+    /// remotely readable and never written by the NIC, receive staging regions are written
+    /// by the NIC and never remotely readable, so the two are never mixed.
     fn take(
         &mut self,
         pd: &ProtectionDomain,
         len: usize,
+        access: Access,
     ) -> Result<RegisteredBuf, rdmx_conn::Error> {
         let class = Self::class(len);
-        if let Some(buf) = self.classes.get_mut(&class).and_then(Vec::pop) {
+        let key = (access.remote_read, access.local_write, class);
+        if let Some(buf) = self.classes.get_mut(&key).and_then(Vec::pop) {
             self.cached -= class as u64;
             return Ok(buf);
         }
         self.registrations += 1;
-        pd.register(class, CACHE_ACCESS)
+        pd.register(class, access)
     }
 
     fn give(&mut self, buf: RegisteredBuf) {
@@ -338,8 +340,12 @@ impl RegCache {
         if !class.is_power_of_two() || self.cached + class as u64 > self.limit {
             return; // dropped: deregistered
         }
+        let access = buf.access();
         self.cached += class as u64;
-        self.classes.entry(class).or_default().push(buf);
+        self.classes
+            .entry((access.remote_read, access.local_write, class))
+            .or_default()
+            .push(buf);
     }
 
     /// Bytes currently cached.

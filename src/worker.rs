@@ -1019,8 +1019,25 @@ impl State {
                 let id = wc.cookie;
                 if !ok {
                     if wc.status != WcStatus::FLUSHED {
-                        log::warn!("receive failed: {}", wc.status.description());
                         out.reposts.push((buf, id));
+                        // The QP is in the error state now: the connection is lost, typically
+                        // because the peer sent more than a receive buffer holds.
+                        let why = format!(
+                            "a receive failed ({}): the peer sent a frame larger than the \
+                             {}-byte receive buffer, or the connection broke",
+                            wc.status.description(),
+                            self.engine.config().recv_buf_size
+                        );
+                        log::warn!("{why}");
+                        let cs = self
+                            .qp_map
+                            .get(&wc.qp_num)
+                            .and_then(|id| self.conns.get(id))
+                            .cloned();
+                        if let Some(cs) = cs {
+                            self.engine.handle_connection_down(cs.id);
+                            self.start_closing(&cs, why, out);
+                        }
                     }
                     return;
                 }
@@ -1129,13 +1146,19 @@ impl State {
                     log::info!("{id:?}: {:?} disconnected ({})", cs.peer, ev.kind.name());
                 }
                 self.engine.handle_connection_down(id);
-                self.start_closing(&cs, out);
+                let why = if ev.kind == CmEventKind::DISCONNECTED {
+                    "the peer disconnected (rdmacm DISCONNECTED)"
+                } else {
+                    "the RDMA device was removed"
+                };
+                self.start_closing(&cs, why.to_string(), out);
             }
             other => log::debug!("{id:?}: {}", other.name()),
         }
     }
 
-    fn start_closing(&mut self, cs: &Arc<ConnState>, out: &mut Outbox) {
+    fn start_closing(&mut self, cs: &Arc<ConnState>, reason: String, out: &mut Outbox) {
+        cs.close_reason.lock().get_or_insert(reason);
         if !cs.closing.swap(true, Ordering::AcqRel) {
             // RDMA disconnects after what is queued is posted; TCP shuts the socket down
             // once everything is written (ConnState::flush).
@@ -1261,12 +1284,22 @@ impl State {
                 }
                 Action::Complete(c) => self.complete(c, out),
                 Action::CloseConnection { conn, reason } => {
+                    let why = match &reason {
+                        CloseReason::Local => "closed locally".to_string(),
+                        CloseReason::ProtocolError(e) => format!("protocol error: {e}"),
+                        CloseReason::PeerError(status) => {
+                            format!("the peer reported an error ({status:?}) and closed")
+                        }
+                        CloseReason::SendFailed => {
+                            "a send or READ failed: the connection is broken".to_string()
+                        }
+                    };
                     match &reason {
                         CloseReason::Local => log::debug!("{conn:?}: closed locally"),
-                        other => log::warn!("{conn:?}: closing: {other:?}"),
+                        _ => log::warn!("{conn:?}: closing: {why}"),
                     }
                     if let Some(cs) = self.conns.get(&conn).cloned() {
-                        self.start_closing(&cs, out);
+                        self.start_closing(&cs, why, out);
                     }
                 }
             }
@@ -1528,14 +1561,14 @@ impl State {
                 if !cs.is_closing() {
                     log::info!("{:?}: {:?} closed: {reason}", cs.id, cs.peer);
                 }
-                self.tcp_down(cs, out);
+                self.tcp_down(cs, format!("connection lost: {reason}"), out);
             }
         }
     }
 
     /// TCP: the link is gone. Its requests fail, its lent buffers come back, and every READ
     /// it owed is reported failed.
-    fn tcp_down(&mut self, cs: &Arc<ConnState>, out: &mut Outbox) {
+    fn tcp_down(&mut self, cs: &Arc<ConnState>, reason: String, out: &mut Outbox) {
         self.engine.handle_connection_down(cs.id);
         if let Some(link) = cs.tcp() {
             for (key, vec) in link.reclaim_all() {
@@ -1553,7 +1586,7 @@ impl State {
         for key in owed {
             self.read_done(key, None, false, true, out);
         }
-        self.start_closing(cs, out);
+        self.start_closing(cs, reason, out);
     }
 
     fn complete(&mut self, c: rdmx_proto::Completion, out: &mut Outbox) {

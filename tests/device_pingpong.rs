@@ -7,7 +7,7 @@ mod pingpong_util;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use pingpong_util::{one_line_error, pingpong_env, pingpong_path, rows, text};
+use pingpong_util::{one_line_error, pingpong_env, pingpong_path, rows, text, KillOnDrop};
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -36,14 +36,16 @@ fn one_process_on_the_auto_transport_uses_rdma() {
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn server_and_client_processes_over_rdma() {
-    let mut server = Command::new(pingpong_path())
-        .args(["--server", &format!("{}:0", env("SOFTROCE_ADDR_A"))])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("server");
+    let mut server = KillOnDrop(
+        Command::new(pingpong_path())
+            .args(["--server", &format!("{}:0", env("SOFTROCE_ADDR_A"))])
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("server"),
+    );
     let mut line = String::new();
-    BufReader::new(server.stderr.take().unwrap())
+    BufReader::new(server.0.stderr.take().unwrap())
         .read_line(&mut line)
         .unwrap();
     assert!(line.ends_with("(rdma)\n"), "{line:?}");
@@ -65,7 +67,7 @@ fn server_and_client_processes_over_rdma() {
         .map(|r| r["protocol"].as_str().unwrap())
         .collect();
     assert_eq!(protocols, ["eager", "rndv"]);
-    assert!(server.wait().unwrap().success());
+    assert!(server.0.wait().unwrap().success());
 }
 
 #[test]

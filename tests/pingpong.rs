@@ -7,7 +7,7 @@ mod pingpong_util;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 
-use pingpong_util::{one_line_error, pingpong_env, pingpong_path, rows, text};
+use pingpong_util::{one_line_error, pingpong_env, pingpong_path, rows, text, KillOnDrop};
 
 /// pingpong over TCP.
 fn pingpong(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -112,15 +112,17 @@ fn bandwidth_mode_keeps_a_window_outstanding() {
 
 #[test]
 fn server_and_client_in_two_processes() {
-    let mut server = Command::new(pingpong_path())
-        .args(["--server", "127.0.0.1:0"])
-        .env("RDMX_TRANSPORT", "tcp")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("server");
+    let mut server = KillOnDrop(
+        Command::new(pingpong_path())
+            .args(["--server", "127.0.0.1:0"])
+            .env("RDMX_TRANSPORT", "tcp")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("server"),
+    );
     let mut line = String::new();
-    BufReader::new(server.stderr.take().unwrap())
+    BufReader::new(server.0.stderr.take().unwrap())
         .read_line(&mut line)
         .unwrap();
     // "pingpong: listening on 127.0.0.1:PORT (tcp)"
@@ -136,7 +138,7 @@ fn server_and_client_in_two_processes() {
     assert!(stdout.contains(&format!("server {addr}")), "{stdout}");
     assert_eq!(rows(&stdout).len(), 2);
     assert!(
-        server.wait().unwrap().success(),
+        server.0.wait().unwrap().success(),
         "the server exits after its client"
     );
 }

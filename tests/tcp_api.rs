@@ -107,3 +107,134 @@ fn garbage_from_a_tcp_peer_closes_only_its_endpoint() {
     assert!(r.wait().unwrap().buf.iter().all(|&b| b == 9));
     s.wait().unwrap();
 }
+
+/// Hostile frames over TCP: a peer with a valid handshake sends one malformed frame. Each
+/// closes that peer's endpoint with a reason naming what was wrong, and another endpoint of
+/// the same worker keeps working (eager and rendezvous).
+#[test]
+fn hostile_frames_close_only_their_endpoint() {
+    use rdmx::proto::wire::{FrameBuf, Header, Opcode, RtsBody};
+    use rdmx::TAG_MASK_ALL;
+    use std::time::{Duration, Instant};
+    let _ = env_logger::builder().is_test(true).try_init();
+    let eager = |payload_len: u32, body: usize| {
+        let mut h = Header::new(Opcode::Eager);
+        h.payload_len = payload_len;
+        let mut v = FrameBuf::encode(&h, None).as_bytes().to_vec();
+        v.resize(v.len() + body, 7);
+        v
+    };
+    let rts = |addr: u64, len: u64| {
+        let mut h = Header::new(Opcode::Rts);
+        h.payload_len = 24;
+        FrameBuf::encode(&h, Some(&RtsBody { addr, rkey: 1, len }))
+            .as_bytes()
+            .to_vec()
+    };
+    let patched = |at: usize, bytes: &[u8]| {
+        let mut v = eager(4, 4);
+        v[at..at + bytes.len()].copy_from_slice(bytes);
+        v
+    };
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "longer than a receive buffer",
+            eager(9000, 9000),
+            "receive buffer",
+        ),
+        (
+            "length disagreeing with the bytes",
+            eager(100, 10),
+            "payload length 100 disagrees",
+        ),
+        ("unknown opcode", patched(3, &[99]), "unknown opcode 99"),
+        (
+            "bad version",
+            patched(2, &[9]),
+            "unsupported protocol version 9",
+        ),
+        ("bad magic", patched(0, &[0xad, 0xde]), "bad magic"),
+        (
+            "shorter than a header",
+            vec![1, 2, 3],
+            "shorter than the 40-byte header",
+        ),
+        ("RTS of 0 bytes", rts(0x1000, 0), "out of range"),
+        ("RTS past 2^47 bytes", rts(0x1000, 1 << 48), "out of range"),
+        (
+            "RTS past the address space",
+            rts(u64::MAX - 10, 100),
+            "out of range",
+        ),
+        (
+            "not a frame at all",
+            b"this is not an rdmx frame at all, not even close".to_vec(),
+            "protocol error",
+        ),
+    ];
+    let ctx = rdmx::Context::builder()
+        .env_lookup(|_| None)
+        .transport(rdmx::Transport::Tcp)
+        .build()
+        .unwrap();
+    let server = ctx.worker().unwrap();
+    let listener = server.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let client = ctx.worker().unwrap();
+    let c = client.clone();
+    let a = addr.clone();
+    let good = std::thread::spawn(move || c.connect(&a).unwrap());
+    let _good_server_side = listener.accept().unwrap();
+    let good = good.join().unwrap();
+    let handshake = rdmx::proto::Engine::new(Default::default())
+        .local_handshake()
+        .encode();
+    for (i, (what, frame, expect)) in cases.into_iter().enumerate() {
+        let a = addr.clone();
+        let hs = handshake.clone();
+        let evil =
+            std::thread::spawn(move || rdmx_tcp::connect(&a, &hs, Duration::from_secs(5)).unwrap());
+        let victim = listener.accept().unwrap();
+        let evil = evil.join().unwrap();
+        evil.queue_frame(&frame, &[]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !evil.flush().unwrap() {
+            assert!(Instant::now() < deadline);
+        }
+        while victim.is_connected() {
+            assert!(Instant::now() < deadline, "{what}: not noticed");
+            server.progress();
+        }
+        let reason = victim.close_reason().unwrap_or_default();
+        println!("{what}: {reason}");
+        assert!(
+            reason.contains(expect),
+            "{what}: {reason:?} should say {expect:?}"
+        );
+        // The hostile peer is disconnected.
+        let mut events = Vec::new();
+        while !events
+            .iter()
+            .any(|e| matches!(e, rdmx_tcp::Event::Closed { .. }))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the peer was not disconnected"
+            );
+            server.progress();
+            let _ = evil.poll(&mut events);
+        }
+        // The good endpoint is untouched, eager and rendezvous.
+        for len in [64, 1 << 20] {
+            let r = server.tag_recv(1, TAG_MASK_ALL, vec![0; len]);
+            let s = good.tag_send(1, vec![i as u8; len]);
+            while !(r.is_done() && s.is_done()) {
+                assert!(Instant::now() < deadline);
+                server.progress();
+                client.progress();
+            }
+            assert!(r.wait().unwrap().buf.iter().all(|&b| b == i as u8));
+            s.wait().unwrap();
+        }
+    }
+}

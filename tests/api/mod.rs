@@ -56,6 +56,8 @@ macro_rules! all_api_tests {
             progress_thread_completes_requests,
             typed_messages_and_second_device,
             peer_death_fails_pending_requests,
+            flood_through_a_small_srq,
+            connect_close_churn_leaks_nothing,
         );
     };
 }
@@ -830,11 +832,16 @@ fn all_within_5s(reqs: Vec<Request>, killed_at: Instant) -> Vec<rdmx::Result<rdm
     out
 }
 
-/// The other endpoint of the worker still works both ways, eager and rendezvous.
-fn still_serves(server: &Worker, cep: &Ep, seed: u8) {
-    for len in [100, 1 << 20] {
+/// The worker's other endpoint still works, both ways: eager (inline and through the send
+/// buffer pool) and rendezvous.
+fn still_serves(server: &Worker, sep: &Ep, client: &Worker, cep: &Ep, seed: u8) {
+    for len in [100, 4000, 1 << 20] {
         let r = server.tag_recv(9, TAG_MASK_ALL, vec![0; len]);
         let s = cep.tag_send(9, pattern(len, seed));
+        assert_eq!(finish(r).unwrap().buf, pattern(len, seed));
+        finish(s).unwrap();
+        let r = client.tag_recv(10, TAG_MASK_ALL, vec![0; len]);
+        let s = sep.tag_send(10, pattern(len, seed));
         assert_eq!(finish(r).unwrap().buf, pattern(len, seed));
         finish(s).unwrap();
     }
@@ -855,9 +862,9 @@ pub fn peer_death_fails_pending_requests() {
         return isolated("peer_death_fails_pending_requests", "survivor");
     }
     let ctx = builder().build().unwrap();
-    let (server, _sep, _client, cep) = pair(&ctx);
+    let (server, sep, client, cep) = pair(&ctx);
     let listener = server.listen(&format!("{}:0", addr_a())).unwrap();
-    still_serves(&server, &cep, 1);
+    still_serves(&server, &sep, &client, &cep, 1);
     let base = resources(&server);
     println!("before: {base:?}");
 
@@ -883,7 +890,7 @@ pub fn peer_death_fails_pending_requests() {
         assert_eq!(e.status(), Some(Status::ConnectionClosed), "{e}");
     }
     drop(ep);
-    still_serves(&server, &cep, 2);
+    still_serves(&server, &sep, &client, &cep, 2);
     settle(&server, &base);
 
     // 2. The peer is reading our rendezvous message when it dies.
@@ -903,7 +910,7 @@ pub fn peer_death_fails_pending_requests() {
     assert_eq!(err.status(), Some(Status::ConnectionClosed), "{err}");
     assert_eq!(err.take_buffer().len(), VICTIM_BIG);
     drop(ep);
-    still_serves(&server, &cep, 4);
+    still_serves(&server, &sep, &client, &cep, 4);
     settle(&server, &base);
 
     // 3. We are reading the peer's rendezvous message when it dies.
@@ -936,6 +943,219 @@ pub fn peer_death_fails_pending_requests() {
         "{err}"
     );
     drop(ep);
-    still_serves(&server, &cep, 5);
+    still_serves(&server, &sep, &client, &cep, 5);
     settle(&server, &base);
+}
+
+fn env_count(var: &str, default: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// RNR (receiver not ready) events the RDMA devices counted, when they expose them
+/// (`hw_counters/*rnr*`); `None` where there is no such counter (TCP, or a device without).
+fn rnr_events() -> Option<u64> {
+    let mut total = None;
+    for dev in std::fs::read_dir("/sys/class/infiniband").ok()?.flatten() {
+        let Ok(ports) = std::fs::read_dir(dev.path().join("ports")) else {
+            continue;
+        };
+        for port in ports.flatten() {
+            let Ok(counters) = std::fs::read_dir(port.path().join("hw_counters")) else {
+                continue;
+            };
+            for c in counters.flatten() {
+                if !c.file_name().to_string_lossy().contains("rnr") {
+                    continue;
+                }
+                if let Some(n) = std::fs::read_to_string(c.path())
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                {
+                    *total.get_or_insert(0) += n;
+                }
+            }
+        }
+    }
+    total
+}
+
+/// The size of message `seq` on ep `ep` in the flood: mostly small eager messages, some at
+/// the threshold, every 97th a rendezvous.
+fn flood_len(ep: usize, seq: usize, threshold: usize) -> usize {
+    match (ep * 7 + seq) % 97 {
+        0 => 20_000 + seq % 1000,
+        1 => threshold,
+        k => (k * 37 + seq) % 1500,
+    }
+}
+
+/// 64 endpoints flood one worker whose SRQ has 256 buffers (4 credits each): every message
+/// arrives once, intact and in order per endpoint; the senders are held back by credits, so
+/// the device counts no RNR (receiver not ready) event. `RDMX_FLOOD_MSGS` messages per
+/// endpoint (CI: 300; `scripts/stress`: 10 000).
+pub fn flood_through_a_small_srq() {
+    init_log();
+    let eps_n = 64;
+    let per_ep = env_count("RDMX_FLOOD_MSGS", 300);
+    let ctx = builder().srq_depth(256).credits(4).build().unwrap();
+    let threshold = ctx.config().eager_threshold() as usize;
+    let (server, _seps, client, ceps) = connect_n(&ctx, &addr_a(), eps_n);
+    let rnr_before = rnr_events();
+    let started = Instant::now();
+    let total = eps_n * per_ep;
+    let sender = thread::spawn(move || {
+        let mut in_flight = std::collections::VecDeque::new();
+        for seq in 0..per_ep {
+            for (ep_i, ep) in ceps.iter().enumerate() {
+                let len = flood_len(ep_i, seq, threshold);
+                let tag = ((ep_i as u64) << 32) | seq as u64;
+                in_flight.push_back(ep.tag_send(tag, pattern(len, (seq ^ ep_i) as u8)));
+                if in_flight.len() >= 512 {
+                    in_flight.pop_front().unwrap().wait().expect("send");
+                }
+            }
+        }
+        for r in in_flight {
+            r.wait().expect("send");
+        }
+        drop(client);
+        ceps
+    });
+    // Receives posted ahead, any tag; they match in the order posted, so waiting for them in
+    // that order sees each endpoint's messages in the order they were matched.
+    let mut next = vec![0usize; eps_n];
+    let mut posted = std::collections::VecDeque::new();
+    let post = |posted: &mut std::collections::VecDeque<Request>| {
+        posted.push_back(server.tag_recv(0, TAG_MASK_ANY, vec![0; 24_000]));
+    };
+    for _ in 0..128.min(total) {
+        post(&mut posted);
+    }
+    for n in 0..total {
+        let done = posted.pop_front().unwrap().wait().expect("receive");
+        if n + posted.len() < total {
+            post(&mut posted);
+        }
+        let (ep_i, seq) = ((done.tag >> 32) as usize, (done.tag & 0xffff_ffff) as usize);
+        assert!(ep_i < eps_n, "tag {:#x}", done.tag);
+        assert_eq!(
+            seq, next[ep_i],
+            "ep {ep_i}: out of order, lost or duplicated"
+        );
+        next[ep_i] += 1;
+        let len = flood_len(ep_i, seq, threshold);
+        assert_eq!(done.length, len);
+        assert!(
+            done.buf[..len] == pattern(len, (seq ^ ep_i) as u8)[..],
+            "ep {ep_i} message {seq}: bytes differ"
+        );
+    }
+    let ceps = sender.join().expect("sender");
+    assert!(next.iter().all(|&n| n == per_ep));
+    assert_eq!(
+        server.stats().unexpected_messages,
+        0,
+        "nothing extra arrived"
+    );
+    let rnr_after = rnr_events();
+    println!(
+        "flood: {total} messages from {eps_n} eps through SRQ 256 in {:?}; RNR events {rnr_before:?} -> {rnr_after:?}",
+        started.elapsed()
+    );
+    if let (Some(a), Some(b)) = (rnr_before, rnr_after) {
+        assert_eq!(
+            b - a,
+            0,
+            "the device saw RNR events: flow control let a sender overrun the SRQ"
+        );
+    } else if is_rdma() {
+        println!("flood: this device exposes no RNR counter");
+    }
+    drop(ceps);
+}
+
+fn rss_kib() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Connect, exchange a message both ways, close: `RDMX_CHURN_CYCLES` times (CI: 200;
+/// `scripts/stress`: 1000). File descriptors, memory regions, the worker's buffers and
+/// connections return to where they were; resident memory stays flat.
+pub fn connect_close_churn_leaks_nothing() {
+    init_log();
+    let role = std::env::var("RDMX_TEST_ROLE").unwrap_or_default();
+    if role != "churn" {
+        return isolated("connect_close_churn_leaks_nothing", "churn");
+    }
+    let cycles = env_count("RDMX_CHURN_CYCLES", 200);
+    let ctx = builder().build().unwrap();
+    let server = new_worker(&ctx);
+    let client = new_worker(&ctx);
+    let listener = server.listen(&format!("{}:0", addr_a())).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let cycle = |i: usize| {
+        let c = client.clone();
+        let a = addr.clone();
+        let t = thread::spawn(move || c.connect(&a).expect("connect"));
+        let sep = listener.accept().expect("accept");
+        let cep = t.join().unwrap();
+        let len = if i % 10 == 0 { 100_000 } else { 100 };
+        let r = server.tag_recv(1, TAG_MASK_ALL, vec![0; len]);
+        let s = cep.tag_send(1, pattern(len, i as u8));
+        assert_eq!(finish(r).unwrap().buf, pattern(len, i as u8));
+        finish(s).unwrap();
+        let r = client.tag_recv(2, TAG_MASK_ALL, vec![0; 8]);
+        sep.send(2, b"bye").unwrap();
+        finish(r).unwrap();
+        if i % 2 == 0 {
+            cep.close().unwrap();
+        } else {
+            sep.close().unwrap();
+        }
+    };
+    // Warm up (pools, caches, allocator), then measure.
+    for i in 0..20 {
+        cycle(i);
+    }
+    let quiet = |w: &Worker| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while w.stats().connections > 0 {
+            assert!(Instant::now() < deadline, "connections were not reaped");
+            server.progress();
+            client.progress();
+            thread::sleep(Duration::from_millis(2));
+        }
+    };
+    quiet(&server);
+    quiet(&client);
+    let (base_s, base_c, rss0) = (resources(&server), resources(&client), rss_kib());
+    let started = Instant::now();
+    for i in 0..cycles {
+        cycle(i);
+    }
+    quiet(&server);
+    quiet(&client);
+    settle(&server, &base_s);
+    settle(&client, &base_c);
+    let rss1 = rss_kib();
+    println!(
+        "churn: {cycles} connect/close cycles in {:?}; RSS {rss0} KiB -> {rss1} KiB; {base_s:?}",
+        started.elapsed()
+    );
+    assert!(
+        rss1 < rss0 + 16 * 1024,
+        "resident memory grew by {} KiB over {cycles} cycles",
+        rss1.saturating_sub(rss0)
+    );
 }

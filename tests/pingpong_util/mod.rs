@@ -79,3 +79,14 @@ pub fn one_line_error(out: &Output, code: i32, needle: &str) {
     assert!(stderr.contains(needle), "{needle:?} in {stderr:?}");
     assert!(out.stdout.is_empty());
 }
+
+/// A child process killed when the test ends, passing or failing (a server whose client
+/// failed must not outlive the test).
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -589,3 +589,29 @@ impl std::fmt::Debug for RegisteredBuf {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_access_right_grants_remote_write_or_atomics() {
+        let forbidden = sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0
+            | sys::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
+        for local_write in [false, true] {
+            for remote_read in [false, true] {
+                let a = Access {
+                    local_write,
+                    remote_read,
+                };
+                assert_eq!(a.verbs_flags() & forbidden, 0, "{a:?}");
+            }
+        }
+        assert_eq!(
+            Access::REMOTE_READ.verbs_flags(),
+            sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+        );
+        assert_eq!(Access::SEND.verbs_flags(), 0);
+    }
+}

@@ -77,6 +77,10 @@ impl WireStatus {
     }
 }
 
+/// The largest message a rendezvous may advertise: 2^47 bytes (128 TiB), beyond any buffer a
+/// process can have today; a larger RTS is malformed.
+pub const MAX_RNDV_LEN: u64 = 1 << 47;
+
 /// Why a byte string is not a valid frame or handshake.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
@@ -117,6 +121,15 @@ pub enum DecodeError {
     /// A reserved field was not zero.
     #[error("reserved field not zero")]
     Reserved,
+    /// An RTS advertising a buffer no sender can have: empty (empty messages go eagerly),
+    /// longer than [`MAX_RNDV_LEN`], or running past the end of the address space.
+    #[error("RTS advertises {len} bytes at {addr:#x}: out of range")]
+    RtsOutOfRange {
+        /// Advertised address.
+        addr: u64,
+        /// Advertised length.
+        len: u64,
+    },
     /// The handshake could not be decoded.
     #[error("bad handshake: {0}")]
     Handshake(String),
@@ -296,10 +309,14 @@ pub fn decode(bytes: &[u8]) -> Result<Frame<'_>, DecodeError> {
             if u32_at(payload, 12) != 0 {
                 return Err(DecodeError::Reserved);
             }
+            let (addr, len) = (u64_at(payload, 0), u64_at(payload, 16));
+            if len == 0 || len > MAX_RNDV_LEN || addr.checked_add(len).is_none() {
+                return Err(DecodeError::RtsOutOfRange { addr, len });
+            }
             Body::Rts(RtsBody {
-                addr: u64_at(payload, 0),
+                addr,
                 rkey: u32_at(payload, 8),
-                len: u64_at(payload, 16),
+                len,
             })
         }
         Opcode::Ats | Opcode::Error | Opcode::Credit => {
@@ -429,5 +446,38 @@ impl Handshake {
             return Err(DecodeError::Handshake(format!("bad magic {:#x}", hs.magic)));
         }
         Ok(hs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rts(addr: u64, len: u64) -> Vec<u8> {
+        let mut h = Header::new(Opcode::Rts);
+        h.payload_len = RTS_BODY_LEN as u32;
+        FrameBuf::encode(&h, Some(&RtsBody { addr, rkey: 7, len }))
+            .as_bytes()
+            .to_vec()
+    }
+
+    #[test]
+    fn rts_must_advertise_a_buffer_that_can_exist() {
+        assert!(matches!(
+            decode(&rts(0x1000, 1)).map(|f| f.body),
+            Ok(Body::Rts(RtsBody {
+                addr: 0x1000,
+                rkey: 7,
+                len: 1
+            }))
+        ));
+        assert!(decode(&rts(u64::MAX - 100, 100)).is_ok());
+        assert!(decode(&rts(0, MAX_RNDV_LEN)).is_ok());
+        for (addr, len) in [(0x1000, 0), (0, MAX_RNDV_LEN + 1), (u64::MAX - 99, 100)] {
+            assert_eq!(
+                decode(&rts(addr, len)).map(|f| f.header),
+                Err(DecodeError::RtsOutOfRange { addr, len })
+            );
+        }
     }
 }
