@@ -30,14 +30,14 @@ fn asking_for_rdma_without_a_device_is_a_clear_error() {
     // The host has no RDMA device (rdmacm lists none); the guest does, so only check there.
     let devices = rdmx::conn::Device::list().unwrap_or_default();
     let result = rdmx::Context::builder()
-        .env_lookup(|_| None)
+        .env_lookup(api::test_env)
         .transport(rdmx::Transport::Rdma)
         .build();
     if devices.is_empty() {
         let err = result.expect_err("no device");
         assert!(err.to_string().contains("RDMX_TRANSPORT=rdma"), "{err}");
         let auto = rdmx::Context::builder()
-            .env_lookup(|_| None)
+            .env_lookup(api::test_env)
             .build()
             .unwrap();
         assert_eq!(auto.transport(), rdmx::Transport::Tcp);
@@ -53,7 +53,7 @@ fn garbage_from_a_tcp_peer_closes_only_its_endpoint() {
     use rdmx::TAG_MASK_ALL;
     use std::time::{Duration, Instant};
     let ctx = rdmx::Context::builder()
-        .env_lookup(|_| None)
+        .env_lookup(api::test_env)
         .transport(rdmx::Transport::Tcp)
         .build()
         .unwrap();
@@ -72,7 +72,7 @@ fn garbage_from_a_tcp_peer_closes_only_its_endpoint() {
         .encode();
     let a = addr.clone();
     let evil = std::thread::spawn(move || {
-        rdmx_tcp::connect(&a, &handshake, Duration::from_secs(5)).unwrap()
+        rdmx_tcp::connect(&a, &handshake, Duration::from_secs(60)).unwrap()
     });
     let victim = listener.accept().unwrap();
     let evil = evil.join().unwrap();
@@ -173,7 +173,7 @@ fn hostile_frames_close_only_their_endpoint() {
         ),
     ];
     let ctx = rdmx::Context::builder()
-        .env_lookup(|_| None)
+        .env_lookup(api::test_env)
         .transport(rdmx::Transport::Tcp)
         .build()
         .unwrap();
@@ -192,8 +192,9 @@ fn hostile_frames_close_only_their_endpoint() {
     for (i, (what, frame, expect)) in cases.into_iter().enumerate() {
         let a = addr.clone();
         let hs = handshake.clone();
-        let evil =
-            std::thread::spawn(move || rdmx_tcp::connect(&a, &hs, Duration::from_secs(5)).unwrap());
+        let evil = std::thread::spawn(move || {
+            rdmx_tcp::connect(&a, &hs, Duration::from_secs(60)).unwrap()
+        });
         let victim = listener.accept().unwrap();
         let evil = evil.join().unwrap();
         evil.queue_frame(&frame, &[]);

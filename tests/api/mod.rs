@@ -78,10 +78,18 @@ fn init_log() {
     let _ = env_logger::builder().is_test(true).try_init();
 }
 
-/// A builder that ignores the process environment (tests set everything explicitly).
+/// The process environment as tests see it: only `RDMX_CONNECT_TIMEOUT_MS`, which slow
+/// runs (valgrind) raise; tests set everything else explicitly.
+pub fn test_env(var: &str) -> Option<String> {
+    (var == rdmx::CONNECT_TIMEOUT_VAR)
+        .then(|| std::env::var(var).ok())
+        .flatten()
+}
+
+/// A builder that ignores the process environment except [`test_env`].
 fn builder() -> ContextBuilder {
     Context::builder()
-        .env_lookup(|_| None)
+        .env_lookup(test_env)
         .transport(crate::net().transport)
         .srq_depth(1024)
         .credits(16)
