@@ -165,6 +165,12 @@ pub struct Config {
     pub(crate) transport: Setting<Transport>,
 }
 
+/// The TCP transport's default eager threshold: 64 KiB less the 40-byte frame header (the
+/// RDMA default is 8152 B, bounded by the SRQ's pre-posted memory; see [`Config`]).
+pub const TCP_EAGER_THRESHOLD: u64 = 64 * 1024 - 40;
+/// The TCP transport's default largest frame a peer may send (`RDMX_RECV_BUF_SIZE`).
+pub const TCP_RECV_BUF_SIZE: u32 = 64 * 1024;
+
 /// `RDMX_EAGER_THRESHOLD`: largest message sent eagerly, in bytes.
 pub const EAGER_THRESHOLD_VAR: &str = rdmx_proto::EAGER_THRESHOLD_VAR;
 /// `RDMX_RECV_BUF_SIZE`: size of each SRQ receive buffer, in bytes.
@@ -220,6 +226,23 @@ impl Config {
     /// Defaults overridden by the variables `lookup` finds (the environment, for
     /// [`crate::Context::new`]). A set but invalid variable is an error naming it, its value
     /// and what is allowed.
+    /// Over TCP the defaults of `RDMX_EAGER_THRESHOLD` and `RDMX_RECV_BUF_SIZE` are
+    /// [`TCP_EAGER_THRESHOLD`] and [`TCP_RECV_BUF_SIZE`] (values set in the environment or
+    /// the builder are kept): a TCP receiver allocates each frame as it arrives, so large
+    /// eager messages cost no pre-posted memory, and the threshold sweep in BENCHMARKS.md
+    /// found eager faster than rendezvous over TCP at every size up to 64 KiB.
+    pub(crate) fn use_transport_defaults(&mut self, transport: crate::Transport) {
+        if transport != crate::Transport::Tcp {
+            return;
+        }
+        if self.eager_threshold.source == Source::Default {
+            self.eager_threshold.value = TCP_EAGER_THRESHOLD;
+        }
+        if self.recv_buf_size.source == Source::Default {
+            self.recv_buf_size.value = TCP_RECV_BUF_SIZE;
+        }
+    }
+
     pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let mut c = Config::default();
         c.apply(lookup, Source::Environment)?;

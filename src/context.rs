@@ -189,6 +189,8 @@ impl ContextBuilder {
             return Err(Error::Config("the connect timeout must be positive".into()));
         }
         let transport = resolve(config.transport())?;
+        config.use_transport_defaults(transport);
+        config.proto()?;
         Ok(Context {
             inner: Arc::new(config),
             transport,

@@ -148,7 +148,8 @@ mod worker;
 pub use config::{
     Config, Entry, RndvRegistration, Source, WaitMode, CONNECT_TIMEOUT_VAR, CREDITS_VAR,
     DEVICE_VAR, EAGER_THRESHOLD_VAR, PROGRESS_THREAD_VAR, RCACHE_SIZE_VAR, RECV_BUF_SIZE_VAR,
-    RNDV_REG_VAR, SEND_BUFS_VAR, SRQ_DEPTH_VAR, TRANSPORT_VAR, WAIT_MODE_VAR,
+    RNDV_REG_VAR, SEND_BUFS_VAR, SRQ_DEPTH_VAR, TCP_EAGER_THRESHOLD, TCP_RECV_BUF_SIZE,
+    TRANSPORT_VAR, WAIT_MODE_VAR,
 };
 pub use context::{Context, ContextBuilder};
 pub use ep::{ConnRequest, Ep, Listener};

@@ -23,14 +23,14 @@ fn loopback_prints_the_header_and_one_row_per_size() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("# transport tcp"), "{stdout}");
     assert!(
-        stdout.contains("# RDMX_EAGER_THRESHOLD 8152 B (default); eager up to 8152 B"),
+        stdout.contains("# RDMX_EAGER_THRESHOLD 65496 B (default); eager up to 65496 B"),
         "{stdout}"
     );
     assert_eq!(
         rows(&stdout),
         vec![
             ("1 B".into(), "eager".into(), 20),
-            ("8 KiB".into(), "rndv".into(), 20),
+            ("8 KiB".into(), "eager".into(), 20),
             ("64 KiB".into(), "rndv".into(), 20),
         ]
     );
@@ -62,8 +62,9 @@ fn json_has_every_figure_per_size() {
     assert_eq!(doc["tool"], "rdmx-pingpong");
     assert_eq!(doc["transport"], "tcp");
     assert_eq!(doc["mode"], "latency");
-    assert_eq!(doc["eager_threshold"], 8152);
-    assert_eq!(doc["eager_limit"], 8152);
+    // TCP's defaults (rdmx::TCP_EAGER_THRESHOLD).
+    assert_eq!(doc["eager_threshold"], 65496);
+    assert_eq!(doc["eager_limit"], 65496);
     let results = doc["results"].as_array().expect("results");
     let sizes: Vec<u64> = results
         .iter()
@@ -78,7 +79,7 @@ fn json_has_every_figure_per_size() {
         assert!(f("p50_us") <= f("p99_us"), "{r}");
         assert!(f("mean_us") >= f("min_us"), "{r}");
         assert!(f("msgs_per_s") > 0.0, "{r}");
-        let expect = if r["size"].as_u64() <= Some(8152) {
+        let expect = if r["size"].as_u64() <= Some(65496) {
             "eager"
         } else {
             "rndv"

@@ -139,8 +139,8 @@ fn hostile_frames_close_only_their_endpoint() {
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
             "longer than a receive buffer",
-            eager(9000, 9000),
-            "receive buffer",
+            eager(70_000, 70_000),
+            "exceeds the 65536-byte receive buffer",
         ),
         (
             "length disagreeing with the bytes",

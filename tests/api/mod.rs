@@ -990,11 +990,11 @@ fn rnr_events() -> Option<u64> {
     total
 }
 
-/// The size of message `seq` on ep `ep` in the flood: mostly small eager messages, some at
-/// the threshold, every 97th a rendezvous.
+/// The size of message `seq` on ep `ep` in the flood: mostly small eager messages, some of
+/// exactly the threshold, every 97th a rendezvous.
 fn flood_len(ep: usize, seq: usize, threshold: usize) -> usize {
     match (ep * 7 + seq) % 97 {
-        0 => 20_000 + seq % 1000,
+        0 => threshold + 1 + seq % 1000,
         1 => threshold,
         k => (k * 37 + seq) % 1500,
     }
@@ -1037,7 +1037,7 @@ pub fn flood_through_a_small_srq() {
     let mut next = vec![0usize; eps_n];
     let mut posted = std::collections::VecDeque::new();
     let post = |posted: &mut std::collections::VecDeque<Request>| {
-        posted.push_back(server.tag_recv(0, TAG_MASK_ANY, vec![0; 24_000]));
+        posted.push_back(server.tag_recv(0, TAG_MASK_ANY, vec![0; threshold + 1001]));
     };
     for _ in 0..128.min(total) {
         post(&mut posted);

@@ -37,6 +37,8 @@ pub const SRQ_DEPTH: u64 = 4096;
 pub const HEADER_BYTES: u64 = rdmx_proto::HEADER_LEN as u64;
 /// rdmx's default eager threshold: the 8 KiB receive buffer minus the header.
 pub const DEFAULT_EAGER_THRESHOLD: u64 = rdmx_proto::config::DEFAULT_EAGER_THRESHOLD;
+/// rdmx's default eager threshold over TCP (`rdmx::TCP_EAGER_THRESHOLD`).
+pub const TCP_EAGER_THRESHOLD: u64 = 64 * 1024 - HEADER_BYTES;
 
 /// Where `report` reads and writes.
 #[derive(Debug, Clone, PartialEq)]
@@ -912,43 +914,62 @@ fn sweep_section(out: &mut String, data: &RunData) {
         return;
     }
 
-    // The default and the memory argument.
-    let lat_doc = data.rdma.lat.doc.as_ref();
-    let (default, source) = match lat_doc.and_then(|d| d.eager_threshold.or(d.eager_limit)) {
-        Some(d) => (d, "as `guest/rdmx-lat.json` reports it".to_string()),
-        None => (
-            DEFAULT_EAGER_THRESHOLD,
-            "rdmx's built-in default; `guest/rdmx-lat.json` does not report one".to_string(),
-        ),
+    // The defaults and the memory argument, per transport.
+    let default_of = |tcp: bool| {
+        let (doc, file) = if tcp {
+            (data.tcp.lat.doc.as_ref(), "host/rdmx-lat.json")
+        } else {
+            (data.rdma.lat.doc.as_ref(), "guest/rdmx-lat.json")
+        };
+        match doc.and_then(|d| d.eager_threshold.or(d.eager_limit)) {
+            Some(d) => (d, format!("as `{file}` reports it")),
+            None if tcp => (
+                TCP_EAGER_THRESHOLD,
+                format!("rdmx's built-in TCP default; `{file}` does not report one"),
+            ),
+            None => (
+                DEFAULT_EAGER_THRESHOLD,
+                format!("rdmx's built-in default; `{file}` does not report one"),
+            ),
+        }
     };
-    let mut p = String::new();
-    let _ = write!(
-        p,
-        "**Default vs data.** The eager threshold is {default} B ({source})"
-    );
-    if default == DEFAULT_EAGER_THRESHOLD {
-        p.push_str(": the 8 KiB receive buffer minus the 40 B message header");
-    }
-    let _ = write!(
-        p,
-        ". Eager messages land in pre-posted receive buffers, so receive memory per worker is \
-         SRQ depth × buffer size = {SRQ_DEPTH} × {} = {}; a threshold T needs buffers of \
-         T + {HEADER_BYTES} B, i.e. {SRQ_DEPTH} × (T + {HEADER_BYTES}) B per worker. ",
-        fmt_bytes(default + HEADER_BYTES),
-        mem(default)
-    );
+    let mut p = String::from("**Default vs data.** ");
     let mut verdicts = Vec::new();
     for (title, c) in &results {
+        let tcp = title.starts_with("TCP");
+        let (default, source) = default_of(tcp);
+        let mut intro = format!("{title}: the eager threshold was {default} B ({source})");
+        if tcp {
+            intro.push_str(
+                ". A TCP receiver allocates each frame as it arrives, so a larger threshold \
+                 costs no pre-posted memory (at most credits × frame size per connection while \
+                 messages are in flight), and rdmx's TCP default is 64 KiB − 40 B = \
+                 65496 B. ",
+            );
+        } else {
+            if default == DEFAULT_EAGER_THRESHOLD {
+                intro.push_str(": the 8 KiB receive buffer minus the 40 B message header");
+            }
+            let _ = write!(
+                intro,
+                ". Eager messages land in buffers pre-posted on the SRQ, so receive memory per \
+                 worker is SRQ depth × buffer size = {SRQ_DEPTH} × {} = {}; a threshold T \
+                 needs buffers of T + {HEADER_BYTES} B, i.e. {SRQ_DEPTH} × (T + {HEADER_BYTES}) \
+                 B per worker. ",
+                fmt_bytes(default + HEADER_BYTES),
+                mem(default)
+            );
+        }
         let v = verdict(c, default);
         let s = match (&v, c) {
             (Verdict::Lower(s), _) => format!(
-                "{title}: rendezvous already wins at {} ≤ {default} B, so the data suggests a \
+                "Rendezvous already wins at {} ≤ {default} B, so the data suggests a \
                  threshold below {} (which would also shrink receive buffers).",
                 format_size(*s),
                 format_size(*s)
             ),
             (Verdict::Raise(t), Crossover::At { size, .. }) => format!(
-                "{title}: eager stays faster up to {} and loses from {}, so the data suggests \
+                "Eager stays faster up to {} and loses from {}, so the data suggests \
                  raising the threshold to about {}, at {} of receive memory per worker instead \
                  of {}.",
                 format_size(*t),
@@ -957,9 +978,15 @@ fn sweep_section(out: &mut String, data: &RunData) {
                 mem(*t),
                 mem(default)
             ),
+            (Verdict::Raise(t), _) if tcp => format!(
+                "Eager is not slower than rendezvous up to {} (above that threshold), and over \
+                 TCP that costs no memory up front: the data supports a threshold of at least {}.",
+                format_size(*t),
+                format_size(*t),
+            ),
             (Verdict::Raise(t), _) => format!(
-                "{title}: eager is not slower than rendezvous up to {} (above the default), so \
-                 a threshold of at least {} would not cost latency; it would cost {} of receive \
+                "Eager is not slower than rendezvous up to {} (above that threshold), so a \
+                 threshold of at least {} would not cost latency; it would cost {} of receive \
                  memory per worker instead of {} — the data suggests raising it only where that \
                  memory is affordable.",
                 format_size(*t),
@@ -968,20 +995,20 @@ fn sweep_section(out: &mut String, data: &RunData) {
                 mem(default)
             ),
             (Verdict::Supports, Crossover::At { size, below, .. }) => format!(
-                "{title}: the crossover lies between {} and {}, bracketing the default: the \
+                "The crossover lies between {} and {}, bracketing the default: the \
                  data supports it.",
                 below.map_or("the smallest size".to_string(), format_size),
                 format_size(*size)
             ),
-            (Verdict::Supports, _) => format!("{title}: the data supports the default."),
+            (Verdict::Supports, _) => "The data supports that threshold.".to_string(),
             (Verdict::Inconclusive, _) => format!(
-                "{title}: the sweep does not reach past the default or lacks the runs needed, \
+                "The sweep does not reach past the default or lacks the runs needed, \
                  so it neither supports nor contradicts it."
             ),
         };
-        verdicts.push(s);
+        verdicts.push(format!("{intro}{s}"));
     }
-    p.push_str(&verdicts.join(" "));
+    p.push_str(&verdicts.join("\n\n"));
     let _ = writeln!(out, "{p}\n");
 }
 

@@ -125,7 +125,7 @@ fn report_from_fixture() {
     assert!(md.contains("| 16 KiB | 1200 r | 1210 r | 1300 e |"));
     assert!(md.contains("crossover at **16 KiB**"));
     assert!(md.contains("4096 × 8 KiB = 32 MiB"));
-    assert!(md.contains("the crossover lies between 4 KiB and 16 KiB, bracketing the default"));
+    assert!(md.contains("The crossover lies between 4 KiB and 16 KiB, bracketing the default"));
     assert!(md.contains("Not measured (no `host/threshold-<T>.json`)."));
 
     // Plots, linked relative to the Markdown file's directory.
