@@ -1001,10 +1001,10 @@ fn sweep_section(out: &mut String, data: &RunData) {
                 format_size(*size)
             ),
             (Verdict::Supports, _) => "The data supports that threshold.".to_string(),
-            (Verdict::Inconclusive, _) => format!(
-                "The sweep does not reach past the default or lacks the runs needed, \
-                 so it neither supports nor contradicts it."
-            ),
+            (Verdict::Inconclusive, _) => "The sweep does not reach past the default or lacks \
+                                           the runs needed, so it neither supports nor \
+                                           contradicts it."
+                .to_string(),
         };
         verdicts.push(format!("{intro}{s}"));
     }
