@@ -229,8 +229,9 @@ impl Config {
     /// Over TCP the defaults of `RDMX_EAGER_THRESHOLD` and `RDMX_RECV_BUF_SIZE` are
     /// [`TCP_EAGER_THRESHOLD`] and [`TCP_RECV_BUF_SIZE`] (values set in the environment or
     /// the builder are kept): a TCP receiver allocates each frame as it arrives, so large
-    /// eager messages cost no pre-posted memory, and the threshold sweep in BENCHMARKS.md
-    /// found eager faster than rendezvous over TCP at every size up to 64 KiB.
+    /// eager messages cost no pre-posted memory, and the threshold sweeps (BENCHMARKS.md)
+    /// found eager faster than rendezvous over TCP at every size up to 32 KiB and about even
+    /// at 64 KiB.
     pub(crate) fn use_transport_defaults(&mut self, transport: crate::Transport) {
         if transport != crate::Transport::Tcp {
             return;
