@@ -4,10 +4,7 @@
 
 mod pingpong_util;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-
-use pingpong_util::{one_line_error, pingpong_env, pingpong_path, rows, text, KillOnDrop};
+use pingpong_util::{one_line_error, pingpong_env, rows, start_server, text};
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -36,20 +33,7 @@ fn one_process_on_the_auto_transport_uses_rdma() {
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn server_and_client_processes_over_rdma() {
-    let mut server = KillOnDrop(
-        Command::new(pingpong_path())
-            .args(["--server", &format!("{}:0", env("SOFTROCE_ADDR_A"))])
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("server"),
-    );
-    let mut line = String::new();
-    BufReader::new(server.0.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.ends_with("(rdma)\n"), "{line:?}");
-    let addr = line.split_whitespace().nth(3).expect("address").to_string();
+    let (mut server, addr) = start_server(&format!("{}:0", env("SOFTROCE_ADDR_A")), &[], "rdma");
     let out = pingpong_env(
         &[
             "--client", &addr, "--bw", "--window", "4", "-s", "8,64K", "-n", "8", "--json",

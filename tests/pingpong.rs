@@ -4,10 +4,9 @@
 
 mod pingpong_util;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-use pingpong_util::{one_line_error, pingpong_env, pingpong_path, rows, text, KillOnDrop};
+use pingpong_util::{one_line_error, pingpong_env, rows, start_server, text};
 
 /// pingpong over TCP.
 fn pingpong(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -113,26 +112,7 @@ fn bandwidth_mode_keeps_a_window_outstanding() {
 
 #[test]
 fn server_and_client_in_two_processes() {
-    let mut server = KillOnDrop(
-        Command::new(pingpong_path())
-            .args(["--server", "127.0.0.1:0"])
-            .env("RDMX_TRANSPORT", "tcp")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("server"),
-    );
-    let mut line = String::new();
-    BufReader::new(server.0.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    // "pingpong: listening on 127.0.0.1:PORT (tcp)"
-    let addr = line
-        .split_whitespace()
-        .nth(3)
-        .unwrap_or_else(|| panic!("server said {line:?}"))
-        .to_string();
-    assert!(line.ends_with("(tcp)\n"), "{line:?}");
+    let (mut server, addr) = start_server("127.0.0.1:0", &[("RDMX_TRANSPORT", "tcp")], "tcp");
     let out = pingpong(&["--client", &addr, "-s", "16,1M", "-n", "10"], &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);

@@ -46,68 +46,6 @@ fn asking_for_rdma_without_a_device_is_a_clear_error() {
     }
 }
 
-/// Garbage from a peer over TCP closes that endpoint only, with a clear error; the
-/// worker's other endpoint keeps working.
-#[test]
-fn garbage_from_a_tcp_peer_closes_only_its_endpoint() {
-    use rdmx::TAG_MASK_ALL;
-    use std::time::{Duration, Instant};
-    let ctx = rdmx::Context::builder()
-        .env_lookup(api::test_env)
-        .transport(rdmx::Transport::Tcp)
-        .build()
-        .unwrap();
-    let server = ctx.worker().unwrap();
-    let listener = server.listen("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let client = ctx.worker().unwrap();
-    let c = client.clone();
-    let a = addr.clone();
-    let good = std::thread::spawn(move || c.connect(&a).unwrap());
-    let _good_server_side = listener.accept().unwrap();
-    let good = good.join().unwrap();
-    // A hostile peer: a valid rdmx handshake, then a frame that is not one.
-    let handshake = rdmx::proto::Engine::new(Default::default())
-        .local_handshake()
-        .encode();
-    let a = addr.clone();
-    let evil = std::thread::spawn(move || {
-        rdmx_tcp::connect(&a, &handshake, Duration::from_secs(60)).unwrap()
-    });
-    let victim = listener.accept().unwrap();
-    let evil = evil.join().unwrap();
-    evil.queue_frame(b"this is not an rdmx frame at all, not even close", &[]);
-    while !evil.flush().unwrap() {}
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while victim.is_connected() {
-        assert!(Instant::now() < deadline, "the garbage was not noticed");
-        server.progress();
-    }
-    // The hostile peer sees its connection closed.
-    let mut events = Vec::new();
-    while !events
-        .iter()
-        .any(|e| matches!(e, rdmx_tcp::Event::Closed { .. }))
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the hostile peer was not disconnected"
-        );
-        server.progress();
-        evil.poll(&mut events).unwrap();
-    }
-    // The good endpoint is untouched.
-    let r = server.tag_recv(1, TAG_MASK_ALL, vec![0; 1 << 20]);
-    let s = good.tag_send(1, vec![9; 1 << 20]);
-    while !(r.is_done() && s.is_done()) {
-        assert!(Instant::now() < deadline);
-        server.progress();
-        client.progress();
-    }
-    assert!(r.wait().unwrap().buf.iter().all(|&b| b == 9));
-    s.wait().unwrap();
-}
-
 /// Hostile frames over TCP: a peer with a valid handshake sends one malformed frame. Each
 /// closes that peer's endpoint with a reason naming what was wrong, and another endpoint of
 /// the same worker keeps working (eager and rendezvous).

@@ -90,3 +90,29 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Starts `pingpong --server ADDR` with `env`; returns the process and the address it says it
+/// listens on, after checking it names `transport` ("pingpong: listening on ADDR (tcp)").
+pub fn start_server(addr: &str, env: &[(&str, &str)], transport: &str) -> (KillOnDrop, String) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut cmd = Command::new(pingpong_path());
+    cmd.args(["--server", addr])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut server = KillOnDrop(cmd.spawn().expect("start the pingpong server"));
+    let mut line = String::new();
+    BufReader::new(server.0.stderr.take().expect("server stderr"))
+        .read_line(&mut line)
+        .expect("the server's first line");
+    assert!(line.ends_with(&format!("({transport})\n")), "{line:?}");
+    let bound = line
+        .split_whitespace()
+        .nth(3)
+        .unwrap_or_else(|| panic!("server said {line:?}"))
+        .to_string();
+    (server, bound)
+}
