@@ -12,7 +12,16 @@ use rdmx::{
     TAG_MASK_ALL, TAG_MASK_ANY,
 };
 
-const LONG: Duration = Duration::from_secs(30);
+/// How long a test waits for something that should happen before calling it hung: 30 s, or
+/// `RDMX_TEST_TIMEOUT_S` for slow runs (valgrind). A bound against hangs, never a timing
+/// assertion.
+pub fn long() -> Duration {
+    let secs = std::env::var("RDMX_TEST_TIMEOUT_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    Duration::from_secs(secs)
+}
 
 /// Where a test binary runs the suite.
 pub struct Net {
@@ -111,11 +120,12 @@ fn new_worker(ctx: &Context) -> Worker {
 /// test's other workers are progressed meanwhile: one thread plays both sides, and over
 /// TCP a rendezvous also needs the sender's progress (it streams the data).
 fn finish(r: Request) -> rdmx::Result<rdmx::Done> {
-    let deadline = Instant::now() + LONG;
+    let deadline = Instant::now() + long();
     while !r.wait_for(Duration::from_millis(1)) {
         assert!(
             Instant::now() < deadline,
-            "request did not complete within {LONG:?}: {r:?}"
+            "request did not complete within {:?}: {r:?}",
+            long()
         );
         WORKERS.with(|v| {
             for w in v.borrow().iter() {
@@ -184,7 +194,7 @@ fn sizes_roundtrip(ctx: &Context, expected: bool) {
         .collect();
     if !expected {
         // Let every message arrive (eager data, or the RTS of rendezvous) before receiving.
-        let deadline = Instant::now() + LONG;
+        let deadline = Instant::now() + long();
         while server.stats().unexpected_messages < sizes.len() {
             assert!(Instant::now() < deadline, "messages did not all arrive");
             server.progress();
@@ -300,7 +310,7 @@ pub fn wildcard_and_masked_tags() {
     }
     let recv = |tag, mask| {
         let r = server.tag_recv(tag, mask, vec![0; 8]);
-        assert!(r.wait_for(LONG));
+        assert!(r.wait_for(long()));
         let d = finish(r).unwrap();
         (
             d.tag,
@@ -365,7 +375,7 @@ pub fn cancel_receive_and_rendezvous_send() {
     let big = pattern(1 << 20, 9);
     let s = cep.tag_send(2, big.clone());
     // Let the RTS arrive.
-    let deadline = Instant::now() + LONG;
+    let deadline = Instant::now() + long();
     while server.probe(2, TAG_MASK_ALL).is_none() {
         assert!(Instant::now() < deadline);
     }
@@ -383,7 +393,7 @@ pub fn cancel_receive_and_rendezvous_send() {
     if is_rdma() {
         // On RC a READ refused by the peer's NIC puts the QP in the error state: the
         // connection is lost on both sides, and says so.
-        let deadline = Instant::now() + LONG;
+        let deadline = Instant::now() + long();
         while cep.is_connected() || sep.is_connected() {
             assert!(
                 Instant::now() < deadline,
@@ -444,7 +454,7 @@ pub fn several_threads_send_on_one_worker() {
     let mut next: HashMap<u64, u64> = HashMap::new();
     for _ in 0..THREADS * PER {
         let r = server.tag_recv(0, TAG_MASK_ANY, vec![0; thr * 3]);
-        assert!(r.wait_for(LONG), "a message went missing");
+        assert!(r.wait_for(long()), "a message went missing");
         let d = finish(r).unwrap();
         let (t, i) = (d.tag >> 32, d.tag & 0xffff_ffff);
         let seq = u64::from_le_bytes(d.buf[..8].try_into().unwrap());
@@ -524,7 +534,7 @@ pub fn peer_close_fails_pending_requests_only_on_that_ep() {
     let (server, mut seps, _client, ceps) = connect_n(&ctx, &addr_a(), 2);
     // A rendezvous send on ep 0 that the peer never receives, then the peer closes ep 0.
     let pending = ceps[0].tag_send(1, pattern(1 << 20, 1));
-    let deadline = Instant::now() + LONG;
+    let deadline = Instant::now() + long();
     while server.probe(1, TAG_MASK_ALL).is_none() {
         assert!(Instant::now() < deadline);
     }
@@ -568,7 +578,7 @@ pub fn connect_failures_are_errors() {
     let addr = listener.local_addr().unwrap().to_string();
     let t = thread::spawn(move || worker.connect(&addr).expect_err("rejected"));
     listener
-        .next_request(Some(LONG))
+        .next_request(Some(long()))
         .unwrap()
         .expect("a request")
         .reject()
@@ -590,7 +600,7 @@ pub fn progress_thread_completes_requests() {
     let r = server.tag_recv(1, TAG_MASK_ALL, vec![0; 1 << 20]);
     let s = cep.tag_send(1, pattern(1 << 20, 4));
     // Nobody calls progress or wait: the progress threads complete both.
-    let deadline = Instant::now() + LONG;
+    let deadline = Instant::now() + long();
     while !(r.is_done() && s.is_done()) {
         assert!(
             Instant::now() < deadline,
@@ -758,7 +768,7 @@ impl Victim {
             .spawn()
             .expect("spawn the peer process");
         let ep = listener
-            .next_request(Some(LONG))
+            .next_request(Some(long()))
             .unwrap()
             .expect("the peer process connects")
             .accept()
@@ -815,7 +825,7 @@ fn victim(role: &str, addr: &str) {
         }
         other => panic!("unknown victim role {other}"),
     }
-    thread::sleep(LONG);
+    thread::sleep(long());
 }
 
 /// Waits at most 5 s after `killed_at` for every request; returns their results.
@@ -881,7 +891,7 @@ pub fn peer_death_fails_pending_requests() {
     let sends: Vec<Request> = (0..2000)
         .map(|i| v.ep.tag_send(2, vec![i as u8; 200 + (i % 7) * 500]))
         .collect();
-    let deadline = Instant::now() + LONG;
+    let deadline = Instant::now() + long();
     while sends.iter().filter(|r| r.is_done()).count() < 20 {
         assert!(Instant::now() < deadline, "the stream did not start");
         server.progress();
@@ -926,7 +936,7 @@ pub fn peer_death_fails_pending_requests() {
     let v = Victim::start(&listener, "rndv-recv");
     v.ep.send(1, b"go").unwrap();
     finish(server.tag_recv(4, TAG_MASK_ALL, vec![0; 4])).unwrap();
-    let deadline = Instant::now() + LONG;
+    let deadline = Instant::now() + long();
     while server.stats().reads_in_flight == 0 {
         assert!(Instant::now() < deadline, "the READ did not start");
         server.progress();
