@@ -7,6 +7,7 @@
 //! waiting for a request each take a deadline instead of blocking on the CM's own retries, and
 //! a connection's channel fd can be watched for the peer's disconnect.
 
+use std::mem;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::ptr;
@@ -19,6 +20,7 @@ use crate::cq::{new_owner, poll_readable, set_nonblocking, CompletionQueue, Owne
 use crate::device::Device;
 use crate::memory::{ProtectionDomain, RegisteredBuf, RemoteBuf};
 use crate::srq::SharedReceiveQueue;
+use crate::window::MemoryWindow;
 use crate::{Error, Result};
 
 /// Most private data a connect request carries over IB/RoCE (the CM's REQ keeps 36 of its 92
@@ -924,6 +926,54 @@ impl Connection {
             .map_err(|(e, b)| (e, b.expect("the buffer comes back with the error")))
     }
 
+    /// Binds `window` on this connection's QP: once the bind has run (work requests run in
+    /// order, so before anything posted after it), the peer of this connection — and no
+    /// other — may RDMA READ the window's bytes with [`MemoryWindow::rkey`] until the window
+    /// is dropped. Its completion has [`WorkKind::Bind`] and no buffer. A window is bound
+    /// once.
+    pub fn post_bind(&self, window: &MemoryWindow, cookie: u64) -> Result<()> {
+        if window.pd_ptr() != self.config.pd.inner.pd {
+            return Err(Error::invalid(
+                "ibv_post_send",
+                "the memory window's region is in another protection domain than the QP",
+            ));
+        }
+        if !window.claim_bind() {
+            return Err(Error::invalid(
+                "ibv_post_send",
+                "this memory window was already bound (a type-2 window binds once)",
+            ));
+        }
+        let wr_id = self
+            .config
+            .cq
+            .record_bind(self.owner, cookie, window.inner.clone());
+        let mut wr = sys::ibv_send_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: ptr::null_mut(),
+            num_sge: 0,
+            opcode: sys::ibv_wr_opcode::IBV_WR_BIND_MW,
+            send_flags: sys::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        wr.__bindgen_anon_2.bind_mw = window.bind_wr();
+        let mut bad = ptr::null_mut();
+        // SAFETY: the QP is valid and wr lives across the call. The window and the region it
+        // exposes stay alive (the record just made holds the window, the window its region)
+        // until the bind's completion is polled or the QP is destroyed.
+        let ret = unsafe { sys::ibv_post_send(self.qp(), &mut wr, &mut bad) };
+        if ret != 0 {
+            self.config.cq.unrecord(wr_id);
+            return Err(Error::from_ret(
+                "ibv_post_send",
+                ret,
+                format!("cannot bind a memory window on qp {}", self.qp_num),
+            ));
+        }
+        Ok(())
+    }
+
     /// Posts a receive on the connection's own receive queue (only for connections made
     /// without an SRQ; with one, post on the SRQ).
     pub fn post_recv(&self, buf: RegisteredBuf, cookie: u64) -> Result<(), (Error, RegisteredBuf)> {
@@ -1004,10 +1054,32 @@ impl SendWork<'_> {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        // SAFETY: the id is valid and has the QP we created; destroying it first means the NIC
-        // no longer uses any buffer posted on it, so their records can be dropped.
-        unsafe { sys::rdma_destroy_qp(self.raw.id()) };
-        self.config.cq.forget_owner(self.owner);
+        let qp = self.qp();
+        let ret = if crate::fault::take_qp_destroy_failure() {
+            libc::EBUSY
+        } else {
+            // SAFETY: qp is the QP rdma_create_qp made for this id, destroyed once, here.
+            // (rdma_destroy_qp would do the same but ignore a failure.)
+            unsafe { sys::ibv_destroy_qp(qp) }
+        };
+        if ret != 0 {
+            // The QP may still be live: the NIC may go on writing the buffers posted on it,
+            // and it still uses the CQ, SRQ and PD. Leak all of them rather than free memory
+            // the NIC may touch; the id is destroyed without its QP.
+            let leaked = self.config.cq.leak_owner(self.owner);
+            log::error!(
+                "ibv_destroy_qp of qp {} failed ({}): leaking its {leaked} posted buffers",
+                self.qp_num,
+                std::io::Error::from_raw_os_error(ret)
+            );
+            mem::forget(self.config.clone());
+        } else {
+            // The NIC no longer uses any buffer posted on the QP: their records can be dropped.
+            self.config.cq.forget_owner(self.owner);
+        }
+        // SAFETY: the id is valid; its QP is destroyed (or deliberately leaked), so the id
+        // must not refer to it any more.
+        unsafe { (*self.raw.id()).qp = ptr::null_mut() };
         // Then `raw` destroys the id (the kernel sends a DREQ if still connected) and its
         // channel, and the PD, CQ and SRQ references are released.
     }

@@ -5,6 +5,7 @@
 //! given to the NIC is the record's slot and generation, so a completion finds its buffer again
 //! and hands it back; a stale completion (of a QP already destroyed) finds nothing and is dropped.
 
+use std::mem;
 use std::os::fd::{AsRawFd, RawFd};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -16,6 +17,7 @@ use rdmx_sys as sys;
 
 use crate::device::Device;
 use crate::memory::RegisteredBuf;
+use crate::window::WindowInner;
 use crate::{Error, Result};
 
 /// How many completion events are collected before `ibv_ack_cq_events` is called.
@@ -34,6 +36,8 @@ pub enum WorkKind {
     Read,
     /// An RDMA WRITE.
     Write,
+    /// The bind of a memory window ([`crate::Connection::post_bind`]).
+    Bind,
 }
 
 /// A work completion status (`ibv_wc_status`).
@@ -107,6 +111,9 @@ struct Pending {
     kind: WorkKind,
     cookie: u64,
     buffer: Option<RegisteredBuf>,
+    /// The window a posted bind binds: kept (not deallocated) until the bind completes or
+    /// its QP is destroyed.
+    window: Option<Arc<WindowInner>>,
 }
 
 #[derive(Default)]
@@ -152,18 +159,17 @@ impl WorkTable {
         Some(pending)
     }
 
-    /// Drops every record of `owner`; called once its QP or SRQ is destroyed.
-    fn remove_owner(&mut self, owner: Owner) -> usize {
-        let mut removed = 0;
+    /// Takes every record of `owner` out of the table.
+    fn take_owner(&mut self, owner: Owner) -> Vec<Pending> {
+        let mut taken = Vec::new();
         for (index, slot) in self.slots.iter_mut().enumerate() {
             if slot.pending.as_ref().is_some_and(|p| p.owner == owner) {
-                slot.pending = None;
+                taken.extend(slot.pending.take());
                 self.free.push(index as u32);
-                removed += 1;
             }
         }
-        self.len -= removed;
-        removed
+        self.len -= taken.len();
+        taken
     }
 }
 
@@ -246,10 +252,18 @@ impl Drop for CqInner {
         // all events are acknowledged (ibv_destroy_cq would wait for them otherwise).
         let ret = unsafe { sys::ibv_destroy_cq(self.cq) };
         if ret != 0 {
+            // A queue that could not be destroyed (and with it this CQ) may still complete
+            // work into the buffers in the table, and the channel may still be signalled:
+            // leak them rather than free memory the NIC may write.
+            let table = mem::take(self.table.get_mut());
             log::error!(
-                "ibv_destroy_cq failed: {}",
-                std::io::Error::from_raw_os_error(ret)
+                "ibv_destroy_cq failed: {}; leaking the {} buffers still posted",
+                std::io::Error::from_raw_os_error(ret),
+                table.len
             );
+            mem::forget(table);
+            mem::forget(self.channel.take());
+            return;
         }
         // Buffers still in the table are dropped now that nothing can complete into them.
         self.channel.take();
@@ -339,21 +353,46 @@ impl CompletionQueue {
             kind,
             cookie,
             buffer,
+            window: None,
+        })
+    }
+
+    /// Records a posted window bind, keeping the window alive until it completes.
+    pub(crate) fn record_bind(&self, owner: Owner, cookie: u64, window: Arc<WindowInner>) -> u64 {
+        self.inner.table.lock().insert(Pending {
+            owner,
+            kind: WorkKind::Bind,
+            cookie,
+            buffer: None,
+            window: Some(window),
         })
     }
 
     /// Takes back a record whose post failed; returns its buffer.
     pub(crate) fn unrecord(&self, wr_id: u64) -> Option<RegisteredBuf> {
-        self.inner.table.lock().remove(wr_id).and_then(|p| p.buffer)
+        let pending = self.inner.table.lock().remove(wr_id)?;
+        pending.buffer
     }
 
-    /// Forgets every record of a destroyed QP or SRQ, dropping their buffers.
+    /// Forgets every record of a destroyed QP or SRQ, dropping their buffers (and windows).
     pub(crate) fn forget_owner(&self, owner: Owner) -> usize {
-        let removed = self.inner.table.lock().remove_owner(owner);
-        if removed > 0 {
-            log::debug!("dropped {removed} work requests left posted on a destroyed queue");
+        let taken = self.inner.table.lock().take_owner(owner);
+        if !taken.is_empty() {
+            log::debug!(
+                "dropped {} work requests left posted on a destroyed queue",
+                taken.len()
+            );
         }
-        removed
+        taken.len()
+    }
+
+    /// Leaks every record of a QP or SRQ that could not be destroyed: the NIC may still
+    /// write their buffers, so they are never freed (nor their windows deallocated).
+    pub(crate) fn leak_owner(&self, owner: Owner) -> usize {
+        let taken = self.inner.table.lock().take_owner(owner);
+        let n = taken.len();
+        mem::forget(taken);
+        n
     }
 
     /// Polls up to `max` completions into `out` without blocking; returns how many were added.
@@ -372,6 +411,7 @@ impl CompletionQueue {
                 ));
             }
             let n = n as usize;
+            let mut done_windows = Vec::new();
             let mut table = self.inner.table.lock();
             for wc in &wcs[..n] {
                 let Some(pending) = table.remove(wc.wr_id) else {
@@ -392,8 +432,12 @@ impl CompletionQueue {
                     imm_data: imm.then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })),
                     buffer: pending.buffer,
                 });
+                done_windows.extend(pending.window);
                 added += 1;
             }
+            // A window whose last handle is gone is deallocated here, outside the lock.
+            drop(table);
+            drop(done_windows);
             if n < want {
                 break;
             }
@@ -566,6 +610,7 @@ mod tests {
             kind: WorkKind::Send,
             cookie,
             buffer: None,
+            window: None,
         }
     }
 
@@ -590,7 +635,7 @@ mod tests {
         let c = t.insert(pending(1, 30));
         assert_ne!(a, c, "a reused slot gets a new generation");
         assert!(t.remove(a).is_none());
-        assert_eq!(t.remove_owner(1), 1);
+        assert_eq!(t.take_owner(1).len(), 1);
         assert!(t.remove(c).is_none());
         assert_eq!(t.remove(b).unwrap().cookie, 20);
         assert_eq!(t.len, 0);

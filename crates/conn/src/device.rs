@@ -67,6 +67,8 @@ pub struct DeviceLimits {
     pub max_qp_init_rd_atom: u32,
     /// Number of physical ports.
     pub phys_port_cnt: u8,
+    /// Whether the device supports type-2 memory windows ([`crate::MemoryWindow`]).
+    pub memory_windows: bool,
 }
 
 impl Device {
@@ -222,6 +224,11 @@ impl Device {
             max_sge: clamp(attr.max_sge),
             max_qp_init_rd_atom: clamp(attr.max_qp_init_rd_atom),
             phys_port_cnt: attr.phys_port_cnt,
+            memory_windows: attr.max_mw > 0
+                && attr.device_cap_flags
+                    & (sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0
+                        | sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0)
+                    != 0,
         })
     }
 

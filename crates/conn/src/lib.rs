@@ -10,6 +10,9 @@
 //!   the CQ's table of pending work and its [`Completion`] hands it back, so the NIC never touches
 //!   memory the user can reach, free or reuse. [`ProtectionDomain::register_vec`] registers a
 //!   caller's `Vec<u8>` in place (zero-copy) and [`RegisteredBuf::into_vec`] gives it back.
+//! - [`MemoryWindow`]: remote READ of one byte range, for one connection's QP only, while it
+//!   is bound ([`Connection::post_bind`]); regions registered with [`Access::WINDOW_READ`]
+//!   grant nothing remotely by their own rkey.
 //! - [`Poller`] (epoll) and [`Waker`] (eventfd): one thread sleeps on many CQ channels
 //!   ([`CompletionQueue::event_fd`], then [`CompletionQueue::take_events`]) and rdmacm channels,
 //!   and other threads can wake it.
@@ -47,9 +50,11 @@ mod cm;
 mod cq;
 mod device;
 mod error;
+pub mod fault;
 mod memory;
 mod poll;
 mod srq;
+mod window;
 
 pub use addr::{split_host_port, AddrInfo, Side};
 pub use cm::{
@@ -64,3 +69,4 @@ pub use memory::{
 };
 pub use poll::{Poller, Waker};
 pub use srq::SharedReceiveQueue;
+pub use window::{live_windows, MemoryWindow};

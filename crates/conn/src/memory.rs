@@ -15,7 +15,10 @@
 //! allocated memory, and [`RegisteredBuf::into_vec`] deregisters it and gives the vector back.
 //!
 //! The safe API never grants `REMOTE_WRITE`: a peer writing into memory the user can hold a
-//! `&[u8]` to would be a data race. `REMOTE_READ` is granted only when asked for.
+//! `&[u8]` to would be a data race. `REMOTE_READ` is granted only when asked for, either to
+//! every QP of the protection domain ([`Access::REMOTE_READ`], the region's own rkey) or,
+//! narrower, to one QP and one byte range at a time through a memory window
+//! ([`Access::WINDOW_READ`] and [`crate::MemoryWindow`]).
 
 use std::alloc::{self, Layout};
 use std::mem;
@@ -62,12 +65,16 @@ pub struct ProtectionDomain {
 
 /// Access rights of a memory region. Local read is always allowed; remote write is never
 /// offered by the safe API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Access {
     /// The NIC may write the region: needed for receive buffers and RDMA READ targets.
     pub local_write: bool,
-    /// Peers holding the region's rkey may RDMA READ it.
+    /// Peers holding the region's rkey may RDMA READ it (any QP of the protection domain).
     pub remote_read: bool,
+    /// Memory windows may be bound to the region ([`crate::MemoryWindow`]): each grants RDMA
+    /// READ of one byte range to one QP while it is bound. The region's own rkey grants
+    /// nothing remotely.
+    pub window_read: bool,
 }
 
 impl Access {
@@ -75,16 +82,26 @@ impl Access {
     pub const SEND: Access = Access {
         local_write: false,
         remote_read: false,
+        window_read: false,
     };
     /// Receive buffers and RDMA READ targets: the NIC writes locally.
     pub const LOCAL_WRITE: Access = Access {
         local_write: true,
         remote_read: false,
+        window_read: false,
     };
     /// Rendezvous sources: peers may RDMA READ with the rkey.
     pub const REMOTE_READ: Access = Access {
         local_write: false,
         remote_read: true,
+        window_read: false,
+    };
+    /// Rendezvous sources read through memory windows: no access by the region's rkey, READ
+    /// of a bound range by the one QP a window is bound to.
+    pub const WINDOW_READ: Access = Access {
+        local_write: false,
+        remote_read: false,
+        window_read: true,
     };
 
     fn verbs_flags(self) -> u32 {
@@ -94,6 +111,9 @@ impl Access {
         }
         if self.remote_read {
             flags |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+        }
+        if self.window_read {
+            flags |= sys::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
         }
         flags
     }
@@ -206,14 +226,14 @@ impl ProtectionDomain {
 /// One registered region: memory allocated here or a caller's vector, registered with
 /// `ibv_reg_mr`.
 pub(crate) struct Region {
-    mr: *mut sys::ibv_mr,
+    pub(crate) mr: *mut sys::ibv_mr,
     /// The first registered byte. RegisteredBufs reach the memory only through this pointer.
     base: NonNull<u8>,
     /// How many bytes starting at `base` are registered.
-    len: usize,
+    pub(crate) len: usize,
     backing: Backing,
     access: Access,
-    pd: ProtectionDomain,
+    pub(crate) pd: ProtectionDomain,
 }
 
 /// Who owns a region's memory, and so how it is given up once the MR is deregistered.
@@ -343,7 +363,7 @@ impl Region {
         }))
     }
 
-    fn lkey(&self) -> u32 {
+    pub(crate) fn lkey(&self) -> u32 {
         // SAFETY: mr is valid until drop.
         unsafe { (*self.mr).lkey }
     }
@@ -429,7 +449,7 @@ fn count_registration(bytes: usize) {
 ///
 /// Buffers are moved into posted work and handed back by its [`crate::Completion`].
 pub struct RegisteredBuf {
-    region: Arc<Region>,
+    pub(crate) region: Arc<Region>,
     offset: usize,
     len: usize,
 }
@@ -597,20 +617,29 @@ mod tests {
     #[test]
     fn no_access_right_grants_remote_write_or_atomics() {
         let forbidden = sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
-            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0
-            | sys::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
+            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
         for local_write in [false, true] {
             for remote_read in [false, true] {
-                let a = Access {
-                    local_write,
-                    remote_read,
-                };
-                assert_eq!(a.verbs_flags() & forbidden, 0, "{a:?}");
+                for window_read in [false, true] {
+                    let a = Access {
+                        local_write,
+                        remote_read,
+                        window_read,
+                    };
+                    assert_eq!(a.verbs_flags() & forbidden, 0, "{a:?}");
+                    let mw_bind = sys::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
+                    assert_eq!(a.verbs_flags() & mw_bind != 0, window_read, "{a:?}");
+                }
             }
         }
         assert_eq!(
             Access::REMOTE_READ.verbs_flags(),
             sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+        );
+        // A window region grants nothing remotely by its own rkey.
+        assert_eq!(
+            Access::WINDOW_READ.verbs_flags(),
+            sys::ibv_access_flags::IBV_ACCESS_MW_BIND.0
         );
         assert_eq!(Access::SEND.verbs_flags(), 0);
     }
