@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crossbeam::queue::SegQueue;
 use parking_lot::Mutex;
 use rdmx_conn::{
-    Access, CompletionQueue, Connection, Device, ProtectionDomain, QpConfig, RegisteredBuf,
-    RemoteBuf, SharedReceiveQueue,
+    Access, CompletionQueue, Connection, Device, MemoryWindow, ProtectionDomain, QpConfig,
+    RegisteredBuf, RemoteBuf, SharedReceiveQueue,
 };
 use rdmx_proto::ConnId;
 
@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 /// Cookie tags: the top two bits of a work request's cookie say what it was.
 pub(crate) const COOKIE_SEND: u64 = 1 << 62;
 pub(crate) const COOKIE_READ: u64 = 2 << 62;
+pub(crate) const COOKIE_BIND: u64 = 3 << 62;
 pub(crate) const COOKIE_KIND: u64 = 3 << 62;
 
 /// One device's shared resources.
@@ -35,6 +36,9 @@ pub(crate) struct Rdma {
     pub(crate) qp_config: QpConfig,
     /// Bytes of receive buffers posted on the SRQ (fixed for the worker's life).
     pub(crate) recv_bytes: u64,
+    /// Whether rendezvous sends are exposed through memory windows (the device has type-2
+    /// windows): each bound to one connection's QP, over exactly one message.
+    pub(crate) windows: bool,
 }
 
 impl Rdma {
@@ -78,6 +82,7 @@ impl Rdma {
                 srq,
                 qp_config,
                 recv_bytes: u64::from(srq_depth) * u64::from(cfg.recv_buf_size()),
+                windows: limits.memory_windows,
             },
             bufs,
         ))
@@ -143,6 +148,8 @@ pub(crate) enum Outgoing {
         remote: RemoteBuf,
         cookie: u64,
     },
+    /// Bind a memory window on the connection's QP (before the RTS that announces it).
+    Bind(MemoryWindow),
     /// Disconnect once everything before it is posted.
     Disconnect,
 }
@@ -250,6 +257,12 @@ impl RdmaLink {
                             },
                         )
                     }),
+                Outgoing::Bind(window) => {
+                    match self.conn.post_bind(&window, COOKIE_BIND | self.id.0) {
+                        Ok(()) => Ok(()),
+                        Err(e) => Err((e, Outgoing::Bind(window))),
+                    }
+                }
                 Outgoing::Disconnect => unreachable!("handled above"),
             };
             if let Err((e, item)) = result {

@@ -18,13 +18,19 @@ use crate::config::RndvRegistration;
 pub(crate) struct Pieces {
     map: BTreeMap<u64, RegisteredBuf>,
     in_flight: usize,
+    /// Pieces that went with a destroyed connection: the buffer can never be whole again.
+    lost: usize,
 }
 
 impl Pieces {
     fn whole(buf: RegisteredBuf) -> Self {
         let mut map = BTreeMap::new();
         map.insert(0, buf);
-        Pieces { map, in_flight: 0 }
+        Pieces {
+            map,
+            in_flight: 0,
+            lost: 0,
+        }
     }
 
     /// Takes `[off, off + len)` out, splitting the piece that holds it.
@@ -52,9 +58,9 @@ impl Pieces {
         self.map.insert(off, buf);
     }
 
-    /// Joins every piece back into one buffer; `None` while a piece is still out.
+    /// Joins every piece back into one buffer; `None` while a piece is still out or lost.
     fn merge(mut self) -> Result<RegisteredBuf, Self> {
-        if self.in_flight > 0 || self.map.is_empty() {
+        if self.in_flight > 0 || self.lost > 0 || self.map.is_empty() {
             return Err(self);
         }
         let mut iter = std::mem::take(&mut self.map).into_iter();
@@ -104,9 +110,9 @@ pub(crate) enum UserMem {
     /// The memory could not be taken back from the NIC (a READ never reported); the worker
     /// keeps it until the connection is destroyed.
     Lost,
-    /// TCP: a send buffer exposed for READ requests under exposure `slot`; the link streams
+    /// TCP: a send buffer exposed for READ requests under exposure `key`; the link streams
     /// from it without copying (it holds clones of the `Arc` while writing).
-    Shared { data: Arc<Vec<u8>>, slot: u64 },
+    Shared { data: Arc<Vec<u8>>, key: u32 },
     /// TCP: lent to a link as the destination of READ data; it comes back when no READ
     /// into it is left.
     Lent,
@@ -194,11 +200,15 @@ impl UserMem {
 
     /// The registered buffer's address and rkey, for an RTS.
     pub(crate) fn remote(&self) -> Option<rdmx_conn::RemoteBuf> {
-        let p = match self {
-            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p,
-            _ => return None,
-        };
-        p.map.get(&0).and_then(|b| b.remote())
+        self.registered().and_then(|b| b.remote())
+    }
+
+    /// The registered memory (its first piece, the whole of it unless READs split it).
+    pub(crate) fn registered(&self) -> Option<&RegisteredBuf> {
+        match self {
+            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.map.get(&0),
+            _ => None,
+        }
     }
 
     /// Takes the registered range `[off, off + len)` out for a READ into it.
@@ -206,6 +216,18 @@ impl UserMem {
         match self {
             UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.take(off, len),
             _ => None,
+        }
+    }
+
+    /// Writes off a range taken by [`UserMem::take_range`] that will never come back (its
+    /// connection was destroyed with the READ posted): the buffer is no longer in flight for
+    /// it, and can only be dropped.
+    pub(crate) fn lose_piece(&mut self) {
+        if let UserMem::Direct(p) | UserMem::Staged { region: p, .. } = self {
+            if p.in_flight > 0 {
+                p.in_flight -= 1;
+                p.lost += 1;
+            }
         }
     }
 
@@ -236,10 +258,15 @@ impl UserMem {
                 region,
                 copy_back,
             } => match region.merge() {
-                Ok(region) => {
+                Ok(mut region) => {
                     if copy_back {
                         let n = (length as usize).min(vec.len());
                         vec[..n].copy_from_slice(&region[..n]);
+                    } else {
+                        // A send-staging region goes back wiped: what a peer may later read
+                        // through it (a window exposes its message, and on some providers the
+                        // region around it) never includes a message sent to someone else.
+                        region[..vec.len()].fill(0);
                     }
                     cache.give(region);
                     *self = UserMem::Plain(vec);
@@ -260,10 +287,10 @@ impl UserMem {
         }
     }
 
-    /// The exposure slot of a TCP-exposed send buffer.
-    pub(crate) fn exposure_slot(&self) -> Option<u64> {
+    /// The exposure key of a TCP-exposed send buffer.
+    pub(crate) fn exposure_key(&self) -> Option<u32> {
         match self {
-            UserMem::Shared { slot, .. } => Some(*slot),
+            UserMem::Shared { key, .. } => Some(*key),
             _ => None,
         }
     }
@@ -292,8 +319,8 @@ impl UserMem {
 /// and remote read, and stay registered while cached. At most `limit` bytes are kept; a
 /// region given back beyond that is deregistered.
 pub(crate) struct RegCache {
-    /// Free regions by (remote_read, local_write, size class).
-    classes: BTreeMap<(bool, bool, usize), Vec<RegisteredBuf>>,
+    /// Free regions by access and size class.
+    classes: BTreeMap<(Access, usize), Vec<RegisteredBuf>>,
     cached: u64,
     limit: u64,
     /// Regions registered over the cache's life (for statistics).
@@ -326,7 +353,7 @@ impl RegCache {
         access: Access,
     ) -> Result<RegisteredBuf, rdmx_conn::Error> {
         let class = Self::class(len);
-        let key = (access.remote_read, access.local_write, class);
+        let key = (access, class);
         if let Some(buf) = self.classes.get_mut(&key).and_then(Vec::pop) {
             self.cached -= class as u64;
             return Ok(buf);
@@ -342,10 +369,7 @@ impl RegCache {
         }
         let access = buf.access();
         self.cached += class as u64;
-        self.classes
-            .entry((access.remote_read, access.local_write, class))
-            .or_default()
-            .push(buf);
+        self.classes.entry((access, class)).or_default().push(buf);
     }
 
     /// Bytes currently cached.

@@ -7,9 +7,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
+use rand::rngs::StdRng;
+use rand::Rng;
 use rdmx_conn::{
-    Access, AddrInfo, CmEvent, CmEventKind, Device, Poller, RegisteredBuf, Side, Waker, WcStatus,
-    WorkKind,
+    Access, AddrInfo, CmEvent, CmEventKind, Device, MemoryWindow, Poller, RegisteredBuf, Side,
+    Waker, WcStatus, WorkKind,
 };
 use rdmx_proto::{
     Action, CloseReason, ConnId, Engine, Handshake, ProbeInfo, RecvBufId, RemoteBuf, RequestId,
@@ -163,23 +165,15 @@ impl std::ops::Deref for RecvBuf {
     }
 }
 
-/// A send buffer exposed over TCP: the READ requests naming its slot must carry this rkey.
+/// A send buffer exposed over TCP, found by its key: only READ requests arriving on `conn`
+/// may read it.
 struct Exposure {
     buf: UserBufId,
-    rkey: u32,
+    conn: ConnId,
 }
 
 /// TCP frames get receive-buffer ids from here up (SRQ buffers use their index).
 const TCP_FRAME_IDS: u64 = 1 << 48;
-/// A TCP exposure's address is `slot << SLOT_SHIFT | offset`.
-const SLOT_SHIFT: u32 = 40;
-
-fn rkey_seed() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(std::process::id().into());
-    h.finish() as u32
-}
 
 struct Parked {
     qp: u32,
@@ -197,10 +191,17 @@ struct State {
     next_buf: u64,
     recv_held: HashMap<u64, RecvBuf>,
     next_tcp_frame: u64,
-    exposed: HashMap<u64, Exposure>,
-    free_slots: Vec<u64>,
-    next_slot: u64,
-    rkey_seed: u32,
+    /// TCP exposures by their key (random, unique among live exposures).
+    exposed: HashMap<u32, Exposure>,
+    /// Where TCP exposure keys come from: a CSPRNG seeded by the OS, so that one key tells
+    /// nothing about another.
+    keys: StdRng,
+    /// RDMA: the memory window through which each exposed send buffer is read.
+    windows: HashMap<UserBufId, MemoryWindow>,
+    /// Buffers whose window could not be invalidated yet (a bind of it is still posted),
+    /// with the completion of their request if it is done: released, and the completion
+    /// handed out, once the window is dead.
+    held: Vec<(UserBufId, Option<(Pending, rdmx_proto::Completion)>)>,
     parked: Vec<Parked>,
     conns: HashMap<ConnId, Arc<ConnState>>,
     qp_map: HashMap<u32, ConnId>,
@@ -252,9 +253,9 @@ impl Worker {
                 recv_held: HashMap::new(),
                 next_tcp_frame: TCP_FRAME_IDS,
                 exposed: HashMap::new(),
-                free_slots: Vec::new(),
-                next_slot: 1,
-                rkey_seed: rkey_seed(),
+                keys: rand::make_rng(),
+                windows: HashMap::new(),
+                held: Vec::new(),
                 parked: Vec::new(),
                 conns: HashMap::new(),
                 qp_map: HashMap::new(),
@@ -696,7 +697,7 @@ impl Shared {
     fn run(&self, st: &mut State, out: &mut Outbox) {
         st.run_actions(self.rdma.get(), self.rndv, out);
         self.housekeeping_pending.store(
-            !st.closing.is_empty() || !st.parked.is_empty(),
+            !st.closing.is_empty() || !st.parked.is_empty() || !st.held.is_empty(),
             Ordering::Release,
         );
         self.next_timer.store(
@@ -1072,6 +1073,24 @@ impl State {
                 }
                 self.engine.handle_send_complete(conn, ok);
             }
+            (WorkKind::Bind, _) => {
+                // The bind's record (and with it, maybe, the window's last hold) is gone.
+                self.release_held(out);
+                let conn = ConnId(wc.cookie & !COOKIE_KIND);
+                if let Some(cs) = self.conns.get(&conn) {
+                    if let Some(link) = cs.rdma() {
+                        link.completed();
+                    }
+                    out.flush(cs);
+                    if !ok && !cs.is_closing() {
+                        // The QP is in the error state: the connection fails as a whole.
+                        log::warn!(
+                            "binding a memory window on {conn:?} failed: {}",
+                            wc.status.description()
+                        );
+                    }
+                }
+            }
             (_, COOKIE_READ) => {
                 if !ok {
                     log::debug!("RDMA READ failed: {}", wc.status.description());
@@ -1122,6 +1141,29 @@ impl State {
         self.engine.handle_read_complete(r.request, r.off, ok);
     }
 
+    /// A connection is destroyed with RDMA READs still posted on it: they will never complete,
+    /// and their targets go with its QP. Each is reported failed and its piece written off, so
+    /// that the buffer it belongs to is freed (or its request failed) instead of waiting for
+    /// ever.
+    fn reads_lost_with(&mut self, conn: ConnId, out: &mut Outbox) {
+        let lost: Vec<u64> = self
+            .reads
+            .iter()
+            .filter(|(_, r)| r.conn == conn)
+            .map(|(&k, _)| k)
+            .collect();
+        if !lost.is_empty() {
+            log::debug!("{conn:?}: {} READs lost with the connection", lost.len());
+        }
+        for key in lost {
+            let buf = self.reads[&key].buf;
+            if let Some(mem) = self.user_bufs.get_mut(&buf) {
+                mem.lose_piece();
+            }
+            self.read_done(key, None, false, true, out);
+        }
+    }
+
     fn on_post_failure(&mut self, cs: &Arc<ConnState>, item: Outgoing, out: &mut Outbox) {
         match item {
             Outgoing::Frame { buf, .. } => {
@@ -1131,6 +1173,11 @@ impl State {
             Outgoing::Inline(_) => self.engine.handle_send_complete(cs.id, false),
             Outgoing::Read { target, cookie, .. } => {
                 self.read_done(cookie & !COOKIE_KIND, Some(target), false, false, out)
+            }
+            Outgoing::Bind(_) => {
+                // The RTS behind it would announce a key that grants nothing.
+                self.engine.handle_connection_down(cs.id);
+                self.start_closing(cs, "cannot bind a memory window".to_string(), out);
             }
             Outgoing::Disconnect => {}
         }
@@ -1185,6 +1232,7 @@ impl State {
                 }
                 self.conns.remove(&id);
                 self.qp_map.retain(|_, c| *c != id);
+                self.reads_lost_with(id, out);
                 out.reaped.push(cs);
             } else {
                 keep.push((id, since));
@@ -1200,6 +1248,8 @@ impl State {
             out.reposts.push((p.buf, p.id));
         }
         out.reposts.append(&mut self.spare_recv);
+        // A destroyed QP dropped the binds still posted on it.
+        self.release_held(out);
     }
 
     fn run_actions(&mut self, rdma: Option<&Rdma>, mode: RndvRegistration, out: &mut Outbox) {
@@ -1211,17 +1261,12 @@ impl State {
                     payload,
                 } => self.send_frame(rdma, conn, frame.as_bytes(), payload, out),
                 Action::ExposeSendBuffer { request, buf, len } => {
-                    let exposed = match (rdma, self.user_bufs.get_mut(&buf)) {
-                        (Some(r), Some(mem)) => mem
-                            .register(mode, &r.pd, &mut self.rcache, Access::REMOTE_READ, false)
-                            .and_then(|()| mem.remote().ok_or_else(|| "no remote key".to_string()))
-                            .map(|r| RemoteBuf {
-                                addr: r.addr,
-                                rkey: r.rkey,
-                            }),
+                    let conn = self.reqs.get(&request).and_then(|p| p.conn.clone());
+                    let exposed = match (rdma, conn) {
+                        (_, None) => Err("the send's connection is gone".to_string()),
+                        (Some(r), Some(cs)) => self.expose_rdma(r, mode, &cs, buf, len, out),
                         // No RDMA resources: a TCP worker.
-                        (None, Some(_)) => self.expose_tcp(buf),
-                        _ => Err("the send buffer is gone".to_string()),
+                        (None, Some(cs)) => self.expose_tcp(buf, cs.id),
                     };
                     match exposed {
                         Ok(remote) => self.engine.handle_send_buffer_exposed(request, remote),
@@ -1231,7 +1276,11 @@ impl State {
                         }
                     }
                 }
-                Action::ReleaseSendBuffer { buf, .. } => self.release(buf, 0),
+                Action::ReleaseSendBuffer { buf, .. } => {
+                    if !self.release(buf, 0) {
+                        self.held.push((buf, None));
+                    }
+                }
                 Action::RdmaRead {
                     conn,
                     request,
@@ -1460,19 +1509,96 @@ impl State {
 
     /// Ends a buffer's exposure or registration (copying `copy_back` bytes back from a
     /// staged receive), leaving it plain memory when nothing else holds it.
-    fn release(&mut self, buf: UserBufId, copy_back: u64) {
+    ///
+    /// The buffer's memory window goes first: it kills the rkey, and neither the buffer nor
+    /// a staging region may be reused while a window over it could still be bound. False when
+    /// the window cannot be invalidated yet (its bind is still posted): then nothing is
+    /// released, and the caller must try again once completions were polled.
+    fn release(&mut self, buf: UserBufId, copy_back: u64) -> bool {
+        if let Some(window) = self.windows.remove(&buf) {
+            if let Err(window) = window.invalidate() {
+                self.windows.insert(buf, window);
+                return false;
+            }
+        }
         let Some(mem) = self.user_bufs.get_mut(&buf) else {
-            return;
+            return true;
         };
-        if let Some(slot) = mem.exposure_slot() {
-            self.exposed.remove(&slot);
-            self.free_slots.push(slot);
+        if let Some(key) = mem.exposure_key() {
+            self.exposed.remove(&key);
         }
         mem.unregister(&mut self.rcache, copy_back);
+        true
     }
 
-    /// TCP: exposes a send buffer to READ requests; the address names its slot.
-    fn expose_tcp(&mut self, buf: UserBufId) -> Result<RemoteBuf, String> {
+    /// Retries what waited for a window to die (see [`State::release`]).
+    fn release_held(&mut self, out: &mut Outbox) {
+        for (buf, done) in std::mem::take(&mut self.held) {
+            let copy_back = match &done {
+                Some((_, c)) if c.status == Status::Ok => c.length,
+                _ => 0,
+            };
+            if !self.release(buf, copy_back) {
+                self.held.push((buf, done));
+            } else if let Some((p, c)) = done {
+                self.hand_back(p, c, out);
+            }
+        }
+    }
+
+    /// RDMA: makes `len` bytes of a send buffer readable by the peer of `cs` alone, while the
+    /// rendezvous runs. Where the device has memory windows, the buffer is registered
+    /// without remote access and a window bound to the connection's QP exposes exactly the
+    /// message (posted before the RTS, so it is in place when the peer reads). Otherwise the
+    /// buffer is registered in place with remote read for this one operation (never through
+    /// the cache, whose regions outlive the message).
+    fn expose_rdma(
+        &mut self,
+        rdma: &Rdma,
+        mode: RndvRegistration,
+        cs: &Arc<ConnState>,
+        buf: UserBufId,
+        len: u64,
+        out: &mut Outbox,
+    ) -> Result<RemoteBuf, String> {
+        let link = cs.rdma().ok_or("not an RDMA connection")?;
+        let mem = self
+            .user_bufs
+            .get_mut(&buf)
+            .ok_or("the send buffer is gone")?;
+        if !rdma.windows {
+            mem.register(
+                RndvRegistration::PerOperation,
+                &rdma.pd,
+                &mut self.rcache,
+                Access::REMOTE_READ,
+                false,
+            )?;
+            let r = mem.remote().ok_or("no remote key")?;
+            return Ok(RemoteBuf {
+                addr: r.addr,
+                rkey: r.rkey,
+            });
+        }
+        mem.register(mode, &rdma.pd, &mut self.rcache, Access::WINDOW_READ, false)?;
+        let head = mem
+            .registered()
+            .ok_or("the send buffer is not registered")?;
+        let len = usize::try_from(len).map_err(|_| "the message is too long")?;
+        let window = MemoryWindow::new(head, len).map_err(|e| e.to_string())?;
+        let remote = RemoteBuf {
+            addr: window.addr(),
+            rkey: window.rkey(),
+        };
+        link.push(Outgoing::Bind(window.clone()));
+        out.flush(cs);
+        self.windows.insert(buf, window);
+        Ok(remote)
+    }
+
+    /// TCP: exposes a send buffer to READ requests arriving on `conn`, under a fresh random
+    /// key; addresses are offsets into the buffer.
+    fn expose_tcp(&mut self, buf: UserBufId, conn: ConnId) -> Result<RemoteBuf, String> {
         let mem = self
             .user_bufs
             .get_mut(&buf)
@@ -1480,58 +1606,65 @@ impl State {
         let UserMem::Plain(vec) = std::mem::replace(mem, UserMem::Lost) else {
             return Err("the send buffer is already exposed".into());
         };
-        let slot = self.free_slots.pop().unwrap_or_else(|| {
-            self.next_slot += 1;
-            self.next_slot - 1
-        });
-        if slot >= 1 << (64 - SLOT_SHIFT) {
-            *mem = UserMem::Plain(vec);
-            return Err("too many exposed buffers".into());
-        }
-        self.rkey_seed = self
-            .rkey_seed
-            .wrapping_mul(1_664_525)
-            .wrapping_add(1_013_904_223);
-        let rkey = self.rkey_seed;
+        let key = loop {
+            let k = self.keys.next_u32();
+            if k != 0 && !self.exposed.contains_key(&k) {
+                break k;
+            }
+        };
         *mem = UserMem::Shared {
             data: Arc::new(vec),
-            slot,
+            key,
         };
-        self.exposed.insert(slot, Exposure { buf, rkey });
-        Ok(RemoteBuf {
-            addr: slot << SLOT_SHIFT,
-            rkey,
-        })
+        self.exposed.insert(key, Exposure { buf, conn });
+        Ok(RemoteBuf { addr: 0, rkey: key })
     }
 
-    /// TCP: answers a peer's READ request from the exposed buffer it names, streaming
-    /// straight from it; anything that does not name exposed bytes gets a failure.
-    fn answer_read(&mut self, cs: &Arc<ConnState>, read_id: u64, addr: u64, rkey: u32, len: u64) {
+    /// TCP: answers a peer's READ request from the buffer exposed to that peer under the
+    /// request's key, streaming straight from it. A key exposed to another endpoint is a
+    /// protocol error that closes the asking endpoint; anything else that does not name
+    /// bytes exposed to it (an unknown key, a range past the buffer) gets a failure.
+    fn answer_read(
+        &mut self,
+        cs: &Arc<ConnState>,
+        read_id: u64,
+        (addr, rkey, len): (u64, u32, u64),
+        out: &mut Outbox,
+    ) {
         let Some(link) = cs.tcp() else { return };
-        let slot = addr >> SLOT_SHIFT;
-        let offset = addr & ((1 << SLOT_SHIFT) - 1);
-        let data = self
-            .exposed
-            .get(&slot)
-            .filter(|e| e.rkey == rkey)
+        let exposure = self.exposed.get(&rkey);
+        if exposure.is_some_and(|e| e.conn != cs.id) {
+            log::warn!(
+                "{:?}: {:?} asked to READ a buffer exposed to another endpoint",
+                cs.id,
+                cs.peer
+            );
+            link.queue_read_data(read_id, false, None);
+            out.flush(cs);
+            self.tcp_down(
+                cs,
+                "protocol error: READ request for a buffer exposed to another endpoint".to_string(),
+                out,
+            );
+            return;
+        }
+        let data = exposure
             .and_then(|e| match self.user_bufs.get(&e.buf) {
                 Some(UserMem::Shared { data, .. }) => Some(data.clone()),
                 _ => None,
             })
             .filter(|d| {
-                offset
-                    .checked_add(len)
+                addr.checked_add(len)
                     .is_some_and(|end| end <= d.len() as u64)
             });
         match data {
-            Some(d) => {
-                link.queue_read_data(read_id, true, Some((d, offset as usize, len as usize)))
-            }
+            Some(d) => link.queue_read_data(read_id, true, Some((d, addr as usize, len as usize))),
             None => {
                 log::debug!("{:?}: READ request for bytes not exposed", cs.id);
                 link.queue_read_data(read_id, false, None);
             }
         }
+        out.flush(cs);
     }
 
     fn on_tcp_event(&mut self, cs: &Arc<ConnState>, ev: rdmx_tcp::Event, out: &mut Outbox) {
@@ -1550,10 +1683,7 @@ impl State {
                 addr,
                 rkey,
                 len,
-            } => {
-                self.answer_read(cs, read_id, addr, rkey, len);
-                out.flush(cs);
-            }
+            } => self.answer_read(cs, read_id, (addr, rkey, len), out),
             rdmx_tcp::Event::ReadDone { read_id, ok } => {
                 self.read_done(read_id, None, ok, true, out)
             }
@@ -1596,7 +1726,17 @@ impl State {
         if let Some(cs) = &p.conn {
             cs.pending_sends.fetch_sub(1, Ordering::AcqRel);
         }
-        self.release(p.buf, if c.status == Status::Ok { c.length } else { 0 });
+        if !self.release(p.buf, if c.status == Status::Ok { c.length } else { 0 }) {
+            // A bind of its window is still posted: the buffer comes back once it is dead.
+            self.held.retain(|(b, _)| *b != p.buf);
+            self.held.push((p.buf, Some((p, c))));
+            return;
+        }
+        self.hand_back(p, c, out);
+    }
+
+    /// Hands a completed request its buffer (released already) and its outcome.
+    fn hand_back(&mut self, p: Pending, c: rdmx_proto::Completion, out: &mut Outbox) {
         let buf = match self.user_bufs.remove(&p.buf) {
             Some(mem) => {
                 if mem.in_flight() {

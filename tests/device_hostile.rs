@@ -9,9 +9,10 @@
 //!   rdmx endpoint must close within a bounded wait, [`Ep::close_reason`] must name what was
 //!   wrong, nothing of the frame may reach the application, and another endpoint of the same
 //!   worker must keep working (an eager and a 1 MiB rendezvous roundtrip);
-//! * it plays the receiver of a rendezvous and probes what the advertised rkey grants: READ
-//!   while the send runs, never WRITE, and — depending on `RDMX_RNDV_REG` — nothing or exactly
-//!   the cache region after the send completed.
+//! * it plays the receiver of a rendezvous and probes what the advertised rkey grants, in
+//!   every `RDMX_RNDV_REG` mode: READ of its own message while the send runs, nothing for
+//!   another peer holding the key, nothing after the send completed, never WRITE, and never
+//!   the bytes of a message staged earlier in the same cache region.
 //!
 //! `#[ignore]`d on the host, which has no RDMA; `scripts/test` runs them with `--ignored` in
 //! the guest (rxe0 on $SOFTROCE_ADDR_A, rxe1 on $SOFTROCE_ADDR_B).
@@ -506,102 +507,102 @@ fn malformed_frames_close_only_their_endpoint() {
     }
 }
 
-/// Per-operation registration (`RDMX_RNDV_REG=per-op`): the rkey in an RTS lets the peer it
-/// was sent to READ the message while the send runs — never WRITE it — and stops working once
-/// the send completed (the buffer is deregistered before it is handed back).
-///
-/// A refused remote access breaks the RC queue pair that made it, so the late READ is the last
-/// thing the first raw connection does, and the WRITE is tried on a second message over a
-/// second raw connection (after a READ there showed that rkey live).
-#[test]
-#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
-fn per_operation_rkey_reads_only_until_the_send_completes() {
+/// The rkey in an RTS gives access to exactly the bytes of one message, for the one peer it
+/// was sent to, while the rendezvous is in flight (crate docs, "What stays readable"), in
+/// every registration mode: another peer of the same worker holding the key is refused; the
+/// peer it was sent to READs the message; once the send completed the key is dead; and a
+/// WRITE is refused. (rxe exposes the message through a memory window bound to the peer's
+/// QP.) A refused remote access breaks the RC queue pair that made it, so each refusal is the
+/// last thing its raw connection does.
+fn rkey_reads_one_message_for_one_peer_while_in_flight(mode: &str, len: usize) {
     init_log();
-    let ctx = builder().set("RDMX_RNDV_REG", "per-op").build().unwrap();
+    let ctx = builder().set("RDMX_RNDV_REG", mode).build().unwrap();
     let server = ctx.worker().unwrap();
     let listener = server.listen(&format!("{}:0", addr_a())).unwrap();
     let addr = listener.local_addr().expect("bound");
     let w = [&server];
 
-    // Message 1: READ while it runs, ATS, then a late READ.
     let (mut p1, ep1) = raw_connect(&listener, addr);
-    let msg = pattern(MIB, 1);
+    let (mut p2, _ep2) = raw_connect(&listener, addr);
+    let msg = pattern(len, 1);
     let send = ep1.tag_send(TAG_RNDV, msg.clone());
     let (h, body) = p1.expect_rts(&w);
-    assert_eq!((h.tag, h.seq, body.len), (TAG_RNDV, 0, MIB as u64));
-    let (status, data) = p1.read(body.addr, body.rkey, MIB, &w);
-    assert!(
-        status.is_success(),
-        "READ with the advertised rkey: {status:?}"
+    assert_eq!((h.tag, h.seq, body.len), (TAG_RNDV, 0, len as u64));
+
+    let (other, _) = p2.read(body.addr, body.rkey, len, &w);
+    println!("{mode}: another peer READs with the key: {other:?}");
+    assert_eq!(
+        other,
+        WcStatus::REMOTE_ACCESS,
+        "{mode}: a key sent to one peer must not work for another"
     );
-    assert!(
-        data.expect("the READ target")[..] == msg[..],
-        "READ the message"
-    );
-    assert!(!send.test(), "the send waits for the ATS");
+
+    let (status, data) = p1.read(body.addr, body.rkey, len, &w);
+    assert!(status.is_success(), "{mode}: READ with the key: {status:?}");
+    assert!(data.expect("the READ target")[..] == msg[..], "{mode}");
+    assert!(!send.test(), "{mode}: the send waits for the ATS");
     p1.send_ats(&h);
     let done = finish(send, &w).expect("the send completes after the ATS");
-    assert!(done.buf == msg, "the sender gets its buffer back unchanged");
-    let (late, _) = p1.read(body.addr, body.rkey, 4096, &w);
-    println!("per-op: READ after the send completed: {late:?}");
+    assert!(done.buf == msg, "{mode}: the sender gets its buffer back");
+    let (late, _) = p1.read(body.addr, body.rkey, len.min(4096), &w);
+    println!("{mode}: READ after the send completed: {late:?}");
     assert_eq!(
         late,
         WcStatus::REMOTE_ACCESS,
-        "the rkey of a completed per-operation send must be dead"
+        "{mode}: the key of a completed send must be dead"
     );
 
-    // Message 2, on a second connection: READ works, WRITE is refused.
-    let (mut p2, ep2) = raw_connect(&listener, addr);
-    let msg2 = pattern(MIB, 2);
-    let send2 = ep2.tag_send(TAG_RNDV, msg2.clone());
-    let (_, body2) = p2.expect_rts(&w);
-    let (status, data) = p2.read(body2.addr, body2.rkey, 4096, &w);
-    assert!(
-        status.is_success(),
-        "READ with the advertised rkey: {status:?}"
-    );
-    assert!(data.expect("the READ target")[..] == msg2[..4096]);
-    let write = p2.write(body2.addr, body2.rkey, &[0xee; 64], &w);
-    println!("per-op: WRITE with the advertised rkey: {write:?}");
+    // A third peer gets its own message: its key reads it, never writes it.
+    let (mut p3, ep3) = raw_connect(&listener, addr);
+    let msg3 = pattern(len, 3);
+    let send3 = ep3.tag_send(TAG_RNDV, msg3.clone());
+    let (_, body3) = p3.expect_rts(&w);
+    let (status, data) = p3.read(body3.addr, body3.rkey, len.min(4096), &w);
+    assert!(status.is_success(), "{mode}: {status:?}");
+    assert!(data.expect("the READ target")[..] == msg3[..len.min(4096)]);
+    let write = p3.write(body3.addr, body3.rkey, &[0xee; 64], &w);
+    println!("{mode}: WRITE with the key: {write:?}");
     assert_eq!(
         write,
         WcStatus::REMOTE_ACCESS,
         "rdmx never grants REMOTE_WRITE"
     );
     // The raw peer's QP is broken now; it leaves, which fails the send without its ATS.
-    drop(p2);
-    let mut err = finish(send2, &w).expect_err("the send fails when the peer leaves");
+    drop(p3);
+    let mut err = finish(send3, &w).expect_err("the send fails when the peer leaves");
     assert_eq!(err.status(), Some(Status::ConnectionClosed));
     assert!(
-        err.take_buffer() == msg2,
-        "the refused WRITE changed nothing"
+        err.take_buffer() == msg3,
+        "{mode}: the refused WRITE changed nothing"
     );
-    until(&w, "the second endpoint closes", || !ep2.is_connected());
-    println!("per-op: second endpoint: {:?}", ep2.close_reason());
-    drop(p1);
+    until(&w, "the third endpoint closes", || !ep3.is_connected());
+    drop((p1, p2));
 }
 
-/// Cache mode (`RDMX_RNDV_REG=cache`, a 16 KiB message): the message is staged through a
-/// send-staging region of the worker's registration cache — a 64 KiB power-of-two size class,
-/// allocated zeroed and registered by the worker for remote READ (never remote write), and
-/// kept registered for reuse. As the crate docs ("Memory registration") say, such a region
-/// stays readable with its rkey for as long as the worker keeps it — completing the send only
-/// returns it to the cache — and it holds the rendezvous message staged in it last, whichever
-/// of the worker's peers that message was for. So a peer that was once sent the rkey keeps
-/// that access, and after the send completed a late READ with the old rkey:
-///
-/// * succeeds and returns the message just sent;
-/// * once the worker sent another 16 KiB message to a different peer (staged through the same
-///   cached region: one registration in all), returns *that* message, while the rest of the
-///   64 KiB region, never staged into, reads as zeros;
-///
-/// and a WRITE into the region is refused. (`RDMX_RNDV_REG=per-op` is the mode for peers that
-/// must not keep access: see the test above.)
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
-fn cache_region_stays_readable_after_the_send_completes() {
+fn per_operation_rkey_reads_one_message_for_one_peer_while_in_flight() {
+    rkey_reads_one_message_for_one_peer_while_in_flight("per-op", MIB);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn cache_rkey_reads_one_message_for_one_peer_while_in_flight() {
+    rkey_reads_one_message_for_one_peer_while_in_flight("cache", 16 * 1024);
+}
+
+/// Cache mode stages a message through a region of the registration cache (a 64 KiB size
+/// class, reused). A peer may READ through its key nothing but its own message: where the
+/// provider enforces the window's range the rest of the region is refused, and where it
+/// only enforces the region's (rxe) the rest reads as zeros — never the bytes of a message
+/// staged there earlier for another peer (the worker wipes a send-staging region before
+/// reusing it).
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn cache_regions_never_show_an_earlier_message() {
     init_log();
     const LEN: usize = 16 * 1024;
+    const EARLIER: usize = 48 * 1024;
     const REGION: usize = 64 * 1024;
     let ctx = builder().set("RDMX_RNDV_REG", "cache").build().unwrap();
     let server = ctx.worker().unwrap();
@@ -609,65 +610,182 @@ fn cache_region_stays_readable_after_the_send_completes() {
     let addr = listener.local_addr().expect("bound");
     let w = [&server];
 
-    let (mut p, ep) = raw_connect(&listener, addr);
-    let msg = pattern(LEN, 3);
-    let send = ep.tag_send(TAG_RNDV, msg.clone());
-    let (h, body) = p.expect_rts(&w);
-    assert_eq!((h.tag, body.len), (TAG_RNDV, LEN as u64));
-    let (status, data) = p.read(body.addr, body.rkey, LEN, &w);
-    assert!(
-        status.is_success(),
-        "READ with the advertised rkey: {status:?}"
-    );
-    assert!(data.expect("the READ target")[..] == msg[..]);
-    p.send_ats(&h);
-    finish(send, &w).expect("the send completes after the ATS");
-
-    let (late, data) = p.read(body.addr, body.rkey, LEN, &w);
-    println!("cache: READ after the send completed: {late:?}");
-    assert!(
-        late.is_success(),
-        "the cached region stays registered: {late:?}"
-    );
-    assert!(
-        data.expect("the READ target")[..] == msg[..],
-        "it still holds the message"
-    );
-
-    // The worker sends another message to a good rdmx peer: staged in the same region.
+    // An earlier, larger message to a good rdmx peer, staged in the cached region.
     let good = ctx.worker().unwrap();
     let (g, a) = (good.clone(), addr.to_string());
     let t = thread::spawn(move || g.connect(&a).expect("good connect"));
     let sgood = accept(&listener);
     let _cgood = t.join().unwrap();
-    let other = pattern(LEN, 4);
-    let r = good.tag_recv(TAG_GOOD, TAG_MASK_ALL, vec![0; LEN]);
-    let s = sgood.tag_send(TAG_GOOD, other.clone());
-    assert!(finish(r, &[&server, &good]).expect("good receive").buf == other);
+    let earlier = pattern(EARLIER, 4);
+    let r = good.tag_recv(TAG_GOOD, TAG_MASK_ALL, vec![0; EARLIER]);
+    let s = sgood.tag_send(TAG_GOOD, earlier.clone());
+    assert!(finish(r, &[&server, &good]).expect("good receive").buf == earlier);
     finish(s, &[&server, &good]).expect("good send");
+
+    // Then a smaller one to a raw peer, through the same region.
+    let (mut p, ep) = raw_connect(&listener, addr);
+    let msg = pattern(LEN, 5);
+    let send = ep.tag_send(TAG_RNDV, msg.clone());
+    let (h, body) = p.expect_rts(&w);
     assert_eq!(
         server.stats().rcache_registrations,
         1,
         "both messages went through one cached region"
     );
+    let (status, data) = p.read(body.addr, body.rkey, LEN, &w);
+    assert!(status.is_success(), "{status:?}");
+    assert!(data.expect("the READ target")[..] == msg[..]);
+    let (status, data) = p.read(body.addr, body.rkey, REGION, &w);
+    println!("cache: READ of the whole {REGION}-byte region through the key: {status:?}");
+    if status.is_success() {
+        let data = data.expect("the READ target");
+        assert!(data[..LEN] == msg[..]);
+        assert!(
+            data[LEN..].iter().all(|&b| b == 0),
+            "the region beyond the message holds nothing (an earlier message was there)"
+        );
+    } else {
+        assert_eq!(status, WcStatus::REMOTE_ACCESS);
+    }
+    // Finish cleanly if the QP survived (rxe), else the send fails with the peer.
+    if status.is_success() {
+        p.send_ats(&h);
+        finish(send, &w).expect("the send completes after the ATS");
+    }
+}
 
-    let (late, data) = p.read(body.addr, body.rkey, REGION, &w);
-    assert!(late.is_success(), "the whole region is readable: {late:?}");
-    let data = data.expect("the READ target");
-    assert!(
-        data[..LEN] == other[..],
-        "the region holds the message staged last, sent to another peer"
-    );
-    assert!(
-        data[LEN..].iter().all(|&b| b == 0),
-        "the rest of the region was never staged into"
-    );
-    println!("cache: the old rkey reads the {LEN}-byte message later sent to another peer");
+/// A peer that goes silent (its node dies, its cable is cut) in the middle of rendezvous
+/// READs: nothing ever answers them and no CM message arrives, so they never complete. Here
+/// the worker has more READs for that peer than the QP may have posted (33 messages of
+/// 1 MiB, 4 READs each, against a send queue of 128), so when the endpoint is closed its
+/// disconnect waits behind them, and the connection is destroyed at the reap timeout with
+/// READs still posted. Those READs, and the buffers they were reading into, must be written
+/// off: afterwards no READ, request, user buffer or memory region is left (resource counts
+/// before and after), and the worker keeps serving a new connection.
+///
+/// The silence is injected (`rdmx::conn::fault::silence`: the peer's QP moves to the error
+/// state without any CM exchange); in one guest nothing else can make a peer vanish without
+/// a word.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn reads_to_a_peer_gone_silent_are_written_off_when_its_connection_is_reaped() {
+    init_log();
+    const MSGS: usize = 33;
+    let ctx = builder().credits(32).build().unwrap();
+    let server = ctx.worker().unwrap();
+    let listener = server.listen(&format!("{}:0", addr_a())).unwrap();
+    let addr = listener.local_addr().expect("bound");
+    let w = [&server];
+    let base = server.stats();
+    let base_mrs = rdmx::conn::live_registrations();
 
-    let write = p.write(body.addr, body.rkey, &[0xee; 64], &w);
+    // The peer announces MSGS rendezvous messages (one registered source), minding credits.
+    let (mut p, ep) = raw_connect(&listener, addr);
+    let source =
+        p.pd.register_from(&pattern(MIB, 9), Access::REMOTE_READ)
+            .unwrap();
+    let remote = source.remote().expect("remote read");
+    let mut credits = u32::from(p.rdmx.credits);
+    for i in 0..MSGS {
+        until(&w, "credits from rdmx", || {
+            for f in p.frames() {
+                credits += u32::from(wire::decode(&f).expect("a valid frame").header.credits);
+            }
+            credits > 0
+        });
+        let mut h = Header::new(Opcode::Rts);
+        h.tag = TAG_RNDV;
+        h.sreq = i as u64 + 1;
+        h.payload_len = RTS_BODY_LEN as u32;
+        let body = RtsBody {
+            addr: remote.addr,
+            rkey: remote.rkey,
+            len: MIB as u64,
+        };
+        p.send_frame(h, Some(&body));
+        credits -= 1;
+    }
+    until(&w, "every RTS arrived", || {
+        server.stats().unexpected_messages == MSGS
+    });
+    // The peer goes silent, then the receives are posted: every READ goes unanswered.
+    rdmx::conn::fault::silence(&p.conn).expect("silence the peer's QP");
+    let recvs: Vec<Request> = (0..MSGS)
+        .map(|_| server.tag_recv(TAG_RNDV, TAG_MASK_ALL, vec![0; MIB]))
+        .collect();
+    until(&w, "the READs are issued", || {
+        server.stats().reads_in_flight == 4 * MSGS
+    });
+    let mid = server.stats();
+    println!(
+        "silent peer: {} READs issued, {} user buffers held",
+        mid.reads_in_flight, mid.user_buffers
+    );
+    for _ in 0..100 {
+        server.progress();
+    }
     assert_eq!(
-        write,
-        WcStatus::REMOTE_ACCESS,
-        "rdmx never grants REMOTE_WRITE"
+        server.stats().reads_in_flight,
+        4 * MSGS,
+        "nothing answers a silent peer's READs"
     );
+
+    // Close: the disconnect queues behind the stuck READs; the reaper destroys the QP.
+    let closed_at = Instant::now();
+    let _ = ep.close();
+    let results: Vec<_> = recvs.into_iter().map(|r| finish(r, &w)).collect();
+    assert!(
+        results
+            .iter()
+            .all(|r| r.as_ref().err().and_then(|e| e.status()) == Some(Status::ConnectionClosed)),
+        "every receive fails: {results:?}"
+    );
+    until(&w, "the connection is reaped", || {
+        server.stats().connections == base.connections
+    });
+    println!(
+        "silent peer: receives failed and connection reaped {:?} after the close",
+        closed_at.elapsed()
+    );
+    let after = server.stats();
+    println!(
+        "silent peer: after the reap: {} READs, {} user buffers, {} pending requests",
+        after.reads_in_flight, after.user_buffers, after.pending_requests
+    );
+    assert_eq!(
+        (
+            after.reads_in_flight,
+            after.user_buffers,
+            after.pending_requests,
+            after.eps
+        ),
+        (
+            base.reads_in_flight,
+            base.user_buffers,
+            base.pending_requests,
+            base.eps
+        ),
+        "the READs lost with the connection and their buffers are written off"
+    );
+    drop(ep);
+    drop(source);
+    drop(p);
+    assert_eq!(
+        rdmx::conn::live_registrations().regions,
+        base_mrs.regions,
+        "every READ target's registration is gone"
+    );
+
+    // The worker serves a new connection.
+    let client = ctx.worker().unwrap();
+    let (c, a) = (client.clone(), addr.to_string());
+    let t = thread::spawn(move || c.connect(&a).expect("connect"));
+    let sep = accept(&listener);
+    let cep = t.join().unwrap();
+    let data = pattern(MIB, 10);
+    let r = server.tag_recv(TAG_GOOD, TAG_MASK_ALL, vec![0; MIB]);
+    let s = cep.tag_send(TAG_GOOD, data.clone());
+    assert!(finish(r, &[&server, &client]).unwrap().buf == data);
+    finish(s, &[&server, &client]).unwrap();
+    drop(sep);
 }

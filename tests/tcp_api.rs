@@ -177,3 +177,179 @@ fn hostile_frames_close_only_their_endpoint() {
         }
     }
 }
+
+/// A raw TCP peer with a valid handshake, driven by the test (no rdmx worker of its own).
+struct RawTcp {
+    link: rdmx_tcp::Link,
+    next_read: u64,
+}
+
+/// What a raw peer's READ request got.
+#[derive(Debug, PartialEq)]
+enum ReadOutcome {
+    Data(Vec<u8>),
+    Refused,
+    Disconnected,
+}
+
+impl RawTcp {
+    fn connect(listener: &rdmx::Listener, addr: &str) -> (RawTcp, rdmx::Ep) {
+        let hs = rdmx::proto::Engine::new(Default::default())
+            .local_handshake()
+            .encode();
+        let a = addr.to_string();
+        let t = std::thread::spawn(move || {
+            rdmx_tcp::connect(&a, &hs, std::time::Duration::from_secs(60)).unwrap()
+        });
+        let ep = listener.accept().unwrap();
+        let link = t.join().unwrap();
+        (RawTcp { link, next_read: 1 }, ep)
+    }
+
+    /// Progresses `worker` until this peer got an RTS; returns its body.
+    fn expect_rts(&mut self, worker: &rdmx::Worker) -> rdmx::proto::wire::RtsBody {
+        use rdmx::proto::wire::{decode, Body};
+        let deadline = std::time::Instant::now() + api::long();
+        loop {
+            assert!(std::time::Instant::now() < deadline, "no RTS arrived");
+            worker.progress();
+            let mut events = Vec::new();
+            self.link.poll(&mut events).unwrap();
+            for e in events {
+                if let rdmx_tcp::Event::Frame(bytes) = e {
+                    if let Body::Rts(rts) = decode(&bytes).expect("rdmx sent a valid frame").body {
+                        return rts;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks for `len` bytes at `addr` with `rkey`, progressing `worker` until answered.
+    fn read(&mut self, worker: &rdmx::Worker, addr: u64, rkey: u32, len: usize) -> ReadOutcome {
+        let (id, key) = (self.next_read, 1 << 40 | self.next_read);
+        self.next_read += 1;
+        self.link.lend(key, vec![0; len]);
+        self.link.expect_read(id, key, 0, len).unwrap();
+        self.link.queue_read_request(id, addr, rkey, len as u64);
+        let deadline = std::time::Instant::now() + api::long();
+        loop {
+            assert!(std::time::Instant::now() < deadline, "READ not answered");
+            if self.link.flush().is_err() {
+                return ReadOutcome::Disconnected;
+            }
+            worker.progress();
+            let mut events = Vec::new();
+            if self.link.poll(&mut events).is_err() {
+                return ReadOutcome::Disconnected;
+            }
+            for e in events {
+                match e {
+                    rdmx_tcp::Event::ReadDone { read_id, ok } if read_id == id => {
+                        let data = self.link.reclaim(key).expect("the lent buffer");
+                        return if ok {
+                            ReadOutcome::Data(data)
+                        } else {
+                            ReadOutcome::Refused
+                        };
+                    }
+                    rdmx_tcp::Event::Closed { .. } => return ReadOutcome::Disconnected,
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// A hostile TCP peer that guesses rendezvous keys reads nothing that was not sent to it.
+///
+/// The worker sends a 1 MiB rendezvous message to the hostile peer, then a secret 1 MiB one
+/// to an honest peer, whose READ key the hostile peer then tries to reach: by predicting it
+/// from its own (the next exposure slot, the next value of a linear generator), by nearby
+/// guesses, and finally with the honest peer's real address and key. None of it returns a
+/// byte of the secret; a READ naming a buffer exposed to another endpoint closes the hostile
+/// endpoint as a protocol error, and the honest peer still reads its message afterwards.
+#[test]
+fn a_hostile_tcp_peer_reads_only_what_was_sent_to_it() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    const MIB: usize = 1 << 20;
+    let ctx = rdmx::Context::builder()
+        .env_lookup(api::test_env)
+        .transport(rdmx::Transport::Tcp)
+        .build()
+        .unwrap();
+    let server = ctx.worker().unwrap();
+    let listener = server.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (mut evil, evil_ep) = RawTcp::connect(&listener, &addr);
+    let (mut honest, honest_ep) = RawTcp::connect(&listener, &addr);
+
+    let own: Vec<u8> = (0..MIB).map(|i| (i % 251) as u8).collect();
+    let secret: Vec<u8> = (0..MIB).map(|i| (i % 241) as u8 ^ 0x5a).collect();
+    let _to_evil = evil_ep.tag_send(1, own.clone());
+    let mine = evil.expect_rts(&server);
+    let _to_honest = honest_ep.tag_send(2, secret.clone());
+    let theirs = honest.expect_rts(&server);
+    assert_eq!(
+        evil.read(&server, mine.addr, mine.rkey, MIB),
+        ReadOutcome::Data(own),
+        "the hostile peer may read what was sent to it"
+    );
+
+    // Guesses: what a linear key generator and sequential slots would give next, and
+    // neighbours of the peer's own address and key.
+    let lcg = |k: u32| k.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+    let mut guesses = vec![
+        (mine.addr + (1 << 40), lcg(mine.rkey)),
+        (mine.addr, lcg(mine.rkey)),
+        (mine.addr + (1 << 40), mine.rkey),
+    ];
+    for d in 1..=16u32 {
+        for (a, k) in [
+            (mine.addr, mine.rkey.wrapping_add(d)),
+            (mine.addr, mine.rkey.wrapping_sub(d)),
+            (mine.addr.wrapping_add(u64::from(d) << 40), mine.rkey),
+            (
+                mine.addr.wrapping_add(u64::from(d) << 40),
+                mine.rkey.wrapping_add(d),
+            ),
+        ] {
+            guesses.push((a, k));
+        }
+    }
+    guesses.push((theirs.addr, theirs.rkey));
+    for (i, &(a, k)) in guesses.iter().enumerate() {
+        match evil.read(&server, a, k, MIB) {
+            ReadOutcome::Data(d) => {
+                assert!(
+                    d != secret,
+                    "guess {i} ({a:#x}, {k:#x}) read the message sent to another peer"
+                );
+                panic!("guess {i} ({a:#x}, {k:#x}) read {} bytes", d.len());
+            }
+            ReadOutcome::Refused => {}
+            ReadOutcome::Disconnected => {
+                println!(
+                    "hostile peer disconnected after guess {i} of {}",
+                    guesses.len()
+                );
+                break;
+            }
+        }
+    }
+    // Naming another endpoint's buffer closes the asking endpoint.
+    let deadline = std::time::Instant::now() + api::long();
+    while evil_ep.is_connected() {
+        assert!(std::time::Instant::now() < deadline);
+        server.progress();
+    }
+    let reason = evil_ep.close_reason().unwrap_or_default();
+    println!("hostile endpoint closed: {reason}");
+    assert!(reason.contains("protocol error"), "{reason}");
+    assert!(honest_ep.is_connected(), "only the hostile endpoint closed");
+    assert_eq!(
+        honest.read(&server, theirs.addr, theirs.rkey, MIB),
+        ReadOutcome::Data(secret),
+        "the honest peer reads its message"
+    );
+}

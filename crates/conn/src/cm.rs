@@ -742,6 +742,31 @@ impl Connection {
         Ok(())
     }
 
+    /// Moves the QP to the error state without any CM exchange (for [`crate::fault::silence`]).
+    pub(crate) fn move_to_error(&self) -> Result<()> {
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::ibv_qp_state::IBV_QPS_ERR,
+            ..Default::default()
+        };
+        // SAFETY: the QP is valid while self lives; attr is a valid attribute struct and the
+        // mask names the one field set.
+        let ret = unsafe {
+            sys::ibv_modify_qp(
+                self.qp(),
+                &mut attr,
+                sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+            )
+        };
+        if ret != 0 {
+            return Err(Error::from_ret(
+                "ibv_modify_qp",
+                ret,
+                format!("cannot move qp {} to the error state", self.qp_num),
+            ));
+        }
+        Ok(())
+    }
+
     fn qp(&self) -> *mut sys::ibv_qp {
         // SAFETY: the id is valid and its QP lives until drop.
         unsafe { (*self.raw.id()).qp }

@@ -17,3 +17,10 @@ pub fn fail_next_qp_destroy() {
 pub(crate) fn take_qp_destroy_failure() -> bool {
     FAIL_QP_DESTROY.swap(false, Ordering::AcqRel)
 }
+
+/// Silences `conn` the way a peer whose node died or whose cable was cut goes silent: its QP
+/// moves to the error state, so it answers nothing any more (requests to it go unanswered and
+/// are retried by the other side), and no connection-manager message tells the other side.
+pub fn silence(conn: &crate::Connection) -> crate::Result<()> {
+    conn.move_to_error()
+}

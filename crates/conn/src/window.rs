@@ -151,6 +151,21 @@ impl MemoryWindow {
         self.rkey
     }
 
+    /// Invalidates the window now — deallocates it, so its rkey is dead and its region free
+    /// of it — when this is its last handle and no bind of it is still posted (the bind's
+    /// completion was polled, or its QP destroyed). Otherwise gives the handle back: try
+    /// again after polling completions.
+    pub fn invalidate(self) -> std::result::Result<(), MemoryWindow> {
+        // Only this handle and posted binds can hold the window: with a count of one, nothing
+        // else can clone it meanwhile.
+        if Arc::strong_count(&self.inner) == 1 {
+            drop(self);
+            Ok(())
+        } else {
+            Err(self)
+        }
+    }
+
     /// Whether a bind of this window was posted.
     pub fn is_posted(&self) -> bool {
         self.inner.posted.load(Ordering::Acquire)
