@@ -48,8 +48,9 @@ pub enum RndvRegistration {
     /// stops working the moment the operation is over.
     PerOperation,
     /// Copy through regions taken from a registration cache owned by the worker (registered
-    /// once, reused): no registration on the data path, one memcpy per side. A cached region
-    /// stays registered, with its rkey, while it sits in the cache.
+    /// once, reused): no registration on the data path, one memcpy per side. Sends are
+    /// exposed through a memory window over the staged message, dead once the operation is
+    /// over; on a device without windows, sends are registered per operation instead.
     Cache,
     /// The cache below [`RndvRegistration::AUTO_CACHE_BELOW`] bytes, per-operation
     /// registration from there up: where two copies cost less than a registration and a

@@ -79,7 +79,7 @@
 //!   stops working at once.
 //! * [`RndvRegistration::Cache`] stages the data through regions of a registration cache
 //!   (registered once, reused, at most `RDMX_RCACHE_SIZE` bytes kept): no registration on
-//!   the data path, but a copy on each side.
+//!   the data path, but a copy on each side (and, for sends, a wipe of the staged bytes).
 //!
 //! The default, [`RndvRegistration::Auto`] (`RDMX_RNDV_REG=auto`), uses the cache below
 //! [`RndvRegistration::AUTO_CACHE_BELOW`] (64 KiB) and per-operation registration from
@@ -90,16 +90,19 @@
 //! 18 % faster at 16 KiB, per-operation 6–13 % faster at 64 KiB–4 MiB, within the guest's
 //! noise at 1 MiB).
 //!
-//! What stays readable: only rendezvous *send* buffers are ever remotely readable
-//! (REMOTE_READ); receive buffers, READ targets and send buffers of eager messages are not,
-//! and no registration grants REMOTE_WRITE (rdmx-conn's `Access` cannot express it). A buffer
-//! registered per operation is readable from the RTS until the transfer ends (ATS, cancel or
-//! disconnect), then deregistered: a late READ with its rkey fails. A send-staging region of
-//! the cache stays registered while the worker keeps it, so a peer that was once sent its
-//! rkey can go on reading it, and it holds the rendezvous message staged in it last (only
-//! messages this worker sent, each to one of its peers); regions staging received data are
-//! separate and never remotely readable. Use `RDMX_RNDV_REG=per-op` where peers must not
-//! keep that access.
+//! What stays readable: **a rendezvous key gives access to exactly the bytes of one message,
+//! for the one peer it was sent to, while that message is in flight.** Over RDMA, on devices
+//! with memory windows (rxe and current NICs), the buffer or staging region is registered
+//! without any remote access and a type-2 window bound to that peer's QP exposes the message
+//! for READ from the RTS until the transfer ends (ATS, cancel or disconnect), when the window
+//! is deallocated — before the buffer is handed back or a staging region reused, and staging
+//! regions are wiped before reuse (rxe checks a window's READs against the region under it, so
+//! the rest of the region reads as zeros). On a device without windows, sends are registered
+//! per operation whatever `RDMX_RNDV_REG` says, and deregistered when the transfer ends. Over
+//! TCP an exposure is bound to its connection under a random key: a READ request naming a
+//! buffer exposed to another endpoint closes the asking endpoint as a protocol error. Receive
+//! buffers, READ targets and eager send buffers are never remotely accessible, and nothing
+//! ever grants REMOTE_WRITE (rdmx-conn's `Access` cannot express it).
 //!
 //! ## Threads
 //!
