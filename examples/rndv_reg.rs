@@ -4,8 +4,11 @@
 //! threshold, one at a time (receive posted, send, both completed), first with
 //! `RDMX_RNDV_REG=per-op` (the user's buffer registered and deregistered on each side, for
 //! each message), then with `cache` (regions registered once, one copy on each side).
-//! Alongside, the raw cost of one `ibv_reg_mr` + `ibv_dereg_mr` of a user buffer and of one
-//! memcpy, the two things the modes trade.
+//! Alongside, the raw cost of one `ibv_reg_mr` + `ibv_dereg_mr` of a user buffer, of one
+//! memcpy, the two things the modes trade, and of one memory window's allocation +
+//! deallocation, what each send pays on devices with windows (a send is exposed through a
+//! window bound to the peer's QP; the bind itself is one more work request, not timed
+//! separately).
 //!
 //! `cargo run --release --example rndv_reg -- IP [MAX_SIZE, default 4 MiB]` (in the Soft-RoCE guest:
 //! `scripts/softroce -- target/release/examples/rndv_reg 192.0.2.1`). Timings in the guest
@@ -13,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use rdmx::conn::{Access, Device, ProtectionDomain};
+use rdmx::conn::{Access, Device, MemoryWindow, ProtectionDomain};
 use rdmx::{Context, RndvRegistration, TAG_MASK_ALL};
 
 fn main() -> rdmx::Result<()> {
@@ -44,19 +47,20 @@ fn main() -> rdmx::Result<()> {
         device.name()
     );
     println!(
-        "{:>10} {:>10} {:>10} {:>8} {:>12} {:>10}",
-        "bytes", "per-op", "cache", "cache/op", "reg+dereg", "memcpy"
+        "{:>10} {:>10} {:>10} {:>8} {:>12} {:>10} {:>10}",
+        "bytes", "per-op", "cache", "cache/op", "reg+dereg", "memcpy", "window"
     );
     for (i, &size) in sizes.iter().enumerate() {
-        let (reg, copy) = raw_costs(&pd, size);
+        let (reg, copy, window) = raw_costs(&pd, size);
         println!(
-            "{:>10} {:>10.1} {:>10.1} {:>8.2} {:>12.1} {:>10.1}",
+            "{:>10} {:>10.1} {:>10.1} {:>8.2} {:>12.1} {:>10.1} {:>10}",
             size,
             per_op[i],
             cache[i],
             cache[i] / per_op[i],
             reg,
-            copy
+            copy,
+            window.map_or("-".to_string(), |w| format!("{w:.1}"))
         );
     }
     Ok(())
@@ -97,8 +101,9 @@ fn run(ip: &str, mode: RndvRegistration, sizes: &[usize]) -> rdmx::Result<Vec<f6
     Ok(out)
 }
 
-/// µs for one registration + deregistration of a user buffer, and for one memcpy.
-fn raw_costs(pd: &ProtectionDomain, size: usize) -> (f64, f64) {
+/// µs for one registration + deregistration of a user buffer, for one memcpy, and for one
+/// memory window's allocation + deallocation (`None` when the device has no windows).
+fn raw_costs(pd: &ProtectionDomain, size: usize) -> (f64, f64, Option<f64>) {
     let n = iterations(size);
     let mut buf = vec![1u8; size];
     let start = Instant::now();
@@ -117,7 +122,22 @@ fn raw_costs(pd: &ProtectionDomain, size: usize) -> (f64, f64) {
         dst.copy_from_slice(&buf);
         std::hint::black_box(&mut dst);
     }
-    (reg, per(start.elapsed(), n))
+    let copy = per(start.elapsed(), n);
+    let window = pd
+        .device()
+        .limits()
+        .is_ok_and(|l| l.memory_windows)
+        .then(|| {
+            let region = pd
+                .register(size, Access::WINDOW_READ)
+                .expect("register for windows");
+            let start = Instant::now();
+            for _ in 0..n {
+                drop(MemoryWindow::new(&region, size).expect("allocate a window"));
+            }
+            per(start.elapsed(), n)
+        });
+    (reg, copy, window)
 }
 
 fn per(d: Duration, n: usize) -> f64 {

@@ -611,16 +611,7 @@ fn cache_regions_never_show_an_earlier_message() {
     let w = [&server];
 
     // An earlier, larger message to a good rdmx peer, staged in the cached region.
-    let good = ctx.worker().unwrap();
-    let (g, a) = (good.clone(), addr.to_string());
-    let t = thread::spawn(move || g.connect(&a).expect("good connect"));
-    let sgood = accept(&listener);
-    let _cgood = t.join().unwrap();
-    let earlier = pattern(EARLIER, 4);
-    let r = good.tag_recv(TAG_GOOD, TAG_MASK_ALL, vec![0; EARLIER]);
-    let s = sgood.tag_send(TAG_GOOD, earlier.clone());
-    assert!(finish(r, &[&server, &good]).expect("good receive").buf == earlier);
-    finish(s, &[&server, &good]).expect("good send");
+    send_to_a_good_peer(&ctx, &server, &listener, pattern(EARLIER, 4));
 
     // Then a smaller one to a raw peer, through the same region.
     let (mut p, ep) = raw_connect(&listener, addr);
@@ -777,15 +768,22 @@ fn reads_to_a_peer_gone_silent_are_written_off_when_its_connection_is_reaped() {
     );
 
     // The worker serves a new connection.
-    let client = ctx.worker().unwrap();
-    let (c, a) = (client.clone(), addr.to_string());
-    let t = thread::spawn(move || c.connect(&a).expect("connect"));
-    let sep = accept(&listener);
-    let cep = t.join().unwrap();
-    let data = pattern(MIB, 10);
-    let r = server.tag_recv(TAG_GOOD, TAG_MASK_ALL, vec![0; MIB]);
-    let s = cep.tag_send(TAG_GOOD, data.clone());
-    assert!(finish(r, &[&server, &client]).unwrap().buf == data);
-    finish(s, &[&server, &client]).unwrap();
-    drop(sep);
+    send_to_a_good_peer(&ctx, &server, &listener, pattern(MIB, 10));
+}
+
+/// Connects a new rdmx worker of `ctx` to `listener` (of `server`) and sends it `data` from
+/// `server`, checking it arrives intact.
+fn send_to_a_good_peer(ctx: &Context, server: &Worker, listener: &Listener, data: Vec<u8>) {
+    let good = ctx.worker().unwrap();
+    let (g, a) = (
+        good.clone(),
+        listener.local_addr().expect("bound").to_string(),
+    );
+    let t = thread::spawn(move || g.connect(&a).expect("good connect"));
+    let sgood = accept(listener);
+    let _cgood = t.join().unwrap();
+    let r = good.tag_recv(TAG_GOOD, TAG_MASK_ALL, vec![0; data.len()]);
+    let s = sgood.tag_send(TAG_GOOD, data.clone());
+    assert!(finish(r, &[server, &good]).expect("good receive").buf == data);
+    finish(s, &[server, &good]).expect("good send");
 }

@@ -46,6 +46,20 @@ fn asking_for_rdma_without_a_device_is_a_clear_error() {
     }
 }
 
+/// A TCP context (environment ignored but for the tests' own variables), a worker of it
+/// listening on loopback, the listener and its address.
+fn tcp_server() -> (rdmx::Context, rdmx::Worker, rdmx::Listener, String) {
+    let ctx = rdmx::Context::builder()
+        .env_lookup(api::test_env)
+        .transport(rdmx::Transport::Tcp)
+        .build()
+        .unwrap();
+    let server = ctx.worker().unwrap();
+    let listener = server.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    (ctx, server, listener, addr)
+}
+
 /// Hostile frames over TCP: a peer with a valid handshake sends one malformed frame. Each
 /// closes that peer's endpoint with a reason naming what was wrong, and another endpoint of
 /// the same worker keeps working (eager and rendezvous).
@@ -110,14 +124,7 @@ fn hostile_frames_close_only_their_endpoint() {
             "protocol error",
         ),
     ];
-    let ctx = rdmx::Context::builder()
-        .env_lookup(api::test_env)
-        .transport(rdmx::Transport::Tcp)
-        .build()
-        .unwrap();
-    let server = ctx.worker().unwrap();
-    let listener = server.listen("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
+    let (ctx, server, listener, addr) = tcp_server();
     let client = ctx.worker().unwrap();
     let c = client.clone();
     let a = addr.clone();
@@ -273,14 +280,7 @@ impl RawTcp {
 fn a_hostile_tcp_peer_reads_only_what_was_sent_to_it() {
     let _ = env_logger::builder().is_test(true).try_init();
     const MIB: usize = 1 << 20;
-    let ctx = rdmx::Context::builder()
-        .env_lookup(api::test_env)
-        .transport(rdmx::Transport::Tcp)
-        .build()
-        .unwrap();
-    let server = ctx.worker().unwrap();
-    let listener = server.listen("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
+    let (_ctx, server, listener, addr) = tcp_server();
     let (mut evil, evil_ep) = RawTcp::connect(&listener, &addr);
     let (mut honest, honest_ep) = RawTcp::connect(&listener, &addr);
 
