@@ -202,6 +202,8 @@ struct State {
     /// with the completion of their request if it is done: released, and the completion
     /// handed out, once the window is dead.
     held: Vec<(UserBufId, Option<(Pending, rdmx_proto::Completion)>)>,
+    /// The engine's unexpected arrivals as of the last wake-up.
+    arrivals_seen: u64,
     parked: Vec<Parked>,
     conns: HashMap<ConnId, Arc<ConnState>>,
     qp_map: HashMap<u32, ConnId>,
@@ -219,7 +221,10 @@ struct Outbox {
     flush: Vec<Arc<ConnState>>,
     reposts: Vec<(RegisteredBuf, u64)>,
     reaped: Vec<Arc<ConnState>>,
-    completed: usize,
+    /// Something a blocked thread may be waiting for happened (a request completed, a
+    /// message arrived unexpected, a send's work completed, a connection started closing):
+    /// wake the waiters.
+    wake: bool,
 }
 
 impl Outbox {
@@ -256,6 +261,7 @@ impl Worker {
                 keys: rand::make_rng(),
                 windows: HashMap::new(),
                 held: Vec::new(),
+                arrivals_seen: 0,
                 parked: Vec::new(),
                 conns: HashMap::new(),
                 qp_map: HashMap::new(),
@@ -455,13 +461,21 @@ impl Worker {
     }
 
     /// Receives the next matching message whatever its size, blocking until one arrives:
-    /// probes for it, then receives it into a buffer of its exact length.
+    /// probes for it and takes it out of matching at once (a matched probe), then receives it
+    /// into a buffer of its exact length. Any number of threads may call it on one worker:
+    /// each message goes to exactly one of them, and the others wait for the next.
     pub fn recv_vec(&self, tag: Tag, mask: Tag) -> Result<(Vec<u8>, RecvInfo)> {
         let sh = &self.shared;
         let mut found = None;
+        // A matched probe: the message is taken out of matching as it is found, so no other
+        // receiving thread can take it before it is received here.
         sh.wait_until(
             || {
-                found = sh.state.lock().engine.probe(tag, mask);
+                if found.is_none() {
+                    // (No actions follow a probe; and `done` may run under the wake-up lock,
+                    // so it must not run actions, which may wake.)
+                    found = sh.state.lock().engine.probe_remove(tag, mask);
+                }
                 found.is_some()
             },
             None,
@@ -469,16 +483,19 @@ impl Worker {
         let info = found.expect("wait_until returns once found");
         // The length is the peer's claim: allocate it fallibly.
         let mut buf = Vec::new();
-        usize::try_from(info.len)
+        let allocated = usize::try_from(info.len)
             .ok()
             .and_then(|len| buf.try_reserve_exact(len).ok().map(|()| len))
             .map(|len| buf.resize(len, 0))
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "cannot allocate {} bytes for the message with tag {:#x}",
-                    info.len, info.tag
-                ))
-            })?;
+            .is_some();
+        if !allocated {
+            // The message is ours and must be consumed: it is dropped as truncated.
+            drop(self.msg_recv(info, Vec::new()));
+            return Err(Error::Invalid(format!(
+                "cannot allocate {} bytes for the message with tag {:#x}; it was dropped",
+                info.len, info.tag
+            )));
+        }
         let request = self.msg_recv(info, buf);
         let done = request.wait()?;
         Ok((
@@ -696,6 +713,12 @@ impl Shared {
 
     fn run(&self, st: &mut State, out: &mut Outbox) {
         st.run_actions(self.rdma.get(), self.rndv, out);
+        let arrivals = st.engine.unexpected_arrivals();
+        if arrivals != st.arrivals_seen {
+            // Threads waiting to probe (recv_vec) wait for exactly this.
+            st.arrivals_seen = arrivals;
+            out.wake = true;
+        }
         self.housekeeping_pending.store(
             !st.closing.is_empty() || !st.parked.is_empty() || !st.held.is_empty(),
             Ordering::Release,
@@ -736,7 +759,7 @@ impl Shared {
             }
         }
         drop(out.reaped);
-        if out.completed > 0 {
+        if out.wake {
             self.notify();
         }
     }
@@ -926,7 +949,9 @@ impl Shared {
                 return false;
             }
             if self.progress_thread.load(Ordering::Acquire) {
-                self.sleep_on_completions(&mut done, slice(Duration::from_millis(50)));
+                // Whatever a waiter waits for wakes it (see `Outbox::wake`); the slice only
+                // bounds a wait nothing would end.
+                self.sleep_on_completions(&mut done, slice(Duration::from_secs(1)));
                 continue;
             }
             match self.mode {
@@ -1054,6 +1079,8 @@ impl State {
                 }
             }
             (_, COOKIE_SEND) => {
+                // A flushing endpoint waits for its sends' work to complete.
+                out.wake = true;
                 let conn = ConnId(wc.cookie & !COOKIE_KIND);
                 if let Some(buf) = wc.buffer {
                     self.send_pool.give(buf);
@@ -1207,6 +1234,7 @@ impl State {
     fn start_closing(&mut self, cs: &Arc<ConnState>, reason: String, out: &mut Outbox) {
         cs.close_reason.lock().get_or_insert(reason);
         if !cs.closing.swap(true, Ordering::AcqRel) {
+            out.wake = true;
             // RDMA disconnects after what is queued is posted; TCP shuts the socket down
             // once everything is written (ConnState::flush).
             if let Some(link) = cs.rdma() {
@@ -1757,6 +1785,6 @@ impl State {
             tag: c.tag,
             buf,
         });
-        out.completed += 1;
+        out.wake = true;
     }
 }

@@ -1,7 +1,7 @@
 //! The protocol engine: inputs via `handle_*` and user operations, outputs via
 //! [`Engine::poll_action`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use log::{debug, warn};
 
@@ -281,6 +281,16 @@ impl Unexpected {
             UnexpKind::Rts { body, .. } => body.len,
         }
     }
+
+    fn info(&self) -> ProbeInfo {
+        ProbeInfo {
+            msg: self.id,
+            conn: self.conn,
+            tag: self.tag,
+            len: self.len(),
+            rendezvous: matches!(self.kind, UnexpKind::Rts { .. }),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -323,6 +333,9 @@ pub struct Engine {
     reqs: BTreeMap<RequestId, Req>,
     posted: VecDeque<Posted>,
     unexpected: VecDeque<Unexpected>,
+    /// Messages taken out of matching by [`Engine::probe_remove`], waiting for their
+    /// [`Engine::msg_recv`].
+    claimed: HashMap<MessageId, Unexpected>,
     draining: Vec<(u64, RequestId)>,
     actions: VecDeque<Action>,
 }
@@ -361,6 +374,7 @@ impl Engine {
             reqs: BTreeMap::new(),
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
+            claimed: HashMap::new(),
             draining: Vec::new(),
             actions: VecDeque::new(),
         }
@@ -395,6 +409,12 @@ impl Engine {
     /// Number of user requests not yet completed.
     pub fn pending_requests(&self) -> usize {
         self.reqs.len()
+    }
+
+    /// How many messages have ever been queued as unexpected: grows with each arrival that
+    /// no posted receive matched (a driver wakes probing waiters when it changes).
+    pub fn unexpected_arrivals(&self) -> u64 {
+        self.next_msg
     }
 
     /// Number of messages in the unexpected queue.
@@ -807,26 +827,57 @@ impl Engine {
         self.unexpected
             .iter()
             .find(|u| matches(u.tag, tag, mask))
-            .map(|u| ProbeInfo {
-                msg: u.id,
-                conn: u.conn,
-                tag: u.tag,
-                len: u.len(),
-                rendezvous: matches!(u.kind, UnexpKind::Rts { .. }),
-            })
+            .map(Unexpected::info)
     }
 
-    /// Receives the probed message `msg` into `buf`; `None` if it is no longer queued.
-    pub fn msg_recv(&mut self, msg: MessageId, buf: UserBufId, capacity: u64) -> Option<RequestId> {
-        let pos = self.unexpected.iter().position(|u| u.id == msg)?;
+    /// A matched probe (`MPI_Mprobe`, `ucp_tag_probe_nb` with remove): finds the first
+    /// unexpected message matching `tag`/`mask` and takes it out of matching, so that no
+    /// receive or probe sees it any more; only [`Engine::msg_recv`] with its handle receives
+    /// it.
+    pub fn probe_remove(&mut self, tag: Tag, mask: Tag) -> Option<ProbeInfo> {
+        let pos = self
+            .unexpected
+            .iter()
+            .position(|u| matches(u.tag, tag, mask))?;
         let u = self.unexpected.remove(pos)?;
+        let info = u.info();
+        self.claimed.insert(u.id, u);
+        Some(info)
+    }
+
+    /// Receives the probed message `msg` into `buf`; `None` if it is no longer queued (another
+    /// receive took it, or — for a rendezvous message not removed by
+    /// [`Engine::probe_remove`] — its connection is gone). A message removed by
+    /// `probe_remove` is always received: if its connection is gone meanwhile, a rendezvous
+    /// message completes with [`Status::ConnectionClosed`].
+    pub fn msg_recv(&mut self, msg: MessageId, buf: UserBufId, capacity: u64) -> Option<RequestId> {
+        let u = match self.claimed.remove(&msg) {
+            Some(u) => u,
+            None => {
+                let pos = self.unexpected.iter().position(|u| u.id == msg)?;
+                self.unexpected.remove(pos)?
+            }
+        };
         let id = self.new_req(Req::Recv(RecvReq {
             buf,
             cap: capacity,
             tag: 0,
             reading: None,
         }));
-        self.deliver_unexpected(id, u);
+        let gone = !self.conns.contains_key(&u.conn);
+        if gone && matches!(u.kind, UnexpKind::Rts { .. }) {
+            let len = u.len();
+            self.complete(
+                id,
+                RequestKind::Recv,
+                Status::ConnectionClosed,
+                len,
+                u.tag,
+                Some(u.conn),
+            );
+        } else {
+            self.deliver_unexpected(id, u);
+        }
         Some(id)
     }
 

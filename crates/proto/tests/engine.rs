@@ -231,6 +231,48 @@ fn probe_then_msg_recv() {
 }
 
 #[test]
+fn matched_probe_hides_the_message_until_msg_recv() {
+    let mut s = sim3(9);
+    let first = pattern(20, 1);
+    s.send(2, 1, 0x77, first.clone());
+    s.send(2, 1, 0x77, pattern(21, 2));
+    s.run();
+    let p = s.peers[1].engine.probe_remove(0x77, !0).unwrap();
+    assert_eq!(p.len, 20, "the first matching message, in arrival order");
+    // Neither a probe nor a posted receive sees it any more: they get the second one.
+    assert_eq!(s.peers[1].engine.probe(0x77, !0).unwrap().len, 21);
+    let (r2, b2) = s.recv(1, 0x77, !0, 64);
+    s.run();
+    assert_eq!(s.completion(1, r2).unwrap().length, 21);
+    assert_eq!(s.data(1, b2, 21), pattern(21, 2));
+    // Only its handle receives it.
+    let buf = s.alloc(1, vec![0; 20]);
+    let r = s.peers[1].engine.msg_recv(p.msg, buf, 20).unwrap();
+    s.pump(1);
+    assert_eq!(s.completion(1, r).unwrap().status, Status::Ok);
+    assert_eq!(s.data(1, buf, 20), first);
+    assert!(s.peers[1].engine.msg_recv(p.msg, buf, 20).is_none());
+}
+
+#[test]
+fn matched_probe_of_a_rendezvous_whose_connection_died_fails_its_receive() {
+    let mut s = sim3(10);
+    let big = s.peers[2].engine.config().eager_threshold as usize + 100;
+    s.send(2, 1, 0x78, pattern(big, 3));
+    s.run();
+    let p = s.peers[1].engine.probe_remove(0x78, !0).unwrap();
+    assert!(p.rendezvous);
+    s.kill(1, 2);
+    let buf = s.alloc(1, vec![0; big]);
+    let r = s.peers[1]
+        .engine
+        .msg_recv(p.msg, buf, big as u64)
+        .expect("a removed message is always received");
+    s.pump(1);
+    assert_eq!(s.completion(1, r).unwrap().status, Status::ConnectionClosed);
+}
+
+#[test]
 fn eager_truncation() {
     let mut s = sim3(9);
     let (r, buf) = s.recv(1, 0, 0, 10);
