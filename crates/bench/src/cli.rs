@@ -19,7 +19,7 @@ USAGE:
   rdmx-bench report DIR [--out FILE] [--svg-dir DIR2]
   rdmx-bench --help
 
-socket-pingpong: raw blocking TCP ping-pong (TCP_NODELAY), the no-middleware baseline.
+socket-pingpong: raw TCP ping-pong (TCP_NODELAY, polled), the no-middleware baseline.
   --server ADDR     serve one client session on ADDR (e.g. 127.0.0.1:13400; port 0 = any),
                     print `listening on HOST:PORT` on stderr, then exit
   --client H:P      run against a server

@@ -1,6 +1,6 @@
 //! rdmx benchmark tools, behind the `rdmx-bench` binary.
 //!
-//! * [`socket`]: `rdmx-bench socket-pingpong`, a raw blocking-socket TCP ping-pong (std::net,
+//! * [`socket`]: `rdmx-bench socket-pingpong`, a raw-socket TCP ping-pong, polled (std::net,
 //!   `TCP_NODELAY`) — the baseline of what the kernel gives without any middleware. Its JSON
 //!   output uses the same schema as rdmx's `pingpong` example ([`schema`]).
 //! * [`report`]: `rdmx-bench report DIR`, which reads the raw results a `scripts/bench` run
