@@ -143,6 +143,7 @@
 //! connect/close churn, hostile frames, and the host suite under valgrind (`scripts/test`;
 //! full-size campaigns in `scripts/stress`, the decoder fuzzing campaign in `scripts/fuzz`).
 
+mod clock;
 mod config;
 mod context;
 mod ep;

@@ -29,7 +29,8 @@ use crate::usermem::{RegCache, UserMem};
 
 const TOKEN_WAKER: u64 = 0;
 const TOKEN_CQ: u64 = 1;
-const TOKEN_CM: u64 = 2;
+/// A connection's channel fd is registered as `TOKEN_CONN + its ConnId`.
+const TOKEN_CONN: u64 = 1 << 32;
 /// How often a progressing worker checks its connections' rdmacm events.
 const CM_CHECK_INTERVAL: Duration = Duration::from_millis(5);
 /// How long a closing connection may take to drain before it is destroyed anyway.
@@ -113,7 +114,6 @@ pub(crate) struct Shared {
     mode: WaitMode,
     rndv: RndvRegistration,
     pub(crate) transport: Transport,
-    epoch: Instant,
     state: Mutex<State>,
     rdma: OnceLock<Rdma>,
     init: Mutex<()>,
@@ -180,7 +180,8 @@ struct Parked {
     id: u64,
     buf: RegisteredBuf,
     len: usize,
-    since: Instant,
+    /// When it was parked (coarse clock, ns).
+    since: u64,
 }
 
 struct State {
@@ -211,7 +212,8 @@ struct State {
     next_read: u64,
     send_pool: SendPool,
     rcache: RegCache,
-    closing: Vec<(ConnId, Instant)>,
+    /// Closing connections and when they started closing (coarse clock, ns).
+    closing: Vec<(ConnId, u64)>,
     spare_recv: Vec<(RegisteredBuf, u64)>,
 }
 
@@ -248,7 +250,6 @@ impl Worker {
             mode: cfg.wait_mode(),
             rndv: cfg.rndv_registration(),
             transport: ctx.transport(),
-            epoch: Instant::now(),
             state: Mutex::new(State {
                 engine,
                 user_bufs: HashMap::new(),
@@ -574,7 +575,7 @@ impl Shared {
     }
 
     fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        crate::clock::coarse_now_ns()
     }
 
     pub(crate) fn new_conn_id(&self) -> ConnId {
@@ -616,7 +617,7 @@ impl Shared {
     /// Registers an established connection the engine already knows as `id`.
     pub(crate) fn add_conn(&self, id: ConnId, link: Link) -> Arc<ConnState> {
         let cs = Arc::new(ConnState::new(id, link));
-        if let Err(e) = self.poller.add(cs.event_fd(), TOKEN_CM) {
+        if let Err(e) = self.poller.add(cs.event_fd(), TOKEN_CONN + id.0) {
             log::warn!("cannot watch {id:?}'s connection events: {e}");
         }
         self.conn_list.write().push(cs.clone());
@@ -794,8 +795,18 @@ impl Shared {
         let now = self.now_ns();
         let mut cm_events: Vec<(ConnId, CmEvent)> = Vec::new();
         let housekeeping = self.cm_check_due(now);
-        if housekeeping {
+        if housekeeping && self.rdma.get().is_some() {
+            // Only connections whose event channel is readable have rdmacm news: one
+            // epoll_wait for all of them, instead of a failing rdma_get_cm_event each.
+            let mut ready = Vec::new();
+            if let Err(e) = self.poller.wait(&mut ready, Some(Duration::ZERO)) {
+                log::error!("checking the connections' events: {e}");
+            }
+            ready.retain(|&t| t >= TOKEN_CONN);
             for cs in self.conn_list.read().iter() {
+                if !ready.contains(&(TOKEN_CONN + cs.id.0)) {
+                    continue;
+                }
                 let Some(link) = cs.rdma() else { continue };
                 loop {
                     match link.conn.next_event(Some(Duration::ZERO)) {
@@ -1074,7 +1085,7 @@ impl State {
                         id,
                         buf,
                         len: wc.byte_len as usize,
-                        since: Instant::now(),
+                        since: crate::clock::coarse_now_ns(),
                     }),
                 }
             }
@@ -1241,20 +1252,22 @@ impl State {
                 link.push(Outgoing::Disconnect);
             }
             out.flush(cs);
-            self.closing.push((cs.id, Instant::now()));
+            self.closing.push((cs.id, crate::clock::coarse_now_ns()));
         }
     }
 
     /// Destroys drained closing connections; reposts frames parked too long; retries
     /// failed reposts.
     fn housekeeping(&mut self, out: &mut Outbox) {
-        let now = Instant::now();
+        let now = crate::clock::coarse_now_ns();
+        let after =
+            |since: u64, limit: Duration| now.saturating_sub(since) > limit.as_nanos() as u64;
         let mut keep = Vec::new();
         for (id, since) in std::mem::take(&mut self.closing) {
             let Some(cs) = self.conns.get(&id).cloned() else {
                 continue;
             };
-            if cs.idle() || now.duration_since(since) > REAP_TIMEOUT {
+            if cs.idle() || after(since, REAP_TIMEOUT) {
                 if !cs.idle() {
                     log::debug!("{id:?}: destroying with work still posted or unwritten");
                 }
@@ -1269,7 +1282,7 @@ impl State {
         self.closing = keep;
         let (old, fresh): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.parked)
             .into_iter()
-            .partition(|p| now.duration_since(p.since) > PARK_TIMEOUT);
+            .partition(|p| after(p.since, PARK_TIMEOUT));
         self.parked = fresh;
         for p in old {
             log::debug!("dropping a frame from unknown qp {}", p.qp);

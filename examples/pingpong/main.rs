@@ -289,13 +289,16 @@ fn latency(
     let mut sbuf = pattern(size, total)?;
     let mut rbuf = alloc(size)?;
     let mut one_way = Vec::with_capacity(iters);
+    // One clock read per round trip (as ib_send_lat): each ends where the next begins.
+    let mut t0 = Instant::now();
     for i in 0..total {
-        let t0 = Instant::now();
         let r = worker.tag_recv(DATA, TAG_MASK_ALL, rbuf);
         let s = ep.tag_send(DATA, sbuf);
         sbuf = wait(s, "send")?.buf;
         let got = wait(r, "receive")?;
-        let rtt = t0.elapsed();
+        let t1 = Instant::now();
+        let rtt = t1 - t0;
+        t0 = t1;
         check_len(&got, size)?;
         rbuf = got.buf;
         if i >= warmup {
