@@ -1,7 +1,7 @@
 //! The worker: one device's resources, the protocol engine, and the progress loop that
 //! drives one with the other.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -252,21 +252,21 @@ impl Worker {
             transport: ctx.transport(),
             state: Mutex::new(State {
                 engine,
-                user_bufs: HashMap::new(),
-                orphans: HashSet::new(),
-                reqs: HashMap::new(),
+                user_bufs: HashMap::default(),
+                orphans: HashSet::default(),
+                reqs: HashMap::default(),
                 next_buf: 0,
-                recv_held: HashMap::new(),
+                recv_held: HashMap::default(),
                 next_tcp_frame: TCP_FRAME_IDS,
-                exposed: HashMap::new(),
+                exposed: HashMap::default(),
                 keys: rand::make_rng(),
-                windows: HashMap::new(),
+                windows: HashMap::default(),
                 held: Vec::new(),
                 arrivals_seen: 0,
                 parked: Vec::new(),
-                conns: HashMap::new(),
-                qp_map: HashMap::new(),
-                reads: HashMap::new(),
+                conns: HashMap::default(),
+                qp_map: HashMap::default(),
+                reads: HashMap::default(),
                 next_read: 0,
                 send_pool: SendPool::new(frame_len, cfg.send_bufs() as usize),
                 rcache: RegCache::new(cfg.rcache_bytes()),
