@@ -104,6 +104,12 @@ fn run(len: u64, msgs: u64, expected: bool) -> f64 {
 }
 
 fn main() {
+    // `cargo bench -p rdmx-proto -- WORD...` runs only the cases whose kind or matching
+    // contains one of the words (e.g. `eager`, `unexpected`); cargo's own flags are ignored.
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
     println!("rdmx-proto engine cost (simulated pair, both sides, no data movement for READs)");
     println!(
         "{:<12} {:<11} {:>10} {:>10} {:>14}",
@@ -120,8 +126,12 @@ fn main() {
     ];
     for (kind, len, msgs) in cases {
         for expected in [true, false] {
-            let ns = run(len, msgs, expected);
             let m = if expected { "expected" } else { "unexpected" };
+            let name = format!("{kind} {m}");
+            if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+                continue;
+            }
+            let ns = run(len, msgs, expected);
             println!("{kind:<12} {m:<11} {len:>10} {msgs:>10} {ns:>14.1}");
         }
     }

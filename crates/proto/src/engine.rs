@@ -1,7 +1,9 @@
 //! The protocol engine: inputs via `handle_*` and user operations, outputs via
 //! [`Engine::poll_action`].
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use log::{debug, warn};
 
@@ -329,8 +331,8 @@ pub struct Engine {
     now: u64,
     next_req: u64,
     next_msg: u64,
-    conns: BTreeMap<ConnId, Conn>,
-    reqs: BTreeMap<RequestId, Req>,
+    conns: HashMap<ConnId, Conn>,
+    reqs: HashMap<RequestId, Req>,
     posted: VecDeque<Posted>,
     unexpected: VecDeque<Unexpected>,
     /// Messages taken out of matching by [`Engine::probe_remove`], waiting for their
@@ -370,11 +372,11 @@ impl Engine {
             now: 0,
             next_req: 1,
             next_msg: 1,
-            conns: BTreeMap::new(),
-            reqs: BTreeMap::new(),
+            conns: HashMap::default(),
+            reqs: HashMap::default(),
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
-            claimed: HashMap::new(),
+            claimed: HashMap::default(),
             draining: Vec::new(),
             actions: VecDeque::new(),
         }
@@ -572,7 +574,7 @@ impl Engine {
                 });
             }
         }
-        let ids: Vec<RequestId> = self
+        let mut ids: Vec<RequestId> = self
             .reqs
             .iter()
             .filter(|(_, r)| match r {
@@ -581,6 +583,8 @@ impl Engine {
             })
             .map(|(id, _)| *id)
             .collect();
+        // In the order they were made, whatever the table's order.
+        ids.sort_unstable();
         for id in ids {
             match self.reqs.get_mut(&id) {
                 Some(Req::Send(s)) => {
