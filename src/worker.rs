@@ -822,10 +822,18 @@ impl Shared {
         }
         let mut tcp_events: Vec<(Arc<ConnState>, Vec<rdmx_tcp::Event>)> = Vec::new();
         if self.transport == Transport::Tcp {
+            // Readiness from epoll: only links with something to read are read.
+            let mut ready = Vec::new();
+            if let Err(e) = self.poller.wait(&mut ready, Some(Duration::ZERO)) {
+                log::error!("checking the links' readiness: {e}");
+            }
             for cs in self.conn_list.read().iter() {
                 let Some(link) = cs.tcp() else { continue };
                 if link.wants_write() && cs.flush() {
                     self.failures_pending.store(true, Ordering::Release);
+                }
+                if !ready.contains(&(TOKEN_CONN + cs.id.0)) {
+                    continue;
                 }
                 let mut events = Vec::new();
                 if let Err(e) = link.poll(&mut events) {
@@ -1271,6 +1279,7 @@ impl State {
                 if !cs.idle() {
                     log::debug!("{id:?}: destroying with work still posted or unwritten");
                 }
+                self.reclaim_lent(&cs);
                 self.conns.remove(&id);
                 self.qp_map.retain(|_, c| *c != id);
                 self.reads_lost_with(id, out);
@@ -1737,10 +1746,8 @@ impl State {
         }
     }
 
-    /// TCP: the link is gone. Its requests fail, its lent buffers come back, and every READ
-    /// it owed is reported failed.
-    fn tcp_down(&mut self, cs: &Arc<ConnState>, reason: String, out: &mut Outbox) {
-        self.engine.handle_connection_down(cs.id);
+    /// TCP: takes back every buffer lent to the link as a READ destination.
+    fn reclaim_lent(&mut self, cs: &ConnState) {
         if let Some(link) = cs.tcp() {
             for (key, vec) in link.reclaim_all() {
                 if let Some(mem) = self.user_bufs.get_mut(&UserBufId(key)) {
@@ -1748,6 +1755,13 @@ impl State {
                 }
             }
         }
+    }
+
+    /// TCP: the link is gone. Its requests fail, its lent buffers come back, and every READ
+    /// it owed is reported failed.
+    fn tcp_down(&mut self, cs: &Arc<ConnState>, reason: String, out: &mut Outbox) {
+        self.engine.handle_connection_down(cs.id);
+        self.reclaim_lent(cs);
         let owed: Vec<u64> = self
             .reads
             .iter()

@@ -1210,9 +1210,9 @@ pub fn several_threads_receive_on_one_worker() {
     let ctx = builder().wait_mode(mode).build().unwrap();
     let (server, _sep, _client, cep) = pair(&ctx);
     // RDMX_RECV_THREADS_MIB shrinks the large messages for slow runs (valgrind). In the
-    // emulated guest a debug build moves 16 × 16 MiB in about 100 s, so there they are 4 MiB
+    // emulated guest a debug build moves 16 × 16 MiB in about 100 s, so there they are 1 MiB
     // (any rendezvous size races the same way).
-    let big = env_count("RDMX_RECV_THREADS_MIB", if is_rdma() { 4 } else { 16 }) << 20;
+    let big = env_count("RDMX_RECV_THREADS_MIB", if is_rdma() { 1 } else { 16 }) << 20;
     for (threads, per_thread, len) in [(2usize, 8usize, big), (4, 2000, 8)] {
         let total = threads * per_thread;
         let started = Instant::now();

@@ -367,6 +367,7 @@ impl Link {
         }
         let mut budget = POLL_BUDGET;
         while budget > 0 {
+            let last_want;
             let res = if input.parser.in_payload() {
                 match input.parser.payload_dest() {
                     Err(reason) => {
@@ -375,6 +376,7 @@ impl Link {
                     }
                     Ok(dst) => {
                         let want = dst.len().min(budget);
+                        last_want = want;
                         match (&self.stream).read(&mut dst[..want]) {
                             Ok(n) if n > 0 => {
                                 input.parser.payload_advanced(n, out);
@@ -389,6 +391,7 @@ impl Link {
                     input.rbuf = vec![0; READ_CHUNK];
                 }
                 let want = READ_CHUNK.min(budget);
+                last_want = want;
                 match (&self.stream).read(&mut input.rbuf[..want]) {
                     Ok(n) if n > 0 => match input.parser.consume(&input.rbuf[..n], out) {
                         Ok(()) => Ok(n),
@@ -404,6 +407,11 @@ impl Link {
                 Ok(0) => {
                     let reason = input.parser.eof_reason();
                     self.close_input(input, out, reason, false);
+                    break;
+                }
+                Ok(n) if n < last_want => {
+                    // A short read drained the socket: asking again would only fail with
+                    // WouldBlock (the caller learns of new data from epoll).
                     break;
                 }
                 Ok(n) => budget = budget.saturating_sub(n),
