@@ -163,7 +163,10 @@ pub struct Config {
     pub(crate) rndv_registration: Setting<RndvRegistration>,
     pub(crate) rcache_bytes: Setting<u64>,
     pub(crate) connect_timeout: Setting<Duration>,
-    pub(crate) transport: Setting<Transport>,
+    pub(crate) transport: Setting<Vec<Transport>>,
+    /// The transports a context resolved `transport` to (usable here, in order of
+    /// preference); empty before a context resolved them (then RDMA's values apply).
+    pub(crate) resolved: Vec<Transport>,
 }
 
 /// The TCP transport's default eager threshold: 64 KiB less the 40-byte frame header (the
@@ -192,7 +195,7 @@ pub const DEVICE_VAR: &str = "RDMX_DEVICE";
 pub const RNDV_REG_VAR: &str = "RDMX_RNDV_REG";
 /// `RDMX_RCACHE_SIZE`: bytes of registered memory the registration cache may keep.
 pub const RCACHE_SIZE_VAR: &str = "RDMX_RCACHE_SIZE";
-/// `RDMX_TRANSPORT`: `auto`, `rdma` or `tcp`.
+/// `RDMX_TRANSPORT`: `auto`, or transports in order of preference (`rdma,tcp`, `tcp`, …).
 pub const TRANSPORT_VAR: &str = "RDMX_TRANSPORT";
 /// `RDMX_CONNECT_TIMEOUT_MS`: how long connect and accept wait for the peer.
 pub const CONNECT_TIMEOUT_VAR: &str = "RDMX_CONNECT_TIMEOUT_MS";
@@ -212,7 +215,8 @@ impl Default for Config {
             rndv_registration: Setting::default(RndvRegistration::Auto),
             rcache_bytes: Setting::default(256 << 20),
             connect_timeout: Setting::default(Duration::from_secs(5)),
-            transport: Setting::default(Transport::Auto),
+            transport: Setting::default(vec![Transport::Auto]),
+            resolved: Vec::new(),
         }
     }
 }
@@ -227,24 +231,6 @@ impl Config {
     /// Defaults overridden by the variables `lookup` finds (the environment, for
     /// [`crate::Context::new`]). A set but invalid variable is an error naming it, its value
     /// and what is allowed.
-    /// Over TCP the defaults of `RDMX_EAGER_THRESHOLD` and `RDMX_RECV_BUF_SIZE` are
-    /// [`TCP_EAGER_THRESHOLD`] and [`TCP_RECV_BUF_SIZE`] (values set in the environment or
-    /// the builder are kept): a TCP receiver allocates each frame as it arrives, so large
-    /// eager messages cost no pre-posted memory, and the threshold sweeps (BENCHMARKS.md)
-    /// found eager faster than rendezvous over TCP at every size up to 32 KiB and about even
-    /// at 64 KiB.
-    pub(crate) fn use_transport_defaults(&mut self, transport: crate::Transport) {
-        if transport != crate::Transport::Tcp {
-            return;
-        }
-        if self.eager_threshold.source == Source::Default {
-            self.eager_threshold.value = TCP_EAGER_THRESHOLD;
-        }
-        if self.recv_buf_size.source == Source::Default {
-            self.recv_buf_size.value = TCP_RECV_BUF_SIZE;
-        }
-    }
-
     pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let mut c = Config::default();
         c.apply(lookup, Source::Environment)?;
@@ -315,8 +301,13 @@ impl Config {
             put(&mut c.rcache_bytes, n, source);
         }
         if let Some(v) = env(TRANSPORT_VAR) {
-            let t = Transport::parse(&v)
-                .ok_or_else(|| env_error(TRANSPORT_VAR, &v, "`auto`, `rdma` or `tcp`"))?;
+            let t = Transport::parse_list(&v).ok_or_else(|| {
+                env_error(
+                    TRANSPORT_VAR,
+                    &v,
+                    "`auto`, or `rdma` and/or `tcp` separated by commas, each once",
+                )
+            })?;
             put(&mut c.transport, t, source);
         }
         if let Some(v) = env(CONNECT_TIMEOUT_VAR) {
@@ -326,23 +317,79 @@ impl Config {
         Ok(())
     }
 
-    /// Checks the combination and builds the protocol engine's configuration from it.
+    /// Checks the combination and builds the protocol engine's configuration from it (its
+    /// defaults are the largest of the transports'; each connection gets its transport's
+    /// own, see [`Config::limits`]).
     pub(crate) fn proto(&self) -> Result<rdmx_proto::Config> {
+        let ts = self.transports_or_rdma();
         Ok(rdmx_proto::Config::builder()
-            .eager_threshold(self.eager_threshold.value)
-            .recv_buf_size(self.recv_buf_size.value)
+            .eager_threshold(
+                ts.iter()
+                    .map(|&t| self.eager_threshold_for(t))
+                    .max()
+                    .unwrap_or(0),
+            )
+            .recv_buf_size(
+                ts.iter()
+                    .map(|&t| self.recv_buf_size_for(t))
+                    .max()
+                    .unwrap_or(0),
+            )
             .srq_depth(self.srq_depth.value)
             .credits(self.credits.value)
             .build()?)
     }
 
-    /// Largest message sent eagerly (`RDMX_EAGER_THRESHOLD`).
-    pub fn eager_threshold(&self) -> u64 {
-        self.eager_threshold.value
+    fn transports_or_rdma(&self) -> &[Transport] {
+        if self.resolved.is_empty() {
+            &[Transport::Rdma]
+        } else {
+            &self.resolved
+        }
     }
-    /// Size of each SRQ receive buffer (`RDMX_RECV_BUF_SIZE`).
+
+    /// The transport whose values [`Config::eager_threshold`] and [`Config::recv_buf_size`]
+    /// give: the first one in use.
+    fn preferred(&self) -> Transport {
+        self.transports_or_rdma()[0]
+    }
+
+    /// Largest message sent eagerly (`RDMX_EAGER_THRESHOLD`) on the preferred transport.
+    pub fn eager_threshold(&self) -> u64 {
+        self.eager_threshold_for(self.preferred())
+    }
+    /// Size of each receive buffer (`RDMX_RECV_BUF_SIZE`) on the preferred transport.
     pub fn recv_buf_size(&self) -> u32 {
-        self.recv_buf_size.value
+        self.recv_buf_size_for(self.preferred())
+    }
+
+    /// `RDMX_EAGER_THRESHOLD` on `transport`. Unless set, RDMA's is 8152 B (bounded by the
+    /// SRQ's pre-posted memory) and TCP's [`TCP_EAGER_THRESHOLD`]: a TCP receiver allocates
+    /// each frame as it arrives, so large eager messages cost no pre-posted memory, and the
+    /// threshold sweeps (BENCHMARKS.md) found eager faster than rendezvous over TCP at every
+    /// size up to 32 KiB and about even at 64 KiB.
+    pub fn eager_threshold_for(&self, transport: Transport) -> u64 {
+        match (transport, self.eager_threshold.source) {
+            (Transport::Tcp, Source::Default) => TCP_EAGER_THRESHOLD,
+            _ => self.eager_threshold.value,
+        }
+    }
+
+    /// `RDMX_RECV_BUF_SIZE` on `transport`: RDMA's SRQ buffers (8 KiB unless set), TCP's
+    /// largest frame a peer may send ([`TCP_RECV_BUF_SIZE`] unless set).
+    pub fn recv_buf_size_for(&self, transport: Transport) -> u32 {
+        match (transport, self.recv_buf_size.source) {
+            (Transport::Tcp, Source::Default) => TCP_RECV_BUF_SIZE,
+            _ => self.recv_buf_size.value,
+        }
+    }
+
+    /// The protocol limits of a connection on `transport`.
+    pub(crate) fn limits(&self, transport: Transport) -> rdmx_proto::ConnLimits {
+        rdmx_proto::ConnLimits {
+            recv_buf_size: self.recv_buf_size_for(transport),
+            eager_threshold: self.eager_threshold_for(transport),
+        }
     }
     /// Receive buffers on each worker's SRQ (`RDMX_SRQ_DEPTH`).
     pub fn srq_depth(&self) -> u32 {
@@ -376,10 +423,10 @@ impl Config {
     pub fn rcache_bytes(&self) -> u64 {
         self.rcache_bytes.value
     }
-    /// The transport asked for (`RDMX_TRANSPORT`); see [`crate::Context::transport`] for
-    /// the one in use.
-    pub fn transport(&self) -> Transport {
-        self.transport.value
+    /// The transports asked for (`RDMX_TRANSPORT`), in order of preference (`[Auto]` for
+    /// `auto`); see [`crate::Context::transports`] for those in use.
+    pub fn transports(&self) -> &[Transport] {
+        &self.transport.value
     }
     /// How long connect and accept wait (`RDMX_CONNECT_TIMEOUT_MS`).
     pub fn connect_timeout(&self) -> Duration {
@@ -397,18 +444,30 @@ impl Config {
             }
         }
         let c = self;
+        // Values that differ between the transports in use: "8152 (tcp 65496)".
+        let per_transport = |of: &dyn Fn(Transport) -> u64| {
+            let ts = c.transports_or_rdma();
+            let first = of(ts[0]);
+            let mut text = first.to_string();
+            for &t in &ts[1..] {
+                if of(t) != first {
+                    text += &format!(" ({t} {})", of(t));
+                }
+            }
+            text
+        };
         vec![
             e(
                 EAGER_THRESHOLD_VAR,
                 &c.eager_threshold,
-                c.eager_threshold.value.to_string(),
+                per_transport(&|t| c.eager_threshold_for(t)),
                 "largest message sent eagerly (bytes); larger ones use rendezvous",
             ),
             e(
                 RECV_BUF_SIZE_VAR,
                 &c.recv_buf_size,
-                c.recv_buf_size.value.to_string(),
-                "size of each receive buffer on the SRQ (bytes)",
+                per_transport(&|t| c.recv_buf_size_for(t).into()),
+                "size of each receive buffer (RDMA: on the SRQ; TCP: largest frame) (bytes)",
             ),
             e(
                 SRQ_DEPTH_VAR,
@@ -464,8 +523,8 @@ impl Config {
             e(
                 TRANSPORT_VAR,
                 &c.transport,
-                c.transport.value.to_string(),
-                "auto (rdma when a device is found, else tcp), rdma or tcp",
+                Transport::list_string(&c.transport.value),
+                "auto (rdma for peers a device reaches, tcp for others), or a list: rdma,tcp",
             ),
             e(
                 CONNECT_TIMEOUT_VAR,
@@ -548,11 +607,49 @@ mod tests {
             ("RDMX_RNDV_REG", "sometimes"),
             ("RDMX_CONNECT_TIMEOUT_MS", "0"),
             ("RDMX_TRANSPORT", "carrier-pigeon"),
+            ("RDMX_TRANSPORT", "rdma,rdma"),
+            ("RDMX_TRANSPORT", "auto,tcp"),
+            ("RDMX_TRANSPORT", "tcp,"),
         ] {
             let err = Config::from_lookup(lookup(&[(var, val)])).unwrap_err();
             let msg = err.to_string();
             assert!(msg.contains(var), "{msg}");
             assert!(msg.contains(val), "{msg}");
         }
+    }
+
+    #[test]
+    fn transport_lists_and_per_transport_defaults() {
+        let c = Config::from_lookup(lookup(&[("RDMX_TRANSPORT", " tcp , rdma ")])).unwrap();
+        assert_eq!(c.transports(), [Transport::Tcp, Transport::Rdma]);
+        let c = Config::from_lookup(lookup(&[])).unwrap();
+        assert_eq!(c.transports(), [Transport::Auto]);
+        // Unset, each transport has its own eager threshold and buffer size; the preferred
+        // (first resolved) transport's are the plain accessors'.
+        let mut c = Config::from_lookup(lookup(&[])).unwrap();
+        c.resolved = vec![Transport::Rdma, Transport::Tcp];
+        assert_eq!(c.eager_threshold(), 8152);
+        assert_eq!(c.eager_threshold_for(Transport::Tcp), TCP_EAGER_THRESHOLD);
+        assert_eq!(c.recv_buf_size_for(Transport::Tcp), TCP_RECV_BUF_SIZE);
+        let shown = c
+            .entries()
+            .into_iter()
+            .find(|e| e.var == EAGER_THRESHOLD_VAR)
+            .unwrap()
+            .value;
+        assert_eq!(shown, "8152 (tcp 65496)");
+        let engine = c.proto().unwrap();
+        assert_eq!(
+            (engine.eager_threshold, engine.recv_buf_size),
+            (TCP_EAGER_THRESHOLD, TCP_RECV_BUF_SIZE),
+            "the engine's defaults are the largest; connections get their own"
+        );
+        c.resolved = vec![Transport::Tcp];
+        assert_eq!(c.eager_threshold(), TCP_EAGER_THRESHOLD);
+        // Set, a value applies to every transport.
+        let mut c = Config::from_lookup(lookup(&[("RDMX_EAGER_THRESHOLD", "1k")])).unwrap();
+        c.resolved = vec![Transport::Rdma, Transport::Tcp];
+        assert_eq!(c.eager_threshold_for(Transport::Tcp), 1024);
+        assert_eq!(c.limits(Transport::Rdma).eager_threshold, 1024);
     }
 }

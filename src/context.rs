@@ -30,7 +30,6 @@ use crate::worker::Worker;
 #[derive(Clone)]
 pub struct Context {
     inner: Arc<Config>,
-    transport: Transport,
 }
 
 impl Context {
@@ -53,10 +52,17 @@ impl Context {
         &self.inner
     }
 
-    /// The transport in use: `RDMX_TRANSPORT` / [`ContextBuilder::transport`], with `auto`
-    /// resolved (RDMA when a device is found, else TCP).
+    /// The preferred transport in use: the first of [`Context::transports`].
     pub fn transport(&self) -> Transport {
-        self.transport
+        self.inner.resolved[0]
+    }
+
+    /// The transports in use, in order of preference: `RDMX_TRANSPORT` /
+    /// [`ContextBuilder::transports`] without those this machine lacks (`auto`: RDMA when
+    /// rdmacm lists a device, then TCP). A worker connects to a peer over the first one that
+    /// reaches it, and listens on each.
+    pub fn transports(&self) -> &[Transport] {
+        &self.inner.resolved
     }
 
     /// Makes a worker (see [`Worker`]).
@@ -136,9 +142,18 @@ impl ContextBuilder {
     setter!(
         /// How long connect and accept wait.
         connect_timeout: Duration => connect_timeout);
-    setter!(
-        /// The transport: auto, RDMA or TCP.
-        transport: Transport => transport);
+    /// The transport: `Auto`, or the only one to use.
+    pub fn transport(self, transport: Transport) -> Self {
+        self.transports(&[transport])
+    }
+
+    /// The transports to use, in order of preference (as `RDMX_TRANSPORT=rdma,tcp`).
+    pub fn transports(mut self, list: &[Transport]) -> Self {
+        let list = list.to_vec();
+        self.overrides
+            .push(Box::new(move |c: &mut Config| c.transport.set(list)));
+        self
+    }
 
     /// Sets a variable by its environment name (e.g. `"RDMX_EAGER_THRESHOLD"`, `"4k"`),
     /// parsed as the environment would be but counted as a builder setting: for tools that
@@ -188,37 +203,43 @@ impl ContextBuilder {
         if config.connect_timeout.value.is_zero() {
             return Err(Error::Config("the connect timeout must be positive".into()));
         }
-        let transport = resolve(config.transport())?;
-        config.use_transport_defaults(transport);
+        config.resolved = resolve(config.transports())?;
         config.proto()?;
         Ok(Context {
             inner: Arc::new(config),
-            transport,
         })
     }
 }
 
-/// Picks the transport: `auto` is RDMA when rdmacm lists a device, else TCP.
-fn resolve(asked: Transport) -> Result<Transport> {
+/// The transports to use: the asked ones this machine has, in order (`auto`: RDMA when
+/// rdmacm lists a device, then TCP). Asking only for RDMA where there is none is an error.
+fn resolve(asked: &[Transport]) -> Result<Vec<Transport>> {
     let devices = rdmx_conn::Device::list();
     let found = match &devices {
         Ok(d) if !d.is_empty() => Ok(d.iter().map(|d| d.name()).collect::<Vec<_>>().join(", ")),
         Ok(_) => Err("rdmacm lists no RDMA device".to_string()),
         Err(e) => Err(format!("cannot list RDMA devices: {e}")),
     };
-    match (asked, found) {
-        (Transport::Tcp, _) => Ok(Transport::Tcp),
-        (Transport::Rdma, Ok(_)) => Ok(Transport::Rdma),
-        (Transport::Rdma, Err(why)) => Err(Error::Config(format!(
-            "RDMX_TRANSPORT=rdma, but {why}; use tcp (or auto) on this machine"
+    let asked = if asked.is_empty() || asked == [Transport::Auto] {
+        match &found {
+            Ok(names) => log::info!("transports: rdma (devices: {names}), tcp"),
+            Err(why) => log::info!("transport: tcp ({why})"),
+        }
+        vec![Transport::Rdma, Transport::Tcp]
+    } else {
+        asked.to_vec()
+    };
+    let usable: Vec<Transport> = asked
+        .iter()
+        .copied()
+        .filter(|&t| t != Transport::Rdma || found.is_ok())
+        .collect();
+    match (usable.is_empty(), found) {
+        (false, _) => Ok(usable),
+        (true, Err(why)) => Err(Error::Config(format!(
+            "RDMX_TRANSPORT={}, but {why}; use tcp (or auto) on this machine",
+            Transport::list_string(&asked)
         ))),
-        (Transport::Auto, Ok(names)) => {
-            log::info!("transport: rdma (devices: {names})");
-            Ok(Transport::Rdma)
-        }
-        (Transport::Auto, Err(why)) => {
-            log::info!("transport: tcp ({why})");
-            Ok(Transport::Tcp)
-        }
+        (true, Ok(_)) => Err(Error::Config("RDMX_TRANSPORT names no transport".into())),
     }
 }

@@ -11,7 +11,7 @@ use rdmx_proto::{Handshake, Tag};
 use crate::error::{Error, Result};
 use crate::rdma::RdmaLink;
 use crate::request::Request;
-use crate::transport::{ConnState, Link};
+use crate::transport::{ConnState, Link, Transport};
 use crate::worker::Worker;
 
 /// The bincode settings of [`Ep::send_obj`] / [`Worker::recv_obj`]: bincode 1.3's
@@ -78,6 +78,11 @@ impl Ep {
     /// The peer's address.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.inner.cs.peer
+    }
+
+    /// The transport this endpoint runs on.
+    pub fn transport(&self) -> Transport {
+        self.inner.cs.transport()
     }
 
     /// The local address of the connection.
@@ -175,46 +180,92 @@ impl std::fmt::Debug for Ep {
     }
 }
 
-/// Listens for connections, made by [`Worker::listen`]. `Send` and `Sync`.
+/// Listens for connections, made by [`Worker::listen`]: on each transport in use, at one
+/// address and port. `Send` and `Sync`.
 pub struct Listener {
     worker: Worker,
-    raw: RawListener,
+    rdma: Option<rdmx_conn::Listener>,
+    tcp: Option<rdmx_tcp::Listener>,
+    /// Watches both listeners when there are two.
+    both: Option<rdmx_conn::Poller>,
 }
 
-enum RawListener {
-    Rdma(rdmx_conn::Listener),
-    Tcp(rdmx_tcp::Listener),
-}
+const LISTEN_RDMA: u64 = 1;
+const LISTEN_TCP: u64 = 2;
 
 impl Listener {
-    pub(crate) fn rdma(worker: Worker, raw: rdmx_conn::Listener) -> Self {
-        Listener {
+    pub(crate) fn new(
+        worker: Worker,
+        rdma: Option<rdmx_conn::Listener>,
+        tcp: Option<rdmx_tcp::Listener>,
+    ) -> Result<Self> {
+        let both = match (&rdma, &tcp) {
+            (Some(r), Some(t)) => {
+                let p = rdmx_conn::Poller::new()?;
+                p.add(r.event_fd(), LISTEN_RDMA)?;
+                p.add(t.fd(), LISTEN_TCP)?;
+                Some(p)
+            }
+            _ => None,
+        };
+        Ok(Listener {
             worker,
-            raw: RawListener::Rdma(raw),
-        }
-    }
-
-    pub(crate) fn tcp(worker: Worker, raw: rdmx_tcp::Listener) -> Self {
-        Listener {
-            worker,
-            raw: RawListener::Tcp(raw),
-        }
+            rdma,
+            tcp,
+            both,
+        })
     }
 
     /// The address it listens at (with the port chosen when it asked for port 0).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        match &self.raw {
-            RawListener::Rdma(l) => l.local_addr(),
-            RawListener::Tcp(l) => l.local_addr(),
+        match (&self.tcp, &self.rdma) {
+            (Some(t), _) => t.local_addr(),
+            (None, Some(r)) => r.local_addr(),
+            (None, None) => None,
         }
     }
 
-    /// Waits up to `timeout` (`None`: without limit) for a connection request, to accept or
-    /// reject. `Ok(None)` when the time passed.
+    /// The transports it listens on.
+    pub fn transports(&self) -> Vec<Transport> {
+        let mut v = Vec::new();
+        if self.rdma.is_some() {
+            v.push(Transport::Rdma);
+        }
+        if self.tcp.is_some() {
+            v.push(Transport::Tcp);
+        }
+        v
+    }
+
+    /// Waits up to `timeout` (`None`: without limit) for a connection request on any of its
+    /// transports, to accept or reject. `Ok(None)` when the time passed.
     pub fn next_request(&self, timeout: Option<Duration>) -> Result<Option<ConnRequest>> {
-        let raw = match &self.raw {
-            RawListener::Rdma(l) => l.get_request(timeout)?.map(RawRequest::Rdma),
-            RawListener::Tcp(l) => l.get_request(timeout)?.map(RawRequest::Tcp),
+        let raw = match (&self.rdma, &self.tcp, &self.both) {
+            (Some(r), Some(t), Some(both)) => {
+                // Each listener is asked only once epoll says it has a connection waiting; a
+                // TCP connector's HELLO then gets the connect timeout to arrive.
+                let hello = self.worker.config().connect_timeout();
+                let deadline = timeout.map(|t| Instant::now() + t);
+                let mut ready = Vec::new();
+                loop {
+                    ready.clear();
+                    let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                    both.wait(&mut ready, left)?;
+                    let mut found = None;
+                    if ready.contains(&LISTEN_RDMA) {
+                        found = r.get_request(Some(Duration::ZERO))?.map(RawRequest::Rdma);
+                    }
+                    if found.is_none() && ready.contains(&LISTEN_TCP) {
+                        found = t.get_request(Some(hello))?.map(RawRequest::Tcp);
+                    }
+                    if found.is_some() || left == Some(Duration::ZERO) {
+                        break found;
+                    }
+                }
+            }
+            (Some(r), _, _) => r.get_request(timeout)?.map(RawRequest::Rdma),
+            (None, Some(t), _) => t.get_request(timeout)?.map(RawRequest::Tcp),
+            (None, None, _) => None,
         };
         Ok(raw.map(|req| ConnRequest {
             worker: self.worker.clone(),
@@ -252,6 +303,13 @@ enum RawRequest {
 }
 
 impl RawRequest {
+    fn transport(&self) -> Transport {
+        match self {
+            RawRequest::Rdma(_) => Transport::Rdma,
+            RawRequest::Tcp(_) => Transport::Tcp,
+        }
+    }
+
     fn peer_addr(&self) -> Option<SocketAddr> {
         match self {
             RawRequest::Rdma(r) => r.peer_addr(),
@@ -278,6 +336,11 @@ impl ConnRequest {
     /// The address of the peer asking.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.req.peer_addr()
+    }
+
+    /// The transport the request came over.
+    pub fn transport(&self) -> Transport {
+        self.req.transport()
     }
 
     /// Accepts: the connection joins the worker (sharing its SRQ on RDMA) and becomes an
@@ -308,10 +371,11 @@ impl ConnRequest {
             }
         };
         let id = sh.new_conn_id();
-        if let Err(e) = sh.engine_up(id, &handshake) {
+        let transport = self.req.transport();
+        if let Err(e) = sh.engine_up(id, &handshake, transport) {
             return Err(reject_with(self.req, e));
         }
-        let ours = sh.local_handshake();
+        let ours = sh.local_handshake(transport);
         let link = match (self.req, rdma) {
             (RawRequest::Rdma(r), Some(rdma)) => r
                 .accept(&rdma.qp_config, &ours, sh.cfg.connect_timeout())

@@ -21,11 +21,18 @@
 //!
 //! ## Transports
 //!
-//! A worker runs over RDMA (rdmacm + verbs: SRQ, RDMA READ) or over TCP, with the same API,
-//! protocols and semantics, like UCX's tcp beside rc_verbs. `RDMX_TRANSPORT` (or
-//! [`ContextBuilder::transport`]) picks: `auto` (default) takes RDMA when rdmacm lists a
-//! device and TCP otherwise, and logs which and why; `rdma` where there is none is an
-//! error. Over TCP a rendezvous keeps its shape: the receiver asks for the data and the
+//! A worker runs its connections over RDMA (rdmacm + verbs: SRQ, RDMA READ) and over TCP,
+//! with the same API, protocols and semantics, like UCX's tcp beside rc_verbs, and chooses
+//! per connection: one worker holds RDMA and TCP endpoints at once. `RDMX_TRANSPORT` (or
+//! [`ContextBuilder::transports`]) lists the transports in order of preference: `auto`
+//! (default) is RDMA when rdmacm lists a device, then TCP; `rdma,tcp`, `tcp` and so on name
+//! them; `rdma` alone where there is none is an error. [`Worker::connect`] uses the first
+//! transport that reaches the peer (RDMA where a device routes to it and the peer listens
+//! there), [`Worker::listen`] listens on each at one address and port (rdmacm's port space is
+//! separate from TCP's), and [`Ep::transport`] says which an endpoint runs on. Each
+//! connection has its transport's eager threshold and receive buffer size unless
+//! `RDMX_EAGER_THRESHOLD` / `RDMX_RECV_BUF_SIZE` set them ([`Config::eager_threshold_for`]).
+//! Over TCP a rendezvous keeps its shape: the receiver asks for the data and the
 //! sender's progress engine streams it from the user's buffer (vectored writes, no staging
 //! copy) straight into the receiver's buffer — so over TCP the *sender* must progress too
 //! (on RDMA the READ is one-sided). Addresses are `host:port` on both.

@@ -14,10 +14,11 @@ use rdmx_proto::ConnId;
 
 use crate::rdma::RdmaLink;
 
-/// Which transport a context uses.
+/// A transport, as `RDMX_TRANSPORT` names it. A context may use several, in order of
+/// preference; each connection runs on one of them (see [`crate::Ep::transport`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Transport {
-    /// RDMA when a device is found, TCP otherwise (the choice and its reason are logged).
+    /// In a list: RDMA for peers an RDMA device reaches, TCP for the others.
     Auto,
     /// rdmacm + verbs; an error where there is no RDMA device.
     Rdma,
@@ -33,6 +34,26 @@ impl Transport {
             "tcp" => Some(Transport::Tcp),
             _ => None,
         }
+    }
+
+    /// Parses `RDMX_TRANSPORT`: `auto`, or transports in order of preference separated by
+    /// commas (`rdma,tcp`), each at most once.
+    pub(crate) fn parse_list(value: &str) -> Option<Vec<Self>> {
+        let list: Vec<Transport> = value
+            .split(',')
+            .map(Transport::parse)
+            .collect::<Option<_>>()?;
+        let auto_alone = list == [Transport::Auto] || !list.contains(&Transport::Auto);
+        let unique = list.iter().enumerate().all(|(i, t)| !list[..i].contains(t));
+        (auto_alone && unique).then_some(list)
+    }
+
+    /// Writes a list as `RDMX_TRANSPORT` takes it.
+    pub(crate) fn list_string(list: &[Transport]) -> String {
+        list.iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 }
 
@@ -90,6 +111,14 @@ impl ConnState {
             closing: AtomicBool::new(false),
             close_reason: parking_lot::Mutex::new(None),
             pending_sends: AtomicUsize::new(0),
+        }
+    }
+
+    /// The transport the connection runs on.
+    pub(crate) fn transport(&self) -> Transport {
+        match &self.link {
+            Link::Rdma(_) => Transport::Rdma,
+            Link::Tcp(_) => Transport::Tcp,
         }
     }
 

@@ -2,7 +2,7 @@
 //! drives one with the other.
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -113,7 +113,10 @@ pub(crate) struct Shared {
     pub(crate) cfg: Config,
     mode: WaitMode,
     rndv: RndvRegistration,
-    pub(crate) transport: Transport,
+    /// The transports this worker uses, in order of preference.
+    pub(crate) transports: Vec<Transport>,
+    /// Open TCP links (progress reads sockets only when there are some).
+    tcp_links: AtomicUsize,
     state: Mutex<State>,
     rdma: OnceLock<Rdma>,
     init: Mutex<()>,
@@ -249,7 +252,8 @@ impl Worker {
         let shared = Arc::new(Shared {
             mode: cfg.wait_mode(),
             rndv: cfg.rndv_registration(),
-            transport: ctx.transport(),
+            transports: ctx.transports().to_vec(),
+            tcp_links: AtomicUsize::new(0),
             state: Mutex::new(State {
                 engine,
                 user_bufs: HashMap::default(),
@@ -292,7 +296,10 @@ impl Worker {
             cfg,
             _ctx: ctx.clone(),
         });
-        if let (Transport::Rdma, Some(name)) = (shared.transport, shared.cfg.device()) {
+        if let (true, Some(name)) = (
+            shared.transports.contains(&Transport::Rdma),
+            shared.cfg.device(),
+        ) {
             let device = Device::by_name(name)?;
             shared.rdma_on(&device)?;
         }
@@ -381,12 +388,36 @@ impl Worker {
     }
 
     /// Listens at `addr` (`"host:port"`; port 0 picks a free port, see
-    /// [`Listener::local_addr`]).
+    /// [`Listener::local_addr`]) on each transport in use: TCP, and RDMA where `addr` is an
+    /// RDMA device's address (rdmacm's port space is separate from TCP's, so both listen at
+    /// the same port). Where RDMA is the only transport, an address on no RDMA device is an
+    /// error.
     pub fn listen(&self, addr: &str) -> Result<Listener> {
-        if self.shared.transport == Transport::Tcp {
-            let listener = rdmx_tcp::Listener::bind(addr)?;
-            return Ok(Listener::tcp(self.clone(), listener));
+        let sh = &self.shared;
+        let mut tcp = None;
+        let mut addr = addr.to_string();
+        if sh.transports.contains(&Transport::Tcp) {
+            let l = rdmx_tcp::Listener::bind(&addr)?;
+            if let Some(bound) = l.local_addr() {
+                addr = bound.to_string();
+            }
+            tcp = Some(l);
         }
+        let rdma = match sh.transports.contains(&Transport::Rdma) {
+            false => None,
+            true => match self.listen_rdma(&addr) {
+                Ok(l) => Some(l),
+                Err(e) if tcp.is_some() => {
+                    log::info!("listening at {addr} over TCP only: {e}");
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        Listener::new(self.clone(), rdma, tcp)
+    }
+
+    fn listen_rdma(&self, addr: &str) -> Result<rdmx_conn::Listener> {
         let info = AddrInfo::resolve(addr, Side::Passive)?;
         let listener = rdmx_conn::Listener::bind(&info, 128)?;
         match listener.device() {
@@ -401,35 +432,58 @@ impl Worker {
                 )))
             }
         }
-        Ok(Listener::rdma(self.clone(), listener))
+        Ok(listener)
     }
 
-    /// Connects to a listener at `addr` (`"host:port"`), waiting at most the configured
-    /// connect timeout (`RDMX_CONNECT_TIMEOUT_MS`). Nobody listening, a rejection or an
-    /// unreachable address is an error naming the address.
+    /// Connects to a listener at `addr` (`"host:port"`) over the first transport in use that
+    /// reaches it (RDMA when a device routes to `addr` and the peer listens there, else the
+    /// next), waiting at most the configured connect timeout (`RDMX_CONNECT_TIMEOUT_MS`) per
+    /// transport. Nobody listening, a rejection or an unreachable address is an error naming
+    /// the address.
     pub fn connect(&self, addr: &str) -> Result<Ep> {
         let sh = &self.shared;
-        let handshake = sh.local_handshake();
+        let mut failure = None;
+        for (i, &transport) in sh.transports.iter().enumerate() {
+            let last = i + 1 == sh.transports.len();
+            match self.connect_over(transport, addr) {
+                Ok(ep) => return Ok(ep),
+                // A peer that refused us on purpose is not asked again another way.
+                Err(e) if last || matches!(e, Error::Rejected { .. }) => return Err(e),
+                Err(e) => {
+                    log::info!("connecting to {addr} over {transport}: {e}; trying the next");
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        Err(failure.unwrap_or_else(|| Error::Invalid("no transport to connect with".into())))
+    }
+
+    fn connect_over(&self, transport: Transport, addr: &str) -> Result<Ep> {
+        let sh = &self.shared;
+        let handshake = sh.local_handshake(transport);
         let timeout = sh.cfg.connect_timeout();
         let id = sh.new_conn_id();
-        let link = if sh.transport == Transport::Tcp {
-            let link = rdmx_tcp::connect(addr, &handshake, timeout)
-                .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
-            Link::Tcp(link)
-        } else {
-            let dst = AddrInfo::resolve(addr, Side::Active)?;
-            let rdma = match sh.rdma.get() {
-                Some(r) => r,
-                None => sh.rdma_on(&Device::for_route(&dst)?)?,
-            };
-            let conn = rdmx_conn::connect(&dst, &rdma.qp_config, &handshake, timeout)
-                .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
-            Link::Rdma(RdmaLink::new(id, conn, rdma.qp_config.send_depth))
+        let link = match transport {
+            Transport::Tcp => {
+                let link = rdmx_tcp::connect(addr, &handshake, timeout)
+                    .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
+                Link::Tcp(link)
+            }
+            Transport::Rdma | Transport::Auto => {
+                let dst = AddrInfo::resolve(addr, Side::Active)?;
+                let rdma = match sh.rdma.get() {
+                    Some(r) => r,
+                    None => sh.rdma_on(&Device::for_route(&dst)?)?,
+                };
+                let conn = rdmx_conn::connect(&dst, &rdma.qp_config, &handshake, timeout)
+                    .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
+                Link::Rdma(RdmaLink::new(id, conn, rdma.qp_config.send_depth))
+            }
         };
         let peer = Handshake::decode(link.peer_private_data()).map_err(|e| {
             Error::Invalid(format!("{addr} accepted with an unusable handshake: {e}"))
         })?;
-        sh.engine_up(id, &peer)?;
+        sh.engine_up(id, &peer, transport)?;
         Ok(Ep::new(self.clone(), sh.add_conn(id, link)))
     }
 
@@ -617,6 +671,9 @@ impl Shared {
     /// Registers an established connection the engine already knows as `id`.
     pub(crate) fn add_conn(&self, id: ConnId, link: Link) -> Arc<ConnState> {
         let cs = Arc::new(ConnState::new(id, link));
+        if cs.tcp().is_some() {
+            self.tcp_links.fetch_add(1, Ordering::AcqRel);
+        }
         if let Err(e) = self.poller.add(cs.event_fd(), TOKEN_CONN + id.0) {
             log::warn!("cannot watch {id:?}'s connection events: {e}");
         }
@@ -642,16 +699,27 @@ impl Shared {
         cs
     }
 
-    pub(crate) fn engine_up(&self, id: ConnId, peer: &Handshake) -> Result<()> {
-        Ok(self.state.lock().engine.handle_connection_up(id, peer)?)
+    pub(crate) fn engine_up(&self, id: ConnId, peer: &Handshake, over: Transport) -> Result<()> {
+        let limits = self.cfg.limits(over);
+        Ok(self
+            .state
+            .lock()
+            .engine
+            .handle_connection_up_with(id, peer, limits)?)
     }
 
     pub(crate) fn engine_down(&self, id: ConnId) {
         self.with_state(|st| st.engine.handle_connection_down(id));
     }
 
-    pub(crate) fn local_handshake(&self) -> Vec<u8> {
-        self.state.lock().engine.local_handshake().encode()
+    /// The handshake for a connection over `transport` (its receive buffer size).
+    pub(crate) fn local_handshake(&self, transport: Transport) -> Vec<u8> {
+        let limits = self.cfg.limits(transport);
+        self.state
+            .lock()
+            .engine
+            .local_handshake_for(&limits)
+            .encode()
     }
 
     pub(crate) fn tag_send(
@@ -757,6 +825,9 @@ impl Shared {
             for cs in &out.reaped {
                 let _ = self.poller.remove(cs.event_fd());
                 list.retain(|c| !Arc::ptr_eq(c, cs));
+                if cs.tcp().is_some() {
+                    self.tcp_links.fetch_sub(1, Ordering::AcqRel);
+                }
             }
         }
         drop(out.reaped);
@@ -821,7 +892,7 @@ impl Shared {
             }
         }
         let mut tcp_events: Vec<(Arc<ConnState>, Vec<rdmx_tcp::Event>)> = Vec::new();
-        if self.transport == Transport::Tcp {
+        if self.tcp_links.load(Ordering::Acquire) > 0 {
             // Readiness from epoll: only links with something to read are read.
             let mut ready = Vec::new();
             if let Err(e) = self.poller.wait(&mut ready, Some(Duration::ZERO)) {
@@ -915,7 +986,7 @@ impl Shared {
             let until = Duration::from_nanos(next.saturating_sub(self.now_ns()));
             sleep = Some(sleep.map_or(until, |s| s.min(until)));
         }
-        if self.transport == Transport::Tcp
+        if self.tcp_links.load(Ordering::Acquire) > 0
             && self
                 .conn_list
                 .read()
@@ -1314,9 +1385,9 @@ impl State {
                     let conn = self.reqs.get(&request).and_then(|p| p.conn.clone());
                     let exposed = match (rdma, conn) {
                         (_, None) => Err("the send's connection is gone".to_string()),
+                        (_, Some(cs)) if cs.tcp().is_some() => self.expose_tcp(buf, cs.id),
                         (Some(r), Some(cs)) => self.expose_rdma(r, mode, &cs, buf, len, out),
-                        // No RDMA resources: a TCP worker.
-                        (None, Some(cs)) => self.expose_tcp(buf, cs.id),
+                        (None, Some(_)) => Err("no RDMA resources".to_string()),
                     };
                     match exposed {
                         Ok(remote) => self.engine.handle_send_buffer_exposed(request, remote),

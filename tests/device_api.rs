@@ -20,3 +20,103 @@ fn net() -> api::Net {
 }
 
 all_api_tests!(#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]);
+
+/// One worker, two transports: a worker of an `auto` context (RDMA and TCP in the guest)
+/// listens once, at one address and port, and takes an RDMA endpoint from an `auto` client
+/// and a TCP endpoint from a TCP-only client; eager and rendezvous messages flow both ways on
+/// both at once, each endpoint with its transport's eager limit. The TCP-only client's
+/// worker also connects out over TCP to the RDMA-capable listener.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn one_worker_holds_rdma_and_tcp_endpoints_at_once() {
+    use rdmx::{Context, Transport, TAG_MASK_ALL};
+    use std::time::Instant;
+    let _ = env_logger::builder().is_test(true).try_init();
+    let builder = || {
+        Context::builder()
+            .env_lookup(api::test_env)
+            .srq_depth(1024)
+            .credits(16)
+    };
+    let auto = builder().build().unwrap();
+    assert_eq!(auto.transports(), [Transport::Rdma, Transport::Tcp]);
+    let tcp_only = builder().transport(Transport::Tcp).build().unwrap();
+    let server = auto.worker().unwrap();
+    let listener = server
+        .listen(&format!("{}:0", env("SOFTROCE_ADDR_A")))
+        .unwrap();
+    assert_eq!(listener.transports(), [Transport::Rdma, Transport::Tcp]);
+    let addr = listener.local_addr().unwrap().to_string();
+    let connect = |ctx: &Context| {
+        let w = ctx.worker().unwrap();
+        let (w2, a) = (w.clone(), addr.clone());
+        let t = std::thread::spawn(move || w2.connect(&a).unwrap());
+        let sep = listener.accept().unwrap();
+        (w, t.join().unwrap(), sep)
+    };
+    let (rw, rep, srep) = connect(&auto);
+    let (tw, tep, step) = connect(&tcp_only);
+    assert_eq!(
+        (rep.transport(), srep.transport()),
+        (Transport::Rdma, Transport::Rdma)
+    );
+    assert_eq!(
+        (tep.transport(), step.transport()),
+        (Transport::Tcp, Transport::Tcp)
+    );
+    assert_eq!(server.stats().eps, 2, "one worker, both endpoints");
+    assert_eq!(srep.eager_limit(), Some(8152), "RDMA: the SRQ's buffers");
+    assert_eq!(step.eager_limit(), Some(65496), "TCP: 64 KiB frames");
+    println!(
+        "server worker: {:?} endpoint from {:?}, {:?} endpoint from {:?}",
+        srep.transport(),
+        srep.peer_addr(),
+        step.transport(),
+        step.peer_addr()
+    );
+
+    let workers = [&server, &rw, &tw];
+    let finish = |r: rdmx::Request| {
+        let deadline = Instant::now() + api::long();
+        while !r.is_done() {
+            assert!(Instant::now() < deadline, "not done: {r:?}");
+            for w in workers {
+                w.progress();
+            }
+        }
+        r.wait().unwrap()
+    };
+    for len in [100usize, 1 << 20] {
+        let msg = |seed: u8| -> Vec<u8> { (0..len).map(|i| (i as u8) ^ seed).collect() };
+        // Both endpoints at once, both directions.
+        let recvs = [
+            server.tag_recv(1, TAG_MASK_ALL, vec![0; len]),
+            server.tag_recv(2, TAG_MASK_ALL, vec![0; len]),
+            rw.tag_recv(3, TAG_MASK_ALL, vec![0; len]),
+            tw.tag_recv(4, TAG_MASK_ALL, vec![0; len]),
+        ];
+        let sends = [
+            rep.tag_send(1, msg(1)),
+            tep.tag_send(2, msg(2)),
+            srep.tag_send(3, msg(3)),
+            step.tag_send(4, msg(4)),
+        ];
+        for (i, r) in recvs.into_iter().enumerate() {
+            assert!(finish(r).buf == msg(i as u8 + 1), "{len} B message {i}");
+        }
+        for s in sends {
+            finish(s);
+        }
+    }
+
+    // The TCP-only worker also connects out to the same listener: over TCP.
+    let (tw2, a) = (tw.clone(), addr.clone());
+    let t = std::thread::spawn(move || tw2.connect(&a).unwrap());
+    let sep2 = listener.accept().unwrap();
+    let tep2 = t.join().unwrap();
+    assert_eq!(
+        (tep2.transport(), sep2.transport()),
+        (Transport::Tcp, Transport::Tcp)
+    );
+    assert_eq!(server.stats().eps, 3);
+}

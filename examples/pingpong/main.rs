@@ -60,7 +60,12 @@ fn run(args: Args) -> Result<()> {
             let bound = listener
                 .local_addr()
                 .map_or_else(|| addr.clone(), |a| a.to_string());
-            eprintln!("pingpong: listening on {bound} ({})", ctx.transport());
+            let over: Vec<String> = listener
+                .transports()
+                .iter()
+                .map(|t| t.to_string())
+                .collect();
+            eprintln!("pingpong: listening on {bound} ({})", over.join(", "));
             let ep = listener.accept().map_err(|e| format!("accept: {e}"))?;
             serve(&worker, &ep)
         }
@@ -241,10 +246,10 @@ fn client(ctx: &Context, worker: &Worker, ep: &Ep, args: &Args) -> Result<()> {
         .map(|e| e.source.to_string())
         .unwrap_or_default();
     let header = Header {
-        transport: ctx.transport().to_string(),
+        transport: ep.transport().to_string(),
         device: worker.stats().device,
         peer: ep.peer_addr().map(|a| a.to_string()),
-        eager_threshold: ctx.config().eager_threshold(),
+        eager_threshold: ctx.config().eager_threshold_for(ep.transport()),
         threshold_source: threshold,
         eager_limit,
         window: plan.window,

@@ -122,9 +122,19 @@ fn main() -> ExitCode {
     };
     let _ = writeln!(
         o,
-        "  selected: {} (RDMX_TRANSPORT={})",
-        ctx.transport(),
-        ctx.config().transport()
+        "  selected: {} (RDMX_TRANSPORT={}; each connection takes the first that reaches its \
+         peer)",
+        ctx.transports()
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(", then "),
+        ctx.config()
+            .transports()
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
     );
     let _ = writeln!(o, "\n# Configuration (value, source, meaning)");
     for line in ctx.config().to_string().lines() {

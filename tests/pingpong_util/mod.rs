@@ -92,7 +92,7 @@ impl Drop for KillOnDrop {
 }
 
 /// Starts `pingpong --server ADDR` with `env`; returns the process and the address it says it
-/// listens on, after checking it names `transport` ("pingpong: listening on ADDR (tcp)").
+/// listens on, after checking it lists `transport` ("pingpong: listening on ADDR (rdma, tcp)").
 pub fn start_server(addr: &str, env: &[(&str, &str)], transport: &str) -> (KillOnDrop, String) {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
@@ -108,7 +108,12 @@ pub fn start_server(addr: &str, env: &[(&str, &str)], transport: &str) -> (KillO
     BufReader::new(server.0.stderr.take().expect("server stderr"))
         .read_line(&mut line)
         .expect("the server's first line");
-    assert!(line.ends_with(&format!("({transport})\n")), "{line:?}");
+    let listed = line
+        .trim_end()
+        .strip_suffix(')')
+        .and_then(|l| l.rsplit_once('('))
+        .map(|(_, list)| list.split(", ").any(|t| t == transport));
+    assert_eq!(listed, Some(true), "{line:?} should list {transport}");
     let bound = line
         .split_whitespace()
         .nth(3)

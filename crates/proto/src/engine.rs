@@ -183,6 +183,18 @@ pub enum Action {
     },
 }
 
+/// This side's limits on one connection: the receive buffer size its handshake advertises
+/// (also the largest frame it accepts there) and its eager threshold (capped per connection
+/// by the peer's receive buffers). By default the configuration's; a driver whose transports
+/// differ gives each connection its transport's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// Bytes of each receive buffer (the largest frame the peer may send).
+    pub recv_buf_size: u32,
+    /// Largest payload this side sends eagerly.
+    pub eager_threshold: u64,
+}
+
 /// An unexpected message found by [`Engine::probe`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbeInfo {
@@ -307,6 +319,8 @@ enum Ctrl {
 #[derive(Debug)]
 struct Conn {
     peer: Handshake,
+    /// This side's receive buffer size on this connection: the largest frame accepted.
+    recv_buf_size: u32,
     eager_limit: u64,
     tx_credits: u32,
     rx_unreturned: u32,
@@ -389,12 +403,27 @@ impl Engine {
 
     /// The handshake to send to a peer at connect (encode with [`Handshake::encode`]).
     pub fn local_handshake(&self) -> Handshake {
+        self.local_handshake_for(&self.default_limits())
+    }
+
+    /// The handshake for a connection with `limits` (a driver whose transports differ in
+    /// receive buffer size).
+    pub fn local_handshake_for(&self, limits: &ConnLimits) -> Handshake {
         Handshake {
             magic: HANDSHAKE_MAGIC,
             version: VERSION.into(),
-            recv_buf_size: self.cfg.recv_buf_size,
+            recv_buf_size: limits.recv_buf_size,
             credits: self.cfg.credits,
             flags: 0,
+        }
+    }
+
+    /// The configuration's own limits: what [`Engine::local_handshake`] and
+    /// [`Engine::handle_connection_up`] use.
+    pub fn default_limits(&self) -> ConnLimits {
+        ConnLimits {
+            recv_buf_size: self.cfg.recv_buf_size,
+            eager_threshold: self.cfg.eager_threshold,
         }
     }
 
@@ -465,6 +494,18 @@ impl Engine {
 
     /// A connection is established; `peer` is the handshake the peer sent.
     pub fn handle_connection_up(&mut self, conn: ConnId, peer: &Handshake) -> Result<(), Error> {
+        self.handle_connection_up_with(conn, peer, self.default_limits())
+    }
+
+    /// A connection is established with this side's `limits` on it (the receive buffer size
+    /// its handshake advertised, which is also the largest frame it accepts there, and its
+    /// eager threshold); `peer` is the handshake the peer sent.
+    pub fn handle_connection_up_with(
+        &mut self,
+        conn: ConnId,
+        peer: &Handshake,
+        limits: ConnLimits,
+    ) -> Result<(), Error> {
         if self.conns.contains_key(&conn) {
             return Err(Error::DuplicateConnection(conn));
         }
@@ -496,14 +537,14 @@ impl Engine {
                 credits,
             });
         }
-        let eager_limit = self
-            .cfg
+        let eager_limit = limits
             .eager_threshold
             .min(u64::from(peer.recv_buf_size) - HEADER_LEN as u64);
         self.conns.insert(
             conn,
             Conn {
                 peer: *peer,
+                recv_buf_size: limits.recv_buf_size,
                 eager_limit,
                 tx_credits: peer.credits.into(),
                 rx_unreturned: 0,
@@ -1093,11 +1134,11 @@ impl Engine {
         bytes: &[u8],
     ) -> Result<(), CloseReason> {
         let max_credits = u32::from(self.cfg.credits);
-        let recv_buf_size = self.cfg.recv_buf_size as usize;
         let Some(c) = self.conns.get_mut(&conn_id) else {
             debug!("frame on unknown connection {conn_id:?} dropped");
             return Ok(());
         };
+        let recv_buf_size = c.recv_buf_size as usize;
         c.rx_unreturned += 1;
         if c.rx_unreturned > max_credits {
             return Err(perr(format!(

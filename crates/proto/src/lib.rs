@@ -102,8 +102,8 @@ pub mod wire;
 
 pub use config::{Config, ConfigBuilder, EAGER_THRESHOLD_VAR};
 pub use engine::{
-    Action, CloseReason, Completion, ConnStats, Engine, PayloadRef, ProbeInfo, RemoteBuf,
-    RequestKind, Status,
+    Action, CloseReason, Completion, ConnLimits, ConnStats, Engine, PayloadRef, ProbeInfo,
+    RemoteBuf, RequestKind, Status,
 };
 pub use error::Error;
 pub use wire::{Handshake, HEADER_LEN};
