@@ -11,7 +11,7 @@ use rdmx_proto::{Handshake, Tag};
 use crate::error::{Error, Result};
 use crate::rdma::RdmaLink;
 use crate::request::Request;
-use crate::transport::{ConnState, Link, Transport};
+use crate::transport::{Conn, Link, Transport};
 use crate::worker::Worker;
 
 /// The bincode settings of [`Ep::send_obj`] / [`Worker::recv_obj`]: bincode 1.3's
@@ -36,12 +36,12 @@ pub struct Ep {
 
 struct EpInner {
     worker: Worker,
-    cs: Arc<ConnState>,
+    cs: Arc<Conn>,
     closed: AtomicBool,
 }
 
 impl Ep {
-    pub(crate) fn new(worker: Worker, cs: Arc<ConnState>) -> Self {
+    pub(crate) fn new(worker: Worker, cs: Arc<Conn>) -> Self {
         Ep {
             inner: Arc::new(EpInner {
                 worker,
@@ -60,7 +60,7 @@ impl Ep {
     /// [`crate::Status::ConnectionClosed`].
     pub fn tag_send(&self, tag: Tag, buf: Vec<u8>) -> Request {
         let w = &self.inner.worker;
-        w.shared.tag_send(w, &self.inner.cs, tag, buf)
+        w.driver.tag_send(w, &self.inner.cs, tag, buf)
     }
 
     /// Sends a copy of `data` with `tag` and waits until the send completes.
@@ -94,7 +94,7 @@ impl Ep {
     /// peer's receive buffer size less the 40-byte header. Larger messages go by rendezvous.
     /// `None` once the connection is gone.
     pub fn eager_limit(&self) -> Option<u64> {
-        self.inner.worker.shared.eager_limit(self.inner.cs.id)
+        self.inner.worker.driver.eager_limit(self.inner.cs.id)
     }
 
     /// The worker this endpoint belongs to.
@@ -132,7 +132,7 @@ impl Ep {
 impl EpInner {
     fn flush(&self, timeout: Duration) -> Result<()> {
         let cs = &self.cs;
-        let done = self.worker.shared.wait_until(
+        let done = self.worker.driver.wait_until(
             || {
                 cs.closing.load(Ordering::Acquire)
                     || (cs.pending_sends.load(Ordering::Acquire) == 0 && cs.idle())
@@ -157,8 +157,8 @@ impl EpInner {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        let flushed = self.flush(self.worker.shared.cfg.connect_timeout());
-        self.worker.shared.close_conn(self.cs.id);
+        let flushed = self.flush(self.worker.driver.cfg.connect_timeout());
+        self.worker.driver.close_conn(self.cs.id);
         flushed
     }
 }
@@ -348,7 +348,7 @@ impl ConnRequest {
     /// receive buffers can feed (`RDMX_SRQ_DEPTH / RDMX_CREDITS`), is rejected with the
     /// reason, and that is the error returned.
     pub fn accept(self) -> Result<Ep> {
-        let sh = &self.worker.shared;
+        let sh = &self.worker.driver;
         let peer = self.req.peer_addr();
         let rdma = match &self.req {
             RawRequest::Rdma(r) => match r.device() {

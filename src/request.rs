@@ -20,7 +20,7 @@ pub(crate) struct Outcome {
 }
 
 /// The state a request shares with its worker.
-pub(crate) struct Slot {
+pub(crate) struct RequestCell {
     done: AtomicBool,
     outcome: Mutex<Option<Outcome>>,
     pub(crate) id: OnceLock<RequestId>,
@@ -29,9 +29,9 @@ pub(crate) struct Slot {
     peer: Option<SocketAddr>,
 }
 
-impl Slot {
+impl RequestCell {
     pub(crate) fn new(kind: RequestKind, tag: Tag, peer: Option<SocketAddr>) -> Arc<Self> {
-        Arc::new(Slot {
+        Arc::new(RequestCell {
             done: AtomicBool::new(false),
             outcome: Mutex::new(None),
             id: OnceLock::new(),
@@ -85,31 +85,31 @@ pub struct Done {
 /// lets the NIC touch freed memory, since the worker owns the buffer throughout.
 #[must_use = "a request does nothing visible unless waited for; dropping it cancels a receive"]
 pub struct Request {
-    pub(crate) slot: Arc<Slot>,
+    pub(crate) cell: Arc<RequestCell>,
     pub(crate) worker: Worker,
 }
 
 impl Request {
     /// Whether the request has completed, without progressing the worker.
     pub fn is_done(&self) -> bool {
-        self.slot.is_done()
+        self.cell.is_done()
     }
 
     /// Progresses the worker once, then says whether the request has completed.
     pub fn test(&self) -> bool {
-        if !self.slot.is_done() {
+        if !self.cell.is_done() {
             self.worker.progress();
         }
-        self.slot.is_done()
+        self.cell.is_done()
     }
 
     /// Waits up to `timeout` for completion (progressing the worker in its wait mode);
     /// true when complete. After `true`, [`Request::wait`] returns at once.
     pub fn wait_for(&self, timeout: Duration) -> bool {
-        let slot = &self.slot;
+        let cell = &self.cell;
         self.worker
-            .shared
-            .wait_until(|| slot.is_done(), Some(Instant::now() + timeout))
+            .driver
+            .wait_until(|| cell.is_done(), Some(Instant::now() + timeout))
     }
 
     /// Waits for completion and returns the buffer with the message's tag and length.
@@ -117,8 +117,8 @@ impl Request {
     /// A request that ended badly is an [`Error::Request`] with its [`Status`]
     /// and the buffer (see [`Error::take_buffer`]).
     pub fn wait(self) -> Result<Done> {
-        let slot = self.slot.clone();
-        self.worker.shared.wait_until(|| slot.is_done(), None);
+        let cell = self.cell.clone();
+        self.worker.driver.wait_until(|| cell.is_done(), None);
         self.take()
     }
 
@@ -132,15 +132,15 @@ impl Request {
     /// RC queue pair enters the error state on a remote access error), so both sides'
     /// pending requests on that endpoint fail with [`Status::ConnectionClosed`].
     pub fn cancel(&self) -> bool {
-        match self.slot.id.get() {
-            Some(&id) if !self.slot.is_done() => self.worker.shared.cancel(id),
+        match self.cell.id.get() {
+            Some(&id) if !self.cell.is_done() => self.worker.driver.cancel(id),
             _ => false,
         }
     }
 
     fn take(self) -> Result<Done> {
         let outcome = self
-            .slot
+            .cell
             .outcome
             .lock()
             .take()
@@ -153,7 +153,7 @@ impl Request {
             }),
             status => Err(Error::Request {
                 status,
-                what: self.slot.describe(),
+                what: self.cell.describe(),
                 buffer: outcome.buf,
             }),
         }
@@ -162,7 +162,7 @@ impl Request {
 
 impl Drop for Request {
     fn drop(&mut self) {
-        if !self.slot.is_done() && self.slot.kind == RequestKind::Recv {
+        if !self.cell.is_done() && self.cell.kind == RequestKind::Recv {
             self.cancel();
         }
     }
@@ -171,8 +171,8 @@ impl Drop for Request {
 impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Request")
-            .field("what", &self.slot.describe())
-            .field("done", &self.slot.is_done())
+            .field("what", &self.cell.describe())
+            .field("done", &self.cell.is_done())
             .finish()
     }
 }

@@ -84,7 +84,7 @@ impl Link {
 }
 
 /// A connection of a worker.
-pub(crate) struct ConnState {
+pub(crate) struct Conn {
     pub(crate) id: ConnId,
     pub(crate) peer: Option<SocketAddr>,
     pub(crate) local: Option<SocketAddr>,
@@ -97,13 +97,13 @@ pub(crate) struct ConnState {
     pub(crate) close_reason: parking_lot::Mutex<Option<String>>,
 }
 
-impl ConnState {
+impl Conn {
     pub(crate) fn new(id: ConnId, link: Link) -> Self {
         let (peer, local) = match &link {
             Link::Rdma(l) => (l.conn.peer_addr(), l.conn.local_addr()),
             Link::Tcp(l) => (l.peer_addr(), l.local_addr()),
         };
-        ConnState {
+        Conn {
             id,
             peer,
             local,

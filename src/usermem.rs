@@ -112,7 +112,7 @@ pub(crate) enum UserMem {
     Lost,
     /// TCP: a send buffer exposed for READ requests under exposure `key`; the link streams
     /// from it without copying (it holds clones of the `Arc` while writing).
-    Shared { data: Arc<Vec<u8>>, key: u32 },
+    Exposed { data: Arc<Vec<u8>>, key: u32 },
     /// TCP: lent to a link as the destination of READ data; it comes back when no READ
     /// into it is left.
     Lent,
@@ -133,7 +133,7 @@ impl UserMem {
                 }
             }
             UserMem::Direct(p) => p.write_at(off, data),
-            UserMem::Lost | UserMem::Lent | UserMem::Shared { .. } => false,
+            UserMem::Lost | UserMem::Lent | UserMem::Exposed { .. } => false,
         }
     }
 
@@ -142,7 +142,7 @@ impl UserMem {
         match self {
             UserMem::Plain(v) | UserMem::Staged { vec: v, .. } => v.get(..len),
             UserMem::Direct(p) => p.read(len),
-            UserMem::Shared { data, .. } => data.get(..len),
+            UserMem::Exposed { data, .. } => data.get(..len),
             UserMem::Lost | UserMem::Lent => None,
         }
     }
@@ -279,7 +279,7 @@ impl UserMem {
                     }
                 }
             },
-            UserMem::Shared { data, .. } => {
+            UserMem::Exposed { data, .. } => {
                 // A READ answer still being written holds a clone: the user gets a copy.
                 *self = UserMem::Plain(Arc::try_unwrap(data).unwrap_or_else(|d| (*d).clone()));
             }
@@ -290,7 +290,7 @@ impl UserMem {
     /// The exposure key of a TCP-exposed send buffer.
     pub(crate) fn exposure_key(&self) -> Option<u32> {
         match self {
-            UserMem::Shared { key, .. } => Some(*key),
+            UserMem::Exposed { key, .. } => Some(*key),
             _ => None,
         }
     }

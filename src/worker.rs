@@ -23,8 +23,8 @@ use crate::context::Context;
 use crate::ep::{Ep, Listener};
 use crate::error::{rejected, Error, Result};
 use crate::rdma::{Outgoing, Rdma, RdmaLink, SendPool, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
-use crate::request::{Outcome, Request, Slot};
-use crate::transport::{ConnState, Link, Transport};
+use crate::request::{Outcome, Request, RequestCell};
+use crate::transport::{Conn, Link, Transport};
 use crate::usermem::{RegCache, UserMem};
 
 const TOKEN_WAKER: u64 = 0;
@@ -66,7 +66,7 @@ const PARK_TIMEOUT: Duration = Duration::from_secs(5);
 /// ```
 #[derive(Clone)]
 pub struct Worker {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) driver: Arc<Driver>,
 }
 
 /// What [`Worker::stats`] reports.
@@ -109,7 +109,7 @@ pub struct RecvInfo {
     pub length: usize,
 }
 
-pub(crate) struct Shared {
+pub(crate) struct Driver {
     pub(crate) cfg: Config,
     mode: WaitMode,
     rndv: RndvRegistration,
@@ -117,10 +117,10 @@ pub(crate) struct Shared {
     pub(crate) transports: Vec<Transport>,
     /// Open TCP links (progress reads sockets only when there are some).
     tcp_links: AtomicUsize,
-    state: Mutex<State>,
+    state: Mutex<Protocol>,
     rdma: OnceLock<Rdma>,
     init: Mutex<()>,
-    conn_list: RwLock<Vec<Arc<ConnState>>>,
+    conn_list: RwLock<Vec<Arc<Conn>>>,
     progress_lock: Mutex<Vec<rdmx_conn::Completion>>,
     waiter: Mutex<()>,
     poller: Poller,
@@ -137,10 +137,10 @@ pub(crate) struct Shared {
     _ctx: Context,
 }
 
-struct Pending {
+struct Tracked {
     buf: UserBufId,
-    slot: Arc<Slot>,
-    conn: Option<Arc<ConnState>>,
+    cell: Arc<RequestCell>,
+    conn: Option<Arc<Conn>>,
 }
 
 struct ReadCtx {
@@ -187,11 +187,11 @@ struct Parked {
     since: u64,
 }
 
-struct State {
+struct Protocol {
     engine: Engine,
     user_bufs: HashMap<UserBufId, UserMem>,
     orphans: HashSet<UserBufId>,
-    reqs: HashMap<RequestId, Pending>,
+    reqs: HashMap<RequestId, Tracked>,
     next_buf: u64,
     recv_held: HashMap<u64, RecvBuf>,
     next_tcp_frame: u64,
@@ -205,11 +205,11 @@ struct State {
     /// Buffers whose window could not be invalidated yet (a bind of it is still posted),
     /// with the completion of their request if it is done: released, and the completion
     /// handed out, once the window is dead.
-    held: Vec<(UserBufId, Option<(Pending, rdmx_proto::Completion)>)>,
+    held: Vec<(UserBufId, Option<(Tracked, rdmx_proto::Completion)>)>,
     /// The engine's unexpected arrivals as of the last wake-up.
     arrivals_seen: u64,
     parked: Vec<Parked>,
-    conns: HashMap<ConnId, Arc<ConnState>>,
+    conns: HashMap<ConnId, Arc<Conn>>,
     qp_map: HashMap<u32, ConnId>,
     reads: HashMap<u64, ReadCtx>,
     next_read: u64,
@@ -222,18 +222,18 @@ struct State {
 
 /// Work to do after releasing the state lock.
 #[derive(Default)]
-struct Outbox {
-    flush: Vec<Arc<ConnState>>,
+struct AfterUnlock {
+    flush: Vec<Arc<Conn>>,
     reposts: Vec<(RegisteredBuf, u64)>,
-    reaped: Vec<Arc<ConnState>>,
+    reaped: Vec<Arc<Conn>>,
     /// Something a blocked thread may be waiting for happened (a request completed, a
     /// message arrived unexpected, a send's work completed, a connection started closing):
     /// wake the waiters.
     wake: bool,
 }
 
-impl Outbox {
-    fn flush(&mut self, cs: &Arc<ConnState>) {
+impl AfterUnlock {
+    fn flush(&mut self, cs: &Arc<Conn>) {
         if !self.flush.iter().any(|c| Arc::ptr_eq(c, cs)) {
             self.flush.push(cs.clone());
         }
@@ -249,12 +249,12 @@ impl Worker {
         let poller = Poller::new()?;
         let waker = Waker::new()?;
         poller.add(waker.fd(), TOKEN_WAKER)?;
-        let shared = Arc::new(Shared {
+        let driver = Arc::new(Driver {
             mode: cfg.wait_mode(),
             rndv: cfg.rndv_registration(),
             transports: ctx.transports().to_vec(),
             tcp_links: AtomicUsize::new(0),
-            state: Mutex::new(State {
+            state: Mutex::new(Protocol {
                 engine,
                 user_bufs: HashMap::default(),
                 orphans: HashSet::default(),
@@ -297,14 +297,14 @@ impl Worker {
             _ctx: ctx.clone(),
         });
         if let (true, Some(name)) = (
-            shared.transports.contains(&Transport::Rdma),
-            shared.cfg.device(),
+            driver.transports.contains(&Transport::Rdma),
+            driver.cfg.device(),
         ) {
             let device = Device::by_name(name)?;
-            shared.rdma_on(&device)?;
+            driver.rdma_on(&device)?;
         }
-        let worker = Worker { shared };
-        if worker.shared.cfg.progress_thread() {
+        let worker = Worker { driver };
+        if worker.driver.cfg.progress_thread() {
             worker.start_progress_thread()?;
         }
         Ok(worker)
@@ -315,10 +315,10 @@ impl Worker {
     /// waits in the worker's wait mode (spinning in [`WaitMode::BusyPoll`]) and ends when
     /// the last handle to the worker is gone.
     pub fn start_progress_thread(&self) -> Result<()> {
-        if self.shared.progress_thread.swap(true, Ordering::AcqRel) {
+        if self.driver.progress_thread.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        let weak = Arc::downgrade(&self.shared);
+        let weak = Arc::downgrade(&self.driver);
         std::thread::Builder::new()
             .name("rdmx-progress".into())
             .spawn(move || loop {
@@ -347,7 +347,7 @@ impl Worker {
     /// what it asks for. Returns how many events it handled (0: nothing happened). Never
     /// blocks; returns 0 at once when another thread is progressing.
     pub fn progress(&self) -> usize {
-        self.shared.progress()
+        self.driver.progress()
     }
 
     /// Sleeps until there is work or `timeout` passes (`None`: no limit), then progresses.
@@ -357,8 +357,8 @@ impl Worker {
     /// completion channel, the connections' event channels and the worker's wake-up fd.
     /// In [`WaitMode::BusyPoll`] it spins on [`Worker::progress`].
     pub fn wait(&self, timeout: Option<Duration>) -> Result<usize> {
-        match self.shared.mode {
-            WaitMode::Event => self.shared.wait_events(timeout),
+        match self.driver.mode {
+            WaitMode::Event => self.driver.wait_events(timeout),
             WaitMode::BusyPoll => {
                 let deadline = timeout.map(|t| Instant::now() + t);
                 loop {
@@ -374,17 +374,17 @@ impl Worker {
 
     /// Wakes a thread sleeping in [`Worker::wait`] (from any thread).
     pub fn signal(&self) {
-        self.shared.waker.wake();
+        self.driver.waker.wake();
     }
 
     /// The wait mode.
     pub fn wait_mode(&self) -> WaitMode {
-        self.shared.mode
+        self.driver.mode
     }
 
     /// The effective configuration.
     pub fn config(&self) -> &Config {
-        &self.shared.cfg
+        &self.driver.cfg
     }
 
     /// Listens at `addr` (`"host:port"`; port 0 picks a free port, see
@@ -393,7 +393,7 @@ impl Worker {
     /// the same port). Where RDMA is the only transport, an address on no RDMA device is an
     /// error.
     pub fn listen(&self, addr: &str) -> Result<Listener> {
-        let sh = &self.shared;
+        let sh = &self.driver;
         let mut tcp = None;
         let mut addr = addr.to_string();
         if sh.transports.contains(&Transport::Tcp) {
@@ -422,9 +422,9 @@ impl Worker {
         let listener = rdmx_conn::Listener::bind(&info, 128)?;
         match listener.device() {
             Some(device) => {
-                self.shared.rdma_on(&device)?;
+                self.driver.rdma_on(&device)?;
             }
-            None if self.shared.rdma.get().is_some() => {}
+            None if self.driver.rdma.get().is_some() => {}
             None => {
                 return Err(Error::Invalid(format!(
                     "{addr} is not on an RDMA device; listen on a device's address or set \
@@ -441,7 +441,7 @@ impl Worker {
     /// transport. Nobody listening, a rejection or an unreachable address is an error naming
     /// the address.
     pub fn connect(&self, addr: &str) -> Result<Ep> {
-        let sh = &self.shared;
+        let sh = &self.driver;
         let mut failure = None;
         for (i, &transport) in sh.transports.iter().enumerate() {
             let last = i + 1 == sh.transports.len();
@@ -459,7 +459,7 @@ impl Worker {
     }
 
     fn connect_over(&self, transport: Transport, addr: &str) -> Result<Ep> {
-        let sh = &self.shared;
+        let sh = &self.driver;
         let handshake = sh.local_handshake(transport);
         let timeout = sh.cfg.connect_timeout();
         let id = sh.new_conn_id();
@@ -492,15 +492,15 @@ impl Worker {
     /// any endpoint of this worker, in the order messages arrived. A message longer than
     /// `buf` completes the request with [`Status::Truncated`] and is dropped.
     pub fn tag_recv(&self, tag: Tag, mask: Tag, buf: Vec<u8>) -> Request {
-        let slot = Slot::new(RequestKind::Recv, tag, None);
-        self.shared.with_state(|st| {
+        let cell = RequestCell::new(RequestKind::Recv, tag, None);
+        self.driver.with_protocol(|st| {
             let cap = buf.len() as u64;
             let bufid = st.new_buf(UserMem::Plain(buf));
             let id = st.engine.tag_recv(tag, mask, bufid, cap);
-            st.track(id, bufid, &slot, None);
+            st.track(id, bufid, &cell, None);
         });
         Request {
-            slot,
+            cell,
             worker: self.clone(),
         }
     }
@@ -520,7 +520,7 @@ impl Worker {
     /// into a buffer of its exact length. Any number of threads may call it on one worker:
     /// each message goes to exactly one of them, and the others wait for the next.
     pub fn recv_vec(&self, tag: Tag, mask: Tag) -> Result<(Vec<u8>, RecvInfo)> {
-        let sh = &self.shared;
+        let sh = &self.driver;
         let mut found = None;
         // A matched probe: the message is taken out of matching as it is found, so no other
         // receiving thread can take it before it is received here.
@@ -572,18 +572,18 @@ impl Worker {
     /// Looks for an unexpected message matching `tag`/`mask` without receiving it.
     pub fn probe(&self, tag: Tag, mask: Tag) -> Option<ProbeInfo> {
         self.progress();
-        self.shared.state.lock().engine.probe(tag, mask)
+        self.driver.state.lock().engine.probe(tag, mask)
     }
 
     fn msg_recv(&self, info: ProbeInfo, buf: Vec<u8>) -> Request {
-        let slot = Slot::new(RequestKind::Recv, info.tag, None);
-        self.shared.with_state(|st| {
+        let cell = RequestCell::new(RequestKind::Recv, info.tag, None);
+        self.driver.with_protocol(|st| {
             let bufid = st.new_buf(UserMem::Plain(buf));
             match st.engine.msg_recv(info.msg, bufid, info.len) {
-                Some(id) => st.track(id, bufid, &slot, None),
+                Some(id) => st.track(id, bufid, &cell, None),
                 None => {
                     let buf = st.take_buf(bufid);
-                    slot.finish(Outcome {
+                    cell.finish(Outcome {
                         status: Status::ConnectionClosed,
                         length: 0,
                         tag: info.tag,
@@ -593,14 +593,14 @@ impl Worker {
             }
         });
         Request {
-            slot,
+            cell,
             worker: self.clone(),
         }
     }
 
     /// Resource figures, e.g. to check that receive memory does not grow with endpoints.
     pub fn stats(&self) -> WorkerStats {
-        let sh = &self.shared;
+        let sh = &self.driver;
         let st = sh.state.lock();
         WorkerStats {
             device: sh.rdma.get().map(|r| r.device.name()),
@@ -619,7 +619,7 @@ impl Worker {
     }
 }
 
-impl Shared {
+impl Driver {
     pub(crate) fn eager_limit(&self, conn: ConnId) -> Option<u64> {
         self.state
             .lock()
@@ -669,8 +669,8 @@ impl Shared {
     }
 
     /// Registers an established connection the engine already knows as `id`.
-    pub(crate) fn add_conn(&self, id: ConnId, link: Link) -> Arc<ConnState> {
-        let cs = Arc::new(ConnState::new(id, link));
+    pub(crate) fn add_conn(&self, id: ConnId, link: Link) -> Arc<Conn> {
+        let cs = Arc::new(Conn::new(id, link));
         if cs.tcp().is_some() {
             self.tcp_links.fetch_add(1, Ordering::AcqRel);
         }
@@ -678,7 +678,7 @@ impl Shared {
             log::warn!("cannot watch {id:?}'s connection events: {e}");
         }
         self.conn_list.write().push(cs.clone());
-        self.with_state(|st| {
+        self.with_protocol(|st| {
             st.conns.insert(id, cs.clone());
             let Some(qp) = cs.rdma().map(|l| l.conn.qp_num()) else {
                 return;
@@ -709,7 +709,7 @@ impl Shared {
     }
 
     pub(crate) fn engine_down(&self, id: ConnId) {
-        self.with_state(|st| st.engine.handle_connection_down(id));
+        self.with_protocol(|st| st.engine.handle_connection_down(id));
     }
 
     /// The handshake for a connection over `transport` (its receive buffer size).
@@ -725,23 +725,23 @@ impl Shared {
     pub(crate) fn tag_send(
         &self,
         worker: &Worker,
-        cs: &Arc<ConnState>,
+        cs: &Arc<Conn>,
         tag: Tag,
         buf: Vec<u8>,
     ) -> Request {
-        let slot = Slot::new(RequestKind::Send, tag, cs.peer);
-        self.with_state(|st| {
+        let cell = RequestCell::new(RequestKind::Send, tag, cs.peer);
+        self.with_protocol(|st| {
             let len = buf.len() as u64;
             let bufid = st.new_buf(UserMem::Plain(buf));
             match st.engine.tag_send(cs.id, tag, bufid, len) {
                 Ok(id) => {
                     cs.pending_sends.fetch_add(1, Ordering::AcqRel);
-                    st.track(id, bufid, &slot, Some(cs));
+                    st.track(id, bufid, &cell, Some(cs));
                 }
                 Err(e) => {
                     log::debug!("tag_send on {:?}: {e}", cs.id);
                     let buf = st.take_buf(bufid);
-                    slot.finish(Outcome {
+                    cell.finish(Outcome {
                         status: Status::ConnectionClosed,
                         length: len,
                         tag,
@@ -751,25 +751,25 @@ impl Shared {
             }
         });
         Request {
-            slot,
+            cell,
             worker: worker.clone(),
         }
     }
 
     pub(crate) fn cancel(&self, id: RequestId) -> bool {
-        self.with_state(|st| st.engine.cancel(id))
+        self.with_protocol(|st| st.engine.cancel(id))
     }
 
     /// Closes a connection locally (after the caller flushed it).
     pub(crate) fn close_conn(&self, id: ConnId) {
         // A connection the engine had already forgotten (peer gone) is closing already.
-        self.with_state(|st| st.engine.close(id));
+        self.with_protocol(|st| st.engine.close(id));
     }
 
     /// Runs `f` on the protocol state, then the actions it caused, under the state lock;
     /// then posts what they queued, after releasing it.
-    fn with_state<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
-        let mut out = Outbox::default();
+    fn with_protocol<R>(&self, f: impl FnOnce(&mut Protocol) -> R) -> R {
+        let mut out = AfterUnlock::default();
         let result = {
             let mut st = self.state.lock();
             let result = f(&mut st);
@@ -780,7 +780,7 @@ impl Shared {
         result
     }
 
-    fn run(&self, st: &mut State, out: &mut Outbox) {
+    fn run(&self, st: &mut Protocol, out: &mut AfterUnlock) {
         st.run_actions(self.rdma.get(), self.rndv, out);
         let arrivals = st.engine.unexpected_arrivals();
         if arrivals != st.arrivals_seen {
@@ -799,7 +799,7 @@ impl Shared {
     }
 
     /// Posts, reposts and wakes what the last locked section left to do.
-    fn finish(&self, out: Outbox) {
+    fn finish(&self, out: AfterUnlock) {
         for cs in &out.flush {
             if cs.flush() {
                 self.failures_pending.store(true, Ordering::Release);
@@ -891,7 +891,7 @@ impl Shared {
                 }
             }
         }
-        let mut tcp_events: Vec<(Arc<ConnState>, Vec<rdmx_tcp::Event>)> = Vec::new();
+        let mut tcp_events: Vec<(Arc<Conn>, Vec<rdmx_tcp::Event>)> = Vec::new();
         if self.tcp_links.load(Ordering::Acquire) > 0 {
             // Readiness from epoll: only links with something to read are read.
             let mut ready = Vec::new();
@@ -930,7 +930,7 @@ impl Shared {
         }
         let work =
             wcs.len() + cm_events.len() + tcp_events.iter().map(|e| e.1.len()).sum::<usize>();
-        let mut out = Outbox::default();
+        let mut out = AfterUnlock::default();
         {
             let mut st = self.state.lock();
             for wc in wcs.drain(..) {
@@ -945,7 +945,7 @@ impl Shared {
                 }
             }
             if failures {
-                let list: Vec<Arc<ConnState>> = st.conns.values().cloned().collect();
+                let list: Vec<Arc<Conn>> = st.conns.values().cloned().collect();
                 for cs in list {
                     let Some(link) = cs.rdma() else { continue };
                     let items: Vec<Outgoing> = std::mem::take(&mut *link.failures.lock());
@@ -1039,7 +1039,7 @@ impl Shared {
                 return false;
             }
             if self.progress_thread.load(Ordering::Acquire) {
-                // Whatever a waiter waits for wakes it (see `Outbox::wake`); the slice only
+                // Whatever a waiter waits for wakes it (see `AfterUnlock::wake`); the slice only
                 // bounds a wait nothing would end.
                 self.sleep_on_completions(&mut done, slice(Duration::from_secs(1)));
                 continue;
@@ -1087,7 +1087,7 @@ impl Shared {
     }
 }
 
-impl State {
+impl Protocol {
     fn new_buf(&mut self, mem: UserMem) -> UserBufId {
         let id = UserBufId(self.next_buf);
         self.next_buf += 1;
@@ -1100,15 +1100,15 @@ impl State {
         &mut self,
         id: RequestId,
         buf: UserBufId,
-        slot: &Arc<Slot>,
-        conn: Option<&Arc<ConnState>>,
+        cell: &Arc<RequestCell>,
+        conn: Option<&Arc<Conn>>,
     ) {
-        let _ = slot.id.set(id);
+        let _ = cell.id.set(id);
         self.reqs.insert(
             id,
-            Pending {
+            Tracked {
                 buf,
-                slot: slot.clone(),
+                cell: cell.clone(),
                 conn: conn.cloned(),
             },
         );
@@ -1127,7 +1127,7 @@ impl State {
         self.recv_held.insert(id, RecvBuf::Rdma(buf));
     }
 
-    fn on_completion(&mut self, wc: rdmx_conn::Completion, out: &mut Outbox) {
+    fn on_completion(&mut self, wc: rdmx_conn::Completion, out: &mut AfterUnlock) {
         let ok = wc.status.is_success();
         match (wc.kind, wc.cookie & COOKIE_KIND) {
             (WorkKind::Recv, _) => {
@@ -1225,7 +1225,7 @@ impl State {
         buf: Option<RegisteredBuf>,
         ok: bool,
         posted: bool,
-        out: &mut Outbox,
+        out: &mut AfterUnlock,
     ) {
         let Some(r) = self.reads.remove(&key) else {
             return;
@@ -1262,7 +1262,7 @@ impl State {
     /// and their targets go with its QP. Each is reported failed and its piece written off, so
     /// that the buffer it belongs to is freed (or its request failed) instead of waiting for
     /// ever.
-    fn reads_lost_with(&mut self, conn: ConnId, out: &mut Outbox) {
+    fn reads_lost_with(&mut self, conn: ConnId, out: &mut AfterUnlock) {
         let lost: Vec<u64> = self
             .reads
             .iter()
@@ -1281,7 +1281,7 @@ impl State {
         }
     }
 
-    fn on_post_failure(&mut self, cs: &Arc<ConnState>, item: Outgoing, out: &mut Outbox) {
+    fn on_post_failure(&mut self, cs: &Arc<Conn>, item: Outgoing, out: &mut AfterUnlock) {
         match item {
             Outgoing::Frame { buf, .. } => {
                 self.send_pool.give(buf);
@@ -1300,7 +1300,7 @@ impl State {
         }
     }
 
-    fn on_cm_event(&mut self, id: ConnId, ev: CmEvent, out: &mut Outbox) {
+    fn on_cm_event(&mut self, id: ConnId, ev: CmEvent, out: &mut AfterUnlock) {
         match ev.kind {
             CmEventKind::DISCONNECTED | CmEventKind::DEVICE_REMOVAL => {
                 let Some(cs) = self.conns.get(&id).cloned() else {
@@ -1321,12 +1321,12 @@ impl State {
         }
     }
 
-    fn start_closing(&mut self, cs: &Arc<ConnState>, reason: String, out: &mut Outbox) {
+    fn start_closing(&mut self, cs: &Arc<Conn>, reason: String, out: &mut AfterUnlock) {
         cs.close_reason.lock().get_or_insert(reason);
         if !cs.closing.swap(true, Ordering::AcqRel) {
             out.wake = true;
             // RDMA disconnects after what is queued is posted; TCP shuts the socket down
-            // once everything is written (ConnState::flush).
+            // once everything is written (Conn::flush).
             if let Some(link) = cs.rdma() {
                 link.push(Outgoing::Disconnect);
             }
@@ -1337,7 +1337,7 @@ impl State {
 
     /// Destroys drained closing connections; reposts frames parked too long; retries
     /// failed reposts.
-    fn housekeeping(&mut self, out: &mut Outbox) {
+    fn housekeeping(&mut self, out: &mut AfterUnlock) {
         let now = crate::clock::coarse_now_ns();
         let after =
             |since: u64, limit: Duration| now.saturating_sub(since) > limit.as_nanos() as u64;
@@ -1373,7 +1373,7 @@ impl State {
         self.release_held(out);
     }
 
-    fn run_actions(&mut self, rdma: Option<&Rdma>, mode: RndvRegistration, out: &mut Outbox) {
+    fn run_actions(&mut self, rdma: Option<&Rdma>, mode: RndvRegistration, out: &mut AfterUnlock) {
         while let Some(action) = self.engine.poll_action() {
             match action {
                 Action::SendFrame {
@@ -1492,7 +1492,7 @@ impl State {
         conn: ConnId,
         frame: &[u8],
         payload: Option<rdmx_proto::PayloadRef>,
-        out: &mut Outbox,
+        out: &mut AfterUnlock,
     ) {
         let Some(cs) = self.conns.get(&conn).cloned() else {
             log::debug!("frame for closed {conn:?} dropped");
@@ -1559,7 +1559,7 @@ impl State {
         len: u64,
         dst: UserBufId,
         dst_offset: u64,
-        out: &mut Outbox,
+        out: &mut AfterUnlock,
     ) -> Result<(), String> {
         let cs = self
             .conns
@@ -1652,8 +1652,8 @@ impl State {
         true
     }
 
-    /// Retries what waited for a window to die (see [`State::release`]).
-    fn release_held(&mut self, out: &mut Outbox) {
+    /// Retries what waited for a window to die (see [`Protocol::release`]).
+    fn release_held(&mut self, out: &mut AfterUnlock) {
         for (buf, done) in std::mem::take(&mut self.held) {
             let copy_back = match &done {
                 Some((_, c)) if c.status == Status::Ok => c.length,
@@ -1677,10 +1677,10 @@ impl State {
         &mut self,
         rdma: &Rdma,
         mode: RndvRegistration,
-        cs: &Arc<ConnState>,
+        cs: &Arc<Conn>,
         buf: UserBufId,
         len: u64,
-        out: &mut Outbox,
+        out: &mut AfterUnlock,
     ) -> Result<RemoteBuf, String> {
         let link = cs.rdma().ok_or("not an RDMA connection")?;
         let mem = self
@@ -1733,7 +1733,7 @@ impl State {
                 break k;
             }
         };
-        *mem = UserMem::Shared {
+        *mem = UserMem::Exposed {
             data: Arc::new(vec),
             key,
         };
@@ -1747,10 +1747,10 @@ impl State {
     /// bytes exposed to it (an unknown key, a range past the buffer) gets a failure.
     fn answer_read(
         &mut self,
-        cs: &Arc<ConnState>,
+        cs: &Arc<Conn>,
         read_id: u64,
         (addr, rkey, len): (u64, u32, u64),
-        out: &mut Outbox,
+        out: &mut AfterUnlock,
     ) {
         let Some(link) = cs.tcp() else { return };
         let exposure = self.exposed.get(&rkey);
@@ -1771,7 +1771,7 @@ impl State {
         }
         let data = exposure
             .and_then(|e| match self.user_bufs.get(&e.buf) {
-                Some(UserMem::Shared { data, .. }) => Some(data.clone()),
+                Some(UserMem::Exposed { data, .. }) => Some(data.clone()),
                 _ => None,
             })
             .filter(|d| {
@@ -1788,7 +1788,7 @@ impl State {
         out.flush(cs);
     }
 
-    fn on_tcp_event(&mut self, cs: &Arc<ConnState>, ev: rdmx_tcp::Event, out: &mut Outbox) {
+    fn on_tcp_event(&mut self, cs: &Arc<Conn>, ev: rdmx_tcp::Event, out: &mut AfterUnlock) {
         match ev {
             rdmx_tcp::Event::Frame(bytes) => {
                 if cs.is_closing() {
@@ -1818,7 +1818,7 @@ impl State {
     }
 
     /// TCP: takes back every buffer lent to the link as a READ destination.
-    fn reclaim_lent(&mut self, cs: &ConnState) {
+    fn reclaim_lent(&mut self, cs: &Conn) {
         if let Some(link) = cs.tcp() {
             for (key, vec) in link.reclaim_all() {
                 if let Some(mem) = self.user_bufs.get_mut(&UserBufId(key)) {
@@ -1830,7 +1830,7 @@ impl State {
 
     /// TCP: the link is gone. Its requests fail, its lent buffers come back, and every READ
     /// it owed is reported failed.
-    fn tcp_down(&mut self, cs: &Arc<ConnState>, reason: String, out: &mut Outbox) {
+    fn tcp_down(&mut self, cs: &Arc<Conn>, reason: String, out: &mut AfterUnlock) {
         self.engine.handle_connection_down(cs.id);
         self.reclaim_lent(cs);
         let owed: Vec<u64> = self
@@ -1845,7 +1845,7 @@ impl State {
         self.start_closing(cs, reason, out);
     }
 
-    fn complete(&mut self, c: rdmx_proto::Completion, out: &mut Outbox) {
+    fn complete(&mut self, c: rdmx_proto::Completion, out: &mut AfterUnlock) {
         let Some(p) = self.reqs.remove(&c.request) else {
             return;
         };
@@ -1862,7 +1862,7 @@ impl State {
     }
 
     /// Hands a completed request its buffer (released already) and its outcome.
-    fn hand_back(&mut self, p: Pending, c: rdmx_proto::Completion, out: &mut Outbox) {
+    fn hand_back(&mut self, p: Tracked, c: rdmx_proto::Completion, out: &mut AfterUnlock) {
         let buf = match self.user_bufs.remove(&p.buf) {
             Some(mem) => {
                 if mem.in_flight() {
@@ -1877,7 +1877,7 @@ impl State {
             }
             None => Vec::new(),
         };
-        p.slot.finish(Outcome {
+        p.cell.finish(Outcome {
             status: c.status,
             length: c.length,
             tag: c.tag,
