@@ -1,0 +1,222 @@
+//! The driver behind every worker handle: connection and request bookkeeping, and the lock
+//! discipline — protocol state under one short-held lock, then posting and waking after it.
+
+use super::*;
+
+impl Driver {
+    pub(crate) fn eager_limit(&self, conn: ConnId) -> Option<u64> {
+        self.state
+            .lock()
+            .engine
+            .conn_stats(conn)
+            .map(|s| s.eager_limit)
+    }
+
+    pub(super) fn now_ns(&self) -> u64 {
+        crate::clock::coarse_now_ns()
+    }
+
+    pub(crate) fn new_conn_id(&self) -> ConnId {
+        ConnId(self.next_conn.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The worker's resources, created on `device` if there are none yet.
+    pub(crate) fn rdma_on(&self, device: &Device) -> Result<&Rdma> {
+        if let Some(r) = self.rdma.get() {
+            return self.same_device(r, device);
+        }
+        let _guard = self.init.lock();
+        if let Some(r) = self.rdma.get() {
+            return self.same_device(r, device);
+        }
+        let (rdma, bufs) = Rdma::new(device, &self.cfg)?;
+        for (i, buf) in bufs.into_iter().enumerate() {
+            rdma.srq.post_recv(buf, i as u64).map_err(|(e, _)| e)?;
+        }
+        if let Some(fd) = rdma.cq.event_fd() {
+            self.poller.add(fd, TOKEN_CQ)?;
+        }
+        let _ = self.rdma.set(rdma);
+        Ok(self.rdma.get().expect("just set"))
+    }
+
+    pub(super) fn same_device<'a>(&self, r: &'a Rdma, device: &Device) -> Result<&'a Rdma> {
+        if &r.device == device {
+            Ok(r)
+        } else {
+            Err(Error::Invalid(format!(
+                "this worker runs on {}, not {}; use one worker per device",
+                r.device.name(),
+                device.name()
+            )))
+        }
+    }
+
+    /// Registers an established connection the engine already knows as `id`.
+    pub(crate) fn add_conn(&self, id: ConnId, link: Link) -> Arc<Conn> {
+        let cs = Arc::new(Conn::new(id, link));
+        if cs.tcp().is_some() {
+            self.tcp_links.fetch_add(1, Ordering::AcqRel);
+        }
+        if let Err(e) = self.poller.add(cs.event_fd(), TOKEN_CONN + id.0) {
+            log::warn!("cannot watch {id:?}'s connection events: {e}");
+        }
+        self.conn_list.write().push(cs.clone());
+        self.with_protocol(|st| {
+            st.conns.insert(id, cs.clone());
+            let Some(qp) = cs.rdma().map(|l| l.conn.qp_num()) else {
+                return;
+            };
+            st.qp_map.insert(qp, id);
+            let parked: Vec<Parked> = {
+                let (mine, rest) = std::mem::take(&mut st.parked)
+                    .into_iter()
+                    .partition(|p| p.qp == qp);
+                st.parked = rest;
+                mine
+            };
+            for p in parked {
+                st.deliver(id, p.id, p.buf, p.len);
+            }
+        });
+        log::debug!("{id:?} up with {:?}", cs.peer);
+        cs
+    }
+
+    pub(crate) fn engine_up(&self, id: ConnId, peer: &Handshake, over: Transport) -> Result<()> {
+        let limits = self.cfg.limits(over);
+        Ok(self
+            .state
+            .lock()
+            .engine
+            .handle_connection_up_with(id, peer, limits)?)
+    }
+
+    pub(crate) fn engine_down(&self, id: ConnId) {
+        self.with_protocol(|st| st.engine.handle_connection_down(id));
+    }
+
+    /// The handshake for a connection over `transport` (its receive buffer size).
+    pub(crate) fn local_handshake(&self, transport: Transport) -> Vec<u8> {
+        let limits = self.cfg.limits(transport);
+        self.state
+            .lock()
+            .engine
+            .local_handshake_for(&limits)
+            .encode()
+    }
+
+    pub(crate) fn tag_send(
+        &self,
+        worker: &Worker,
+        cs: &Arc<Conn>,
+        tag: Tag,
+        buf: Vec<u8>,
+    ) -> Request {
+        let cell = RequestCell::new(RequestKind::Send, tag, cs.peer);
+        self.with_protocol(|st| {
+            let len = buf.len() as u64;
+            let bufid = st.new_buf(UserMem::Plain(buf));
+            match st.engine.tag_send(cs.id, tag, bufid, len) {
+                Ok(id) => {
+                    cs.pending_sends.fetch_add(1, Ordering::AcqRel);
+                    st.track(id, bufid, &cell, Some(cs));
+                }
+                Err(e) => {
+                    log::debug!("tag_send on {:?}: {e}", cs.id);
+                    let buf = st.take_buf(bufid);
+                    cell.finish(Outcome {
+                        status: Status::ConnectionClosed,
+                        length: len,
+                        tag,
+                        buf,
+                    });
+                }
+            }
+        });
+        Request {
+            cell,
+            worker: worker.clone(),
+        }
+    }
+
+    pub(crate) fn cancel(&self, id: RequestId) -> bool {
+        self.with_protocol(|st| st.engine.cancel(id))
+    }
+
+    /// Closes a connection locally (after the caller flushed it).
+    pub(crate) fn close_conn(&self, id: ConnId) {
+        // A connection the engine had already forgotten (peer gone) is closing already.
+        self.with_protocol(|st| st.engine.close(id));
+    }
+
+    /// Runs `f` on the protocol state, then the actions it caused, under the state lock;
+    /// then posts what they queued, after releasing it.
+    pub(super) fn with_protocol<R>(&self, f: impl FnOnce(&mut Protocol) -> R) -> R {
+        let mut out = AfterUnlock::default();
+        let result = {
+            let mut st = self.state.lock();
+            let result = f(&mut st);
+            self.run(&mut st, &mut out);
+            result
+        };
+        self.finish(out);
+        result
+    }
+
+    pub(super) fn run(&self, st: &mut Protocol, out: &mut AfterUnlock) {
+        st.run_actions(self.rdma.get(), self.rndv, out);
+        let arrivals = st.engine.unexpected_arrivals();
+        if arrivals != st.arrivals_seen {
+            // Threads waiting to probe (recv_vec) wait for exactly this.
+            st.arrivals_seen = arrivals;
+            out.wake = true;
+        }
+        self.housekeeping_pending.store(
+            !st.closing.is_empty() || !st.parked.is_empty() || !st.held.is_empty(),
+            Ordering::Release,
+        );
+        self.next_timer.store(
+            st.engine.poll_timeout().unwrap_or(u64::MAX),
+            Ordering::Release,
+        );
+    }
+
+    /// Posts, reposts and wakes what the last locked section left to do.
+    pub(super) fn finish(&self, out: AfterUnlock) {
+        for cs in &out.flush {
+            if cs.flush() {
+                self.failures_pending.store(true, Ordering::Release);
+                self.waker.wake();
+            }
+        }
+        if !out.reposts.is_empty() {
+            if let Some(rdma) = self.rdma.get() {
+                let mut failed = Vec::new();
+                for (buf, id) in out.reposts {
+                    if let Err((e, buf)) = rdma.srq.post_recv(buf, id) {
+                        log::error!("reposting receive buffer {id}: {e}");
+                        failed.push((buf, id));
+                    }
+                }
+                if !failed.is_empty() {
+                    self.state.lock().spare_recv.extend(failed);
+                }
+            }
+        }
+        if !out.reaped.is_empty() {
+            let mut list = self.conn_list.write();
+            for cs in &out.reaped {
+                let _ = self.poller.remove(cs.event_fd());
+                list.retain(|c| !Arc::ptr_eq(c, cs));
+                if cs.tcp().is_some() {
+                    self.tcp_links.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+        drop(out.reaped);
+        if out.wake {
+            self.notify();
+        }
+    }
+}

@@ -1,0 +1,535 @@
+//! The worker: the public [`Worker`] handle and API, and the types its parts share. The
+//! parts, each in a module of its own:
+//!
+//! * `driver`: the [`Driver`] behind every handle, and its lock discipline (the protocol
+//!   state under one short-held lock, posting after releasing it);
+//! * `progress`: making progress and waiting for it;
+//! * `executor`: carrying out the protocol engine's actions;
+//! * `events`: what the transports report (completions, frames, connection events);
+//! * `closing`: closing connections and reaping them;
+//! * `setup`: listening and connecting.
+
+mod closing;
+mod driver;
+mod events;
+mod executor;
+mod progress;
+mod setup;
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use rand::rngs::StdRng;
+use rand::Rng;
+use rdmx_conn::{
+    Access, AddrInfo, CmEvent, CmEventKind, Device, MemoryWindow, Poller, RegisteredBuf, Side,
+    Waker, WcStatus, WorkKind,
+};
+use rdmx_proto::{
+    Action, CloseReason, ConnId, Engine, Handshake, ProbeInfo, RecvBufId, RemoteBuf, RequestId,
+    RequestKind, Status, Tag, UserBufId, HEADER_LEN,
+};
+
+use crate::config::{Config, RndvRegistration, WaitMode};
+use crate::context::Context;
+use crate::ep::{Ep, Listener};
+use crate::error::{rejected, Error, Result};
+use crate::rdma::{Outgoing, Rdma, RdmaLink, SendPool, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
+use crate::request::{Outcome, Request, RequestCell};
+use crate::transport::{Conn, Link, Transport};
+use crate::usermem::{RegCache, UserMem};
+
+const TOKEN_WAKER: u64 = 0;
+const TOKEN_CQ: u64 = 1;
+/// A connection's channel fd is registered as `TOKEN_CONN + its ConnId`.
+const TOKEN_CONN: u64 = 1 << 32;
+/// How often a progressing worker checks its connections' rdmacm events.
+const CM_CHECK_INTERVAL: Duration = Duration::from_millis(5);
+/// How long a closing connection may take to drain before it is destroyed anyway.
+const REAP_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a frame from a QP not (yet) known is kept before its buffer is reposted.
+const PARK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A worker: the progress engine of rdmx, like UCP's worker.
+///
+/// It owns one RDMA device's protection domain, completion queue (with its completion
+/// channel), shared receive queue with its pre-posted receive buffers, and pools of
+/// registered send buffers, shared by all its endpoints. The device is the one named by
+/// `RDMX_DEVICE`, or else the one of the first address the worker listens on or connects
+/// to. Receive buffers are worker-wide, so their memory does not grow with the number of
+/// endpoints.
+///
+/// `Worker` is a cheap handle (`Clone`), `Send` and `Sync`: any thread may send, receive,
+/// progress or wait on it. Internally the protocol state sits behind one short-held lock,
+/// and each endpoint's work is posted under that endpoint's own lock, never while holding
+/// the worker-wide one.
+///
+/// ```no_run
+/// # fn main() -> rdmx::Result<()> {
+/// let ctx = rdmx::Context::new()?;
+/// let worker = ctx.worker()?;
+/// let ep = worker.connect("192.0.2.1:7000")?;
+/// ep.send(7, b"hello")?;
+/// let (reply, info) = worker.recv_vec(8, rdmx::TAG_MASK_ALL)?;
+/// println!("{} bytes with tag {}", info.length, info.tag);
+/// # drop(reply);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Worker {
+    pub(crate) driver: Arc<Driver>,
+}
+
+/// What [`Worker::stats`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// The RDMA device, once chosen.
+    pub device: Option<String>,
+    /// Open endpoints.
+    pub eps: usize,
+    /// Receive buffers on the SRQ.
+    pub srq_depth: u32,
+    /// Bytes of receive buffers on the SRQ (independent of the number of endpoints).
+    pub recv_buffer_bytes: u64,
+    /// Bytes registered for send buffers.
+    pub send_buffer_bytes: u64,
+    /// Bytes held by the registration cache.
+    pub rcache_bytes: u64,
+    /// Regions the registration cache registered so far.
+    pub rcache_registrations: u64,
+    /// Requests not yet completed.
+    pub pending_requests: usize,
+    /// Messages that arrived before a matching receive.
+    pub unexpected_messages: usize,
+    /// User buffers the worker holds for requests not yet handed back (sends in flight,
+    /// posted receives, rendezvous buffers a peer may still read).
+    pub user_buffers: usize,
+    /// Rendezvous READs issued and not yet complete.
+    pub reads_in_flight: usize,
+    /// Connections the worker still tracks, including closed ones whose last work is
+    /// draining (they are reaped once it is done).
+    pub connections: usize,
+}
+
+/// What a completed receive got: the sender's tag and the message length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvInfo {
+    /// The sender's tag.
+    pub tag: Tag,
+    /// The message length in bytes.
+    pub length: usize,
+}
+
+pub(crate) struct Driver {
+    pub(crate) cfg: Config,
+    mode: WaitMode,
+    rndv: RndvRegistration,
+    /// The transports this worker uses, in order of preference.
+    pub(crate) transports: Vec<Transport>,
+    /// Open TCP links (progress reads sockets only when there are some).
+    tcp_links: AtomicUsize,
+    state: Mutex<Protocol>,
+    rdma: OnceLock<Rdma>,
+    init: Mutex<()>,
+    conn_list: RwLock<Vec<Arc<Conn>>>,
+    progress_lock: Mutex<Vec<rdmx_conn::Completion>>,
+    waiter: Mutex<()>,
+    poller: Poller,
+    waker: Waker,
+    gen: Mutex<u64>,
+    cv: Condvar,
+    cm_due: AtomicBool,
+    last_cm_check: AtomicU64,
+    next_timer: AtomicU64,
+    failures_pending: AtomicBool,
+    housekeeping_pending: AtomicBool,
+    pub(crate) progress_thread: AtomicBool,
+    next_conn: AtomicU64,
+    _ctx: Context,
+}
+
+struct Tracked {
+    buf: UserBufId,
+    cell: Arc<RequestCell>,
+    conn: Option<Arc<Conn>>,
+}
+
+struct ReadCtx {
+    conn: ConnId,
+    request: RequestId,
+    buf: UserBufId,
+    off: u64,
+}
+
+/// A received frame's buffer, held while the engine's actions use it.
+enum RecvBuf {
+    /// An SRQ buffer, reposted afterwards.
+    Rdma(RegisteredBuf),
+    /// A frame read from a TCP link.
+    Tcp(Vec<u8>),
+}
+
+impl std::ops::Deref for RecvBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            RecvBuf::Rdma(b) => b,
+            RecvBuf::Tcp(v) => v,
+        }
+    }
+}
+
+/// A send buffer exposed over TCP, found by its key: only READ requests arriving on `conn`
+/// may read it.
+struct Exposure {
+    buf: UserBufId,
+    conn: ConnId,
+}
+
+/// TCP frames get receive-buffer ids from here up (SRQ buffers use their index).
+const TCP_FRAME_IDS: u64 = 1 << 48;
+
+struct Parked {
+    qp: u32,
+    id: u64,
+    buf: RegisteredBuf,
+    len: usize,
+    /// When it was parked (coarse clock, ns).
+    since: u64,
+}
+
+struct Protocol {
+    engine: Engine,
+    user_bufs: HashMap<UserBufId, UserMem>,
+    orphans: HashSet<UserBufId>,
+    reqs: HashMap<RequestId, Tracked>,
+    next_buf: u64,
+    recv_held: HashMap<u64, RecvBuf>,
+    next_tcp_frame: u64,
+    /// TCP exposures by their key (random, unique among live exposures).
+    exposed: HashMap<u32, Exposure>,
+    /// Where TCP exposure keys come from: a CSPRNG seeded by the OS, so that one key tells
+    /// nothing about another.
+    keys: StdRng,
+    /// RDMA: the memory window through which each exposed send buffer is read.
+    windows: HashMap<UserBufId, MemoryWindow>,
+    /// Buffers whose window could not be invalidated yet (a bind of it is still posted),
+    /// with the completion of their request if it is done: released, and the completion
+    /// handed out, once the window is dead.
+    held: Vec<(UserBufId, Option<(Tracked, rdmx_proto::Completion)>)>,
+    /// The engine's unexpected arrivals as of the last wake-up.
+    arrivals_seen: u64,
+    parked: Vec<Parked>,
+    conns: HashMap<ConnId, Arc<Conn>>,
+    qp_map: HashMap<u32, ConnId>,
+    reads: HashMap<u64, ReadCtx>,
+    next_read: u64,
+    send_pool: SendPool,
+    rcache: RegCache,
+    /// Closing connections and when they started closing (coarse clock, ns).
+    closing: Vec<(ConnId, u64)>,
+    spare_recv: Vec<(RegisteredBuf, u64)>,
+}
+
+/// Work to do after releasing the state lock.
+#[derive(Default)]
+struct AfterUnlock {
+    flush: Vec<Arc<Conn>>,
+    reposts: Vec<(RegisteredBuf, u64)>,
+    reaped: Vec<Arc<Conn>>,
+    /// Something a blocked thread may be waiting for happened (a request completed, a
+    /// message arrived unexpected, a send's work completed, a connection started closing):
+    /// wake the waiters.
+    wake: bool,
+}
+
+impl AfterUnlock {
+    fn flush(&mut self, cs: &Arc<Conn>) {
+        if !self.flush.iter().any(|c| Arc::ptr_eq(c, cs)) {
+            self.flush.push(cs.clone());
+        }
+    }
+}
+
+impl Worker {
+    pub(crate) fn new(ctx: &Context) -> Result<Worker> {
+        let cfg = ctx.config().clone();
+        let engine = Engine::new(cfg.proto()?);
+        let frame_len =
+            (cfg.recv_buf_size() as usize).max(cfg.eager_threshold() as usize + HEADER_LEN);
+        let poller = Poller::new()?;
+        let waker = Waker::new()?;
+        poller.add(waker.fd(), TOKEN_WAKER)?;
+        let driver = Arc::new(Driver {
+            mode: cfg.wait_mode(),
+            rndv: cfg.rndv_registration(),
+            transports: ctx.transports().to_vec(),
+            tcp_links: AtomicUsize::new(0),
+            state: Mutex::new(Protocol {
+                engine,
+                user_bufs: HashMap::default(),
+                orphans: HashSet::default(),
+                reqs: HashMap::default(),
+                next_buf: 0,
+                recv_held: HashMap::default(),
+                next_tcp_frame: TCP_FRAME_IDS,
+                exposed: HashMap::default(),
+                keys: rand::make_rng(),
+                windows: HashMap::default(),
+                held: Vec::new(),
+                arrivals_seen: 0,
+                parked: Vec::new(),
+                conns: HashMap::default(),
+                qp_map: HashMap::default(),
+                reads: HashMap::default(),
+                next_read: 0,
+                send_pool: SendPool::new(frame_len, cfg.send_bufs() as usize),
+                rcache: RegCache::new(cfg.rcache_bytes()),
+                closing: Vec::new(),
+                spare_recv: Vec::new(),
+            }),
+            rdma: OnceLock::new(),
+            init: Mutex::new(()),
+            conn_list: RwLock::new(Vec::new()),
+            progress_lock: Mutex::new(Vec::with_capacity(64)),
+            waiter: Mutex::new(()),
+            poller,
+            waker,
+            gen: Mutex::new(0),
+            cv: Condvar::new(),
+            cm_due: AtomicBool::new(false),
+            last_cm_check: AtomicU64::new(0),
+            next_timer: AtomicU64::new(u64::MAX),
+            failures_pending: AtomicBool::new(false),
+            housekeeping_pending: AtomicBool::new(false),
+            progress_thread: AtomicBool::new(false),
+            next_conn: AtomicU64::new(1),
+            cfg,
+            _ctx: ctx.clone(),
+        });
+        if let (true, Some(name)) = (
+            driver.transports.contains(&Transport::Rdma),
+            driver.cfg.device(),
+        ) {
+            let device = Device::by_name(name)?;
+            driver.rdma_on(&device)?;
+        }
+        let worker = Worker { driver };
+        if worker.driver.cfg.progress_thread() {
+            worker.start_progress_thread()?;
+        }
+        Ok(worker)
+    }
+
+    /// Starts a progress thread for this worker (if it has none): requests then complete on
+    /// their own, and blocking calls sleep until they do instead of progressing. The thread
+    /// waits in the worker's wait mode (spinning in [`WaitMode::BusyPoll`]) and ends when
+    /// the last handle to the worker is gone.
+    pub fn start_progress_thread(&self) -> Result<()> {
+        if self.driver.progress_thread.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let weak = Arc::downgrade(&self.driver);
+        std::thread::Builder::new()
+            .name("rdmx-progress".into())
+            .spawn(move || loop {
+                let Some(sh) = weak.upgrade() else { break };
+                match sh.mode {
+                    WaitMode::BusyPoll => {
+                        for _ in 0..1024 {
+                            if sh.progress() == 0 {
+                                std::hint::spin_loop();
+                            }
+                        }
+                    }
+                    WaitMode::Event => {
+                        if let Err(e) = sh.wait_events(Some(Duration::from_secs(1))) {
+                            log::error!("progress thread: {e}");
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::Invalid(format!("cannot start the progress thread: {e}")))?;
+        Ok(())
+    }
+
+    /// Makes progress: polls completions and connection events, runs the protocol and posts
+    /// what it asks for. Returns how many events it handled (0: nothing happened). Never
+    /// blocks; returns 0 at once when another thread is progressing.
+    pub fn progress(&self) -> usize {
+        self.driver.progress()
+    }
+
+    /// Sleeps until there is work or `timeout` passes (`None`: no limit), then progresses.
+    ///
+    /// In [`WaitMode::Event`] this is UCP's arm/wait: arm the completion queue, progress
+    /// once more (a completion may have landed before the arming), then sleep on the
+    /// completion channel, the connections' event channels and the worker's wake-up fd.
+    /// In [`WaitMode::BusyPoll`] it spins on [`Worker::progress`].
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<usize> {
+        match self.driver.mode {
+            WaitMode::Event => self.driver.wait_events(timeout),
+            WaitMode::BusyPoll => {
+                let deadline = timeout.map(|t| Instant::now() + t);
+                loop {
+                    let n = self.progress();
+                    if n > 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok(n);
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+
+    /// Wakes a thread sleeping in [`Worker::wait`] (from any thread).
+    pub fn signal(&self) {
+        self.driver.waker.wake();
+    }
+
+    /// The wait mode.
+    pub fn wait_mode(&self) -> WaitMode {
+        self.driver.mode
+    }
+
+    /// The effective configuration.
+    pub fn config(&self) -> &Config {
+        &self.driver.cfg
+    }
+
+    /// Posts a tag receive into `buf` (its length is the capacity): it matches the first
+    /// message whose tag equals `tag` on the bits set in `mask` (`0` matches any tag), from
+    /// any endpoint of this worker, in the order messages arrived. A message longer than
+    /// `buf` completes the request with [`Status::Truncated`] and is dropped.
+    pub fn tag_recv(&self, tag: Tag, mask: Tag, buf: Vec<u8>) -> Request {
+        let cell = RequestCell::new(RequestKind::Recv, tag, None);
+        self.driver.with_protocol(|st| {
+            let cap = buf.len() as u64;
+            let bufid = st.new_buf(UserMem::Plain(buf));
+            let id = st.engine.tag_recv(tag, mask, bufid, cap);
+            st.track(id, bufid, &cell, None);
+        });
+        Request {
+            cell,
+            worker: self.clone(),
+        }
+    }
+
+    /// Receives into `buf`, blocking until a message matches (see [`Worker::tag_recv`]).
+    pub fn recv(&self, tag: Tag, mask: Tag, buf: &mut [u8]) -> Result<RecvInfo> {
+        let done = self.tag_recv(tag, mask, vec![0; buf.len()]).wait()?;
+        buf[..done.length].copy_from_slice(&done.buf[..done.length]);
+        Ok(RecvInfo {
+            tag: done.tag,
+            length: done.length,
+        })
+    }
+
+    /// Receives the next matching message whatever its size, blocking until one arrives:
+    /// probes for it and takes it out of matching at once (a matched probe), then receives it
+    /// into a buffer of its exact length. Any number of threads may call it on one worker:
+    /// each message goes to exactly one of them, and the others wait for the next.
+    pub fn recv_vec(&self, tag: Tag, mask: Tag) -> Result<(Vec<u8>, RecvInfo)> {
+        let sh = &self.driver;
+        let mut found = None;
+        // A matched probe: the message is taken out of matching as it is found, so no other
+        // receiving thread can take it before it is received here.
+        sh.wait_until(
+            || {
+                if found.is_none() {
+                    // (No actions follow a probe; and `done` may run under the wake-up lock,
+                    // so it must not run actions, which may wake.)
+                    found = sh.state.lock().engine.probe_remove(tag, mask);
+                }
+                found.is_some()
+            },
+            None,
+        );
+        let info = found.expect("wait_until returns once found");
+        // The length is the peer's claim: allocate it fallibly.
+        let mut buf = Vec::new();
+        let allocated = usize::try_from(info.len)
+            .ok()
+            .and_then(|len| buf.try_reserve_exact(len).ok().map(|()| len))
+            .map(|len| buf.resize(len, 0))
+            .is_some();
+        if !allocated {
+            // The message is ours and must be consumed: it is dropped as truncated.
+            drop(self.msg_recv(info, Vec::new()));
+            return Err(Error::Invalid(format!(
+                "cannot allocate {} bytes for the message with tag {:#x}; it was dropped",
+                info.len, info.tag
+            )));
+        }
+        let request = self.msg_recv(info, buf);
+        let done = request.wait()?;
+        Ok((
+            done.buf,
+            RecvInfo {
+                tag: done.tag,
+                length: done.length,
+            },
+        ))
+    }
+
+    /// Receives a value sent with [`Ep::send_obj`] (serde + bincode), blocking.
+    pub fn recv_obj<T: serde::de::DeserializeOwned>(&self, tag: Tag, mask: Tag) -> Result<T> {
+        let (buf, info) = self.recv_vec(tag, mask)?;
+        use bincode::Options;
+        Ok(crate::ep::codec().deserialize(&buf[..info.length])?)
+    }
+
+    /// Looks for an unexpected message matching `tag`/`mask` without receiving it.
+    pub fn probe(&self, tag: Tag, mask: Tag) -> Option<ProbeInfo> {
+        self.progress();
+        self.driver.state.lock().engine.probe(tag, mask)
+    }
+
+    fn msg_recv(&self, info: ProbeInfo, buf: Vec<u8>) -> Request {
+        let cell = RequestCell::new(RequestKind::Recv, info.tag, None);
+        self.driver.with_protocol(|st| {
+            let bufid = st.new_buf(UserMem::Plain(buf));
+            match st.engine.msg_recv(info.msg, bufid, info.len) {
+                Some(id) => st.track(id, bufid, &cell, None),
+                None => {
+                    let buf = st.take_buf(bufid);
+                    cell.finish(Outcome {
+                        status: Status::ConnectionClosed,
+                        length: 0,
+                        tag: info.tag,
+                        buf,
+                    });
+                }
+            }
+        });
+        Request {
+            cell,
+            worker: self.clone(),
+        }
+    }
+
+    /// Resource figures, e.g. to check that receive memory does not grow with endpoints.
+    pub fn stats(&self) -> WorkerStats {
+        let sh = &self.driver;
+        let st = sh.state.lock();
+        WorkerStats {
+            device: sh.rdma.get().map(|r| r.device.name()),
+            eps: st.conns.len(),
+            srq_depth: sh.cfg.srq_depth(),
+            recv_buffer_bytes: sh.rdma.get().map_or(0, |r| r.recv_bytes),
+            send_buffer_bytes: st.send_pool.bytes,
+            rcache_bytes: st.rcache.cached_bytes(),
+            rcache_registrations: st.rcache.registrations,
+            pending_requests: st.engine.pending_requests(),
+            unexpected_messages: st.engine.unexpected_len(),
+            user_buffers: st.user_bufs.len(),
+            reads_in_flight: st.reads.len(),
+            connections: sh.conn_list.read().len(),
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Making progress (completions, readiness, connection events, timers) and waiting for it.
+
+use super::*;
+
+impl Driver {
+    pub(super) fn notify(&self) {
+        *self.gen.lock() += 1;
+        self.cv.notify_all();
+    }
+
+    pub(super) fn cm_check_due(&self, now: u64) -> bool {
+        let last = self.last_cm_check.load(Ordering::Relaxed);
+        if self.cm_due.swap(false, Ordering::AcqRel)
+            || now.saturating_sub(last) >= CM_CHECK_INTERVAL.as_nanos() as u64
+        {
+            self.last_cm_check.store(now, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn progress(&self) -> usize {
+        let Some(mut wcs) = self.progress_lock.try_lock() else {
+            return 0;
+        };
+        let rdma = self.rdma.get();
+        wcs.clear();
+        if let Some(r) = rdma {
+            if let Err(e) = r.cq.poll(&mut wcs, 64) {
+                log::error!("{e}");
+            }
+        }
+        let now = self.now_ns();
+        let mut cm_events: Vec<(ConnId, CmEvent)> = Vec::new();
+        let housekeeping = self.cm_check_due(now);
+        if housekeeping && self.rdma.get().is_some() {
+            // Only connections whose event channel is readable have rdmacm news: one
+            // epoll_wait for all of them, instead of a failing rdma_get_cm_event each.
+            let mut ready = Vec::new();
+            if let Err(e) = self.poller.wait(&mut ready, Some(Duration::ZERO)) {
+                log::error!("checking the connections' events: {e}");
+            }
+            ready.retain(|&t| t >= TOKEN_CONN);
+            for cs in self.conn_list.read().iter() {
+                if !ready.contains(&(TOKEN_CONN + cs.id.0)) {
+                    continue;
+                }
+                let Some(link) = cs.rdma() else { continue };
+                loop {
+                    match link.conn.next_event(Some(Duration::ZERO)) {
+                        Ok(Some(ev)) => cm_events.push((cs.id, ev)),
+                        Ok(None) => break,
+                        Err(e) => {
+                            log::debug!("events of {:?}: {e}", cs.id);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let mut tcp_events: Vec<(Arc<Conn>, Vec<rdmx_tcp::Event>)> = Vec::new();
+        if self.tcp_links.load(Ordering::Acquire) > 0 {
+            // Readiness from epoll: only links with something to read are read.
+            let mut ready = Vec::new();
+            if let Err(e) = self.poller.wait(&mut ready, Some(Duration::ZERO)) {
+                log::error!("checking the links' readiness: {e}");
+            }
+            for cs in self.conn_list.read().iter() {
+                let Some(link) = cs.tcp() else { continue };
+                if link.wants_write() && cs.flush() {
+                    self.failures_pending.store(true, Ordering::Release);
+                }
+                if !ready.contains(&(TOKEN_CONN + cs.id.0)) {
+                    continue;
+                }
+                let mut events = Vec::new();
+                if let Err(e) = link.poll(&mut events) {
+                    events.push(rdmx_tcp::Event::Closed {
+                        reason: e.to_string(),
+                    });
+                }
+                if !events.is_empty() {
+                    tcp_events.push((cs.clone(), events));
+                }
+            }
+        }
+        let timer_due = now >= self.next_timer.load(Ordering::Acquire);
+        let failures = self.failures_pending.swap(false, Ordering::AcqRel);
+        if wcs.is_empty()
+            && cm_events.is_empty()
+            && tcp_events.is_empty()
+            && !timer_due
+            && !failures
+            && !housekeeping
+        {
+            return 0;
+        }
+        let work =
+            wcs.len() + cm_events.len() + tcp_events.iter().map(|e| e.1.len()).sum::<usize>();
+        let mut out = AfterUnlock::default();
+        {
+            let mut st = self.state.lock();
+            for wc in wcs.drain(..) {
+                st.on_completion(wc, &mut out);
+            }
+            for (id, ev) in cm_events {
+                st.on_cm_event(id, ev, &mut out);
+            }
+            for (cs, events) in tcp_events {
+                for ev in events {
+                    st.on_tcp_event(&cs, ev, &mut out);
+                }
+            }
+            if failures {
+                let list: Vec<Arc<Conn>> = st.conns.values().cloned().collect();
+                for cs in list {
+                    let Some(link) = cs.rdma() else { continue };
+                    let items: Vec<Outgoing> = std::mem::take(&mut *link.failures.lock());
+                    for item in items {
+                        st.on_post_failure(&cs, item, &mut out);
+                    }
+                }
+            }
+            if timer_due {
+                st.engine.handle_timeout(now);
+            }
+            if housekeeping {
+                st.housekeeping(&mut out);
+            }
+            self.run(&mut st, &mut out);
+        }
+        drop(wcs);
+        self.finish(out);
+        work
+    }
+
+    /// Event-mode wait: arm, re-progress, sleep on every fd, take the events, progress.
+    pub(crate) fn wait_events(&self, timeout: Option<Duration>) -> Result<usize> {
+        let n = self.progress();
+        if n > 0 {
+            return Ok(n);
+        }
+        if let Some(r) = self.rdma.get() {
+            r.cq.request_notify()?;
+        }
+        let n = self.progress();
+        if n > 0 {
+            return Ok(n);
+        }
+        let mut sleep = timeout;
+        let next = self.next_timer.load(Ordering::Acquire);
+        if next != u64::MAX {
+            let until = Duration::from_nanos(next.saturating_sub(self.now_ns()));
+            sleep = Some(sleep.map_or(until, |s| s.min(until)));
+        }
+        if self.tcp_links.load(Ordering::Acquire) > 0
+            && self
+                .conn_list
+                .read()
+                .iter()
+                .any(|c| c.tcp().is_some_and(|l| l.wants_write()))
+        {
+            // Output waits for a full socket buffer to drain; the poller only watches reads.
+            let tick = Duration::from_millis(1);
+            sleep = Some(sleep.map_or(tick, |s| s.min(tick)));
+        }
+        if self.housekeeping_pending.load(Ordering::Acquire) {
+            // Closing connections and parked frames are looked after periodically.
+            let tick = Duration::from_millis(250);
+            sleep = Some(sleep.map_or(tick, |s| s.min(tick)));
+        }
+        let mut tokens = Vec::new();
+        self.poller.wait(&mut tokens, sleep)?;
+        log::trace!("woke after sleeping up to {sleep:?}: {tokens:?}");
+        for token in tokens {
+            match token {
+                TOKEN_WAKER => self.waker.drain(),
+                TOKEN_CQ => {
+                    if let Some(r) = self.rdma.get() {
+                        r.cq.take_events()?;
+                    }
+                }
+                _ => self.cm_due.store(true, Ordering::Release),
+            }
+        }
+        Ok(self.progress())
+    }
+
+    /// Blocks until `done()` (true) or the deadline (false), progressing in the worker's
+    /// wait mode — or sleeping on completions when a progress thread does the progress.
+    pub(crate) fn wait_until(
+        &self,
+        mut done: impl FnMut() -> bool,
+        deadline: Option<Instant>,
+    ) -> bool {
+        let slice = |max: Duration| -> Duration {
+            deadline.map_or(max, |d| {
+                d.saturating_duration_since(Instant::now()).min(max)
+            })
+        };
+        loop {
+            if done() {
+                return true;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
+            if self.progress_thread.load(Ordering::Acquire) {
+                // Whatever a waiter waits for wakes it (see `AfterUnlock::wake`); the slice only
+                // bounds a wait nothing would end.
+                self.sleep_on_completions(&mut done, slice(Duration::from_secs(1)));
+                continue;
+            }
+            match self.mode {
+                WaitMode::BusyPoll => {
+                    if self.progress() == 0 {
+                        std::hint::spin_loop();
+                    }
+                }
+                WaitMode::Event => {
+                    if self.progress() > 0 {
+                        continue;
+                    }
+                    if let Some(guard) = self.waiter.try_lock() {
+                        if done() {
+                            return true;
+                        }
+                        if let Err(e) = self.wait_events(Some(slice(Duration::from_secs(1)))) {
+                            log::error!("waiting for events: {e}");
+                        }
+                        drop(guard);
+                        // Hand the waiting over to another blocked thread, if any.
+                        self.notify();
+                    } else {
+                        self.sleep_on_completions(&mut done, slice(Duration::from_millis(20)));
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn sleep_on_completions(&self, done: &mut impl FnMut() -> bool, max: Duration) {
+        let mut gen = self.gen.lock();
+        let seen = *gen;
+        if done() {
+            return;
+        }
+        let deadline = Instant::now() + max;
+        while *gen == seen {
+            if self.cv.wait_until(&mut gen, deadline).timed_out() {
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! Listening and connecting: each transport in use, one connection-setup path.
+
+use super::*;
+
+impl Worker {
+    /// Listens at `addr` (`"host:port"`; port 0 picks a free port, see
+    /// [`Listener::local_addr`]) on each transport in use: TCP, and RDMA where `addr` is an
+    /// RDMA device's address (rdmacm's port space is separate from TCP's, so both listen at
+    /// the same port). Where RDMA is the only transport, an address on no RDMA device is an
+    /// error.
+    pub fn listen(&self, addr: &str) -> Result<Listener> {
+        let sh = &self.driver;
+        let mut tcp = None;
+        let mut addr = addr.to_string();
+        if sh.transports.contains(&Transport::Tcp) {
+            let l = rdmx_tcp::Listener::bind(&addr)?;
+            if let Some(bound) = l.local_addr() {
+                addr = bound.to_string();
+            }
+            tcp = Some(l);
+        }
+        let rdma = match sh.transports.contains(&Transport::Rdma) {
+            false => None,
+            true => match self.listen_rdma(&addr) {
+                Ok(l) => Some(l),
+                Err(e) if tcp.is_some() => {
+                    log::info!("listening at {addr} over TCP only: {e}");
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        Listener::new(self.clone(), rdma, tcp)
+    }
+
+    pub(super) fn listen_rdma(&self, addr: &str) -> Result<rdmx_conn::Listener> {
+        let info = AddrInfo::resolve(addr, Side::Passive)?;
+        let listener = rdmx_conn::Listener::bind(&info, 128)?;
+        match listener.device() {
+            Some(device) => {
+                self.driver.rdma_on(&device)?;
+            }
+            None if self.driver.rdma.get().is_some() => {}
+            None => {
+                return Err(Error::Invalid(format!(
+                    "{addr} is not on an RDMA device; listen on a device's address or set \
+                     RDMX_DEVICE"
+                )))
+            }
+        }
+        Ok(listener)
+    }
+
+    /// Connects to a listener at `addr` (`"host:port"`) over the first transport in use that
+    /// reaches it (RDMA when a device routes to `addr` and the peer listens there, else the
+    /// next), waiting at most the configured connect timeout (`RDMX_CONNECT_TIMEOUT_MS`) per
+    /// transport. Nobody listening, a rejection or an unreachable address is an error naming
+    /// the address.
+    pub fn connect(&self, addr: &str) -> Result<Ep> {
+        let sh = &self.driver;
+        let mut failure = None;
+        for (i, &transport) in sh.transports.iter().enumerate() {
+            let last = i + 1 == sh.transports.len();
+            match self.connect_over(transport, addr) {
+                Ok(ep) => return Ok(ep),
+                // A peer that refused us on purpose is not asked again another way.
+                Err(e) if last || matches!(e, Error::Rejected { .. }) => return Err(e),
+                Err(e) => {
+                    log::info!("connecting to {addr} over {transport}: {e}; trying the next");
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        Err(failure.unwrap_or_else(|| Error::Invalid("no transport to connect with".into())))
+    }
+
+    pub(super) fn connect_over(&self, transport: Transport, addr: &str) -> Result<Ep> {
+        let sh = &self.driver;
+        let handshake = sh.local_handshake(transport);
+        let timeout = sh.cfg.connect_timeout();
+        let id = sh.new_conn_id();
+        let link = match transport {
+            Transport::Tcp => {
+                let link = rdmx_tcp::connect(addr, &handshake, timeout)
+                    .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
+                Link::Tcp(link)
+            }
+            Transport::Rdma | Transport::Auto => {
+                let dst = AddrInfo::resolve(addr, Side::Active)?;
+                let rdma = match sh.rdma.get() {
+                    Some(r) => r,
+                    None => sh.rdma_on(&Device::for_route(&dst)?)?,
+                };
+                let conn = rdmx_conn::connect(&dst, &rdma.qp_config, &handshake, timeout)
+                    .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
+                Link::Rdma(RdmaLink::new(id, conn, rdma.qp_config.send_depth))
+            }
+        };
+        let peer = Handshake::decode(link.peer_private_data()).map_err(|e| {
+            Error::Invalid(format!("{addr} accepted with an unusable handshake: {e}"))
+        })?;
+        sh.engine_up(id, &peer, transport)?;
+        Ok(Ep::new(self.clone(), sh.add_conn(id, link)))
+    }
+}
