@@ -6,12 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bincode::Options;
-use rdmx_proto::{Handshake, Tag};
+use rdmx_proto::Tag;
 
 use crate::error::{Error, Result};
-use crate::rdma::RdmaLink;
 use crate::request::Request;
-use crate::transport::{Conn, Link, Transport};
+use crate::transport::{Conn, Transport};
 use crate::worker::Worker;
 
 /// The bincode settings of [`Ep::send_obj`] / [`Worker::recv_obj`]: bincode 1.3's
@@ -187,7 +186,7 @@ pub struct Listener {
     rdma: Option<rdmx_conn::Listener>,
     tcp: Option<rdmx_tcp::Listener>,
     /// Watches both listeners when there are two.
-    both: Option<rdmx_conn::Poller>,
+    both: Option<crate::readiness::Registry>,
 }
 
 const LISTEN_RDMA: u64 = 1;
@@ -201,9 +200,13 @@ impl Listener {
     ) -> Result<Self> {
         let both = match (&rdma, &tcp) {
             (Some(r), Some(t)) => {
-                let p = rdmx_conn::Poller::new()?;
-                p.add(r.event_fd(), LISTEN_RDMA)?;
-                p.add(t.fd(), LISTEN_TCP)?;
+                use crate::readiness::{Interest, Registry};
+                let os = |call| move |e| Error::os(call, e);
+                let p = Registry::new().map_err(os("epoll_create1"))?;
+                p.add(r.event_fd(), LISTEN_RDMA, Interest::Read)
+                    .map_err(os("epoll_ctl"))?;
+                p.add(t.fd(), LISTEN_TCP, Interest::Read)
+                    .map_err(os("epoll_ctl"))?;
                 Some(p)
             }
             _ => None,
@@ -248,14 +251,15 @@ impl Listener {
                 let deadline = timeout.map(|t| Instant::now() + t);
                 let mut ready = Vec::new();
                 loop {
-                    ready.clear();
                     let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-                    both.wait(&mut ready, left)?;
+                    both.wait(&mut ready, left)
+                        .map_err(|e| Error::os("epoll_wait", e))?;
+                    let has = |token| ready.iter().any(|r| r.token == token);
                     let mut found = None;
-                    if ready.contains(&LISTEN_RDMA) {
+                    if has(LISTEN_RDMA) {
                         found = r.get_request(Some(Duration::ZERO))?.map(RawRequest::Rdma);
                     }
-                    if found.is_none() && ready.contains(&LISTEN_TCP) {
+                    if found.is_none() && has(LISTEN_TCP) {
                         found = t.get_request(Some(hello))?.map(RawRequest::Tcp);
                     }
                     if found.is_some() || left == Some(Duration::ZERO) {
@@ -297,27 +301,27 @@ pub struct ConnRequest {
     req: RawRequest,
 }
 
-enum RawRequest {
+pub(crate) enum RawRequest {
     Rdma(rdmx_conn::ConnectionRequest),
     Tcp(rdmx_tcp::ConnectionRequest),
 }
 
 impl RawRequest {
-    fn transport(&self) -> Transport {
+    pub(crate) fn transport(&self) -> Transport {
         match self {
             RawRequest::Rdma(_) => Transport::Rdma,
             RawRequest::Tcp(_) => Transport::Tcp,
         }
     }
 
-    fn peer_addr(&self) -> Option<SocketAddr> {
+    pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
         match self {
             RawRequest::Rdma(r) => r.peer_addr(),
             RawRequest::Tcp(r) => r.peer_addr(),
         }
     }
 
-    fn private_data(&self) -> &[u8] {
+    pub(crate) fn private_data(&self) -> &[u8] {
         match self {
             RawRequest::Rdma(r) => r.private_data(),
             RawRequest::Tcp(r) => r.private_data(),
@@ -348,49 +352,7 @@ impl ConnRequest {
     /// receive buffers can feed (`RDMX_SRQ_DEPTH / RDMX_CREDITS`), is rejected with the
     /// reason, and that is the error returned.
     pub fn accept(self) -> Result<Ep> {
-        let sh = &self.worker.driver;
-        let peer = self.req.peer_addr();
-        let rdma = match &self.req {
-            RawRequest::Rdma(r) => match r.device() {
-                Some(device) => sh.rdma_on(&device).map(Some),
-                None => Err(Error::Invalid(
-                    "the request arrived on no known device".into(),
-                )),
-            },
-            RawRequest::Tcp(_) => Ok(None),
-        };
-        let rdma = match rdma {
-            Ok(r) => r,
-            Err(e) => return Err(reject_with(self.req, e)),
-        };
-        let handshake = match Handshake::decode(self.req.private_data()) {
-            Ok(h) => h,
-            Err(e) => {
-                let e = Error::Invalid(format!("{peer:?} sent an unusable handshake: {e}"));
-                return Err(reject_with(self.req, e));
-            }
-        };
-        let id = sh.new_conn_id();
-        let transport = self.req.transport();
-        if let Err(e) = sh.engine_up(id, &handshake, transport) {
-            return Err(reject_with(self.req, e));
-        }
-        let ours = sh.local_handshake(transport);
-        let link = match (self.req, rdma) {
-            (RawRequest::Rdma(r), Some(rdma)) => r
-                .accept(&rdma.qp_config, &ours, sh.cfg.connect_timeout())
-                .map(|conn| Link::Rdma(RdmaLink::new(id, conn, rdma.qp_config.send_depth)))
-                .map_err(Error::from),
-            (RawRequest::Tcp(r), _) => r.accept(&ours).map(Link::Tcp).map_err(Error::from),
-            (RawRequest::Rdma(_), None) => Err(Error::Invalid("no RDMA resources".into())),
-        };
-        match link {
-            Ok(link) => Ok(Ep::new(self.worker.clone(), sh.add_conn(id, link))),
-            Err(e) => {
-                sh.engine_down(id);
-                Err(e)
-            }
-        }
+        self.worker.accept_request(self.req)
     }
 
     /// Rejects the request; the peer's connect fails with "rejected".
@@ -401,7 +363,7 @@ impl ConnRequest {
 
 /// Rejects `req`, telling the peer why (truncated to what a reject carries), and returns
 /// the reason.
-fn reject_with(req: RawRequest, why: Error) -> Error {
+pub(crate) fn reject_with(req: RawRequest, why: Error) -> Error {
     let mut text = format!("rdmx: {why}").into_bytes();
     text.truncate(rdmx_conn::MAX_REJECT_PRIVATE_DATA);
     log::warn!("rejecting a connection from {:?}: {why}", req.peer_addr());

@@ -17,6 +17,14 @@ pub enum Error {
     /// A TCP transport operation failed.
     #[error(transparent)]
     Tcp(#[from] rdmx_tcp::Error),
+    /// A system call of the worker's own failed (its epoll set or its waker's eventfd).
+    #[error("{call} failed: {source} (descriptor limit? see `ulimit -n`)")]
+    Os {
+        /// The system call.
+        call: &'static str,
+        /// What it returned.
+        source: std::io::Error,
+    },
     /// A request finished with an error status. The buffer it was given comes back in
     /// `buffer` (see [`Error::take_buffer`]) unless the worker had to keep it because the NIC
     /// might still be using it.
@@ -50,6 +58,10 @@ pub enum Error {
 }
 
 impl Error {
+    pub(crate) fn os(call: &'static str, source: std::io::Error) -> Error {
+        Error::Os { call, source }
+    }
+
     /// The request status, for [`Error::Request`].
     pub fn status(&self) -> Option<Status> {
         match self {

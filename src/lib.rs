@@ -155,7 +155,7 @@ mod config;
 mod context;
 mod ep;
 mod error;
-mod rdma;
+mod readiness;
 mod request;
 mod transport;
 mod usermem;
@@ -171,7 +171,7 @@ pub use context::{Context, ContextBuilder};
 pub use ep::{ConnRequest, Ep, Listener};
 pub use error::{Error, Result, Status};
 pub use request::{Done, Request};
-pub use transport::Transport;
+pub use transport::{Capabilities, Transport};
 pub use worker::{RecvInfo, Worker, WorkerStats};
 
 pub use rdmx_conn as conn;

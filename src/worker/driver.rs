@@ -34,7 +34,9 @@ impl Driver {
             rdma.srq.post_recv(buf, i as u64).map_err(|(e, _)| e)?;
         }
         if let Some(fd) = rdma.cq.event_fd() {
-            self.poller.add(fd, TOKEN_CQ)?;
+            self.registry
+                .add(fd, TOKEN_CQ, Interest::Read)
+                .map_err(|e| Error::os("epoll_ctl", e))?;
         }
         let _ = self.rdma.set(rdma);
         Ok(self.rdma.get().expect("just set"))
@@ -58,10 +60,13 @@ impl Driver {
         if cs.tcp().is_some() {
             self.tcp_links.fetch_add(1, Ordering::AcqRel);
         }
-        if let Err(e) = self.poller.add(cs.event_fd(), TOKEN_CONN + id.0) {
+        if let Err(e) = self
+            .registry
+            .add(cs.event_fd(), TOKEN_CONN + id.0, Interest::Read)
+        {
             log::warn!("cannot watch {id:?}'s connection events: {e}");
         }
-        self.conn_list.write().push(cs.clone());
+        self.conn_list.write().insert(id.0, cs.clone());
         self.with_protocol(|st| {
             st.conns.insert(id, cs.clone());
             let Some(qp) = cs.rdma().map(|l| l.conn.qp_num()) else {
@@ -182,13 +187,41 @@ impl Driver {
         );
     }
 
+    /// Posts or writes what `cs` has queued, and keeps the registry watching a TCP link
+    /// for room to write exactly while output waits for it.
+    pub(super) fn flush_conn(&self, cs: &Conn) {
+        if cs.flush() {
+            self.failures_pending.store(true, Ordering::Release);
+            self.waker.wake();
+        }
+        if cs.wants_write() == cs.write_watched.load(Ordering::Acquire) {
+            return;
+        }
+        // The flag changes with the registration, under the connection's watch lock, and each
+        // flush checks after its own writing: the last check sees the final state.
+        let _guard = cs.watch_lock.lock();
+        let wants = cs.wants_write();
+        if cs.write_watched.load(Ordering::Acquire) == wants {
+            return;
+        }
+        let interest = if wants {
+            Interest::ReadWrite
+        } else {
+            Interest::Read
+        };
+        match self
+            .registry
+            .modify(cs.event_fd(), TOKEN_CONN + cs.id.0, interest)
+        {
+            Ok(()) => cs.write_watched.store(wants, Ordering::Release),
+            Err(e) => log::warn!("cannot watch {:?} for {interest:?}: {e}", cs.id),
+        }
+    }
+
     /// Posts, reposts and wakes what the last locked section left to do.
     pub(super) fn finish(&self, out: AfterUnlock) {
         for cs in &out.flush {
-            if cs.flush() {
-                self.failures_pending.store(true, Ordering::Release);
-                self.waker.wake();
-            }
+            self.flush_conn(cs);
         }
         if !out.reposts.is_empty() {
             if let Some(rdma) = self.rdma.get() {
@@ -207,8 +240,8 @@ impl Driver {
         if !out.reaped.is_empty() {
             let mut list = self.conn_list.write();
             for cs in &out.reaped {
-                let _ = self.poller.remove(cs.event_fd());
-                list.retain(|c| !Arc::ptr_eq(c, cs));
+                let _ = self.registry.remove(cs.event_fd());
+                list.remove(&cs.id.0);
                 if cs.tcp().is_some() {
                     self.tcp_links.fetch_sub(1, Ordering::AcqRel);
                 }

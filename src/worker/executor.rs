@@ -54,7 +54,13 @@ impl Protocol {
                     let conn = self.reqs.get(&request).and_then(|p| p.conn.clone());
                     let exposed = match (rdma, conn) {
                         (_, None) => Err("the send's connection is gone".to_string()),
-                        (_, Some(cs)) if cs.tcp().is_some() => self.expose_tcp(buf, cs.id),
+                        // Without zero-copy GET the sender streams the data on request.
+                        (_, Some(cs)) if !cs.transport().capabilities().zero_copy_get => {
+                            match self.user_bufs.get_mut(&buf) {
+                                Some(mem) => self.exposed.expose(cs.id, mem),
+                                None => Err("the send buffer is gone".to_string()),
+                            }
+                        }
                         (Some(r), Some(cs)) => self.expose_rdma(r, mode, &cs, buf, len, out),
                         (None, Some(_)) => Err("no RDMA resources".to_string()),
                     };
@@ -305,17 +311,14 @@ impl Protocol {
     /// the window cannot be invalidated yet (its bind is still posted): then nothing is
     /// released, and the caller must try again once completions were polled.
     pub(super) fn release(&mut self, buf: UserBufId, copy_back: u64) -> bool {
-        if let Some(window) = self.windows.remove(&buf) {
-            if let Err(window) = window.invalidate() {
-                self.windows.insert(buf, window);
-                return false;
-            }
+        if !self.windows.invalidate(buf) {
+            return false;
         }
         let Some(mem) = self.user_bufs.get_mut(&buf) else {
             return true;
         };
         if let Some(key) = mem.exposure_key() {
-            self.exposed.remove(&key);
+            self.exposed.withdraw(key);
         }
         mem.unregister(&mut self.rcache, copy_back);
         true
@@ -336,12 +339,7 @@ impl Protocol {
         }
     }
 
-    /// RDMA: makes `len` bytes of a send buffer readable by the peer of `cs` alone, while the
-    /// rendezvous runs. Where the device has memory windows, the buffer is registered
-    /// without remote access and a window bound to the connection's QP exposes exactly the
-    /// message (posted before the RTS, so it is in place when the peer reads). Otherwise the
-    /// buffer is registered in place with remote read for this one operation (never through
-    /// the cache, whose regions outlive the message).
+    /// RDMA: exposes a send buffer to the peer of `cs` (see [`Windows::expose`]).
     pub(super) fn expose_rdma(
         &mut self,
         rdma: &Rdma,
@@ -356,64 +354,16 @@ impl Protocol {
             .user_bufs
             .get_mut(&buf)
             .ok_or("the send buffer is gone")?;
-        if !rdma.windows {
-            mem.register(
-                RndvRegistration::PerOperation,
-                &rdma.pd,
-                &mut self.rcache,
-                Access::REMOTE_READ,
-                false,
-            )?;
-            let r = mem.remote().ok_or("no remote key")?;
-            return Ok(RemoteBuf {
-                addr: r.addr,
-                rkey: r.rkey,
-            });
-        }
-        mem.register(mode, &rdma.pd, &mut self.rcache, Access::WINDOW_READ, false)?;
-        let head = mem
-            .registered()
-            .ok_or("the send buffer is not registered")?;
-        let len = usize::try_from(len).map_err(|_| "the message is too long")?;
-        let window = MemoryWindow::new(head, len).map_err(|e| e.to_string())?;
-        let remote = RemoteBuf {
-            addr: window.addr(),
-            rkey: window.rkey(),
-        };
-        link.push(Outgoing::Bind(window.clone()));
+        let remote = self
+            .windows
+            .expose(rdma, mode, link, buf, mem, &mut self.rcache, len)?;
         out.flush(cs);
-        self.windows.insert(buf, window);
         Ok(remote)
     }
 
     /// TCP: exposes a send buffer to READ requests arriving on `conn`, under a fresh random
     /// key; addresses are offsets into the buffer.
-    pub(super) fn expose_tcp(&mut self, buf: UserBufId, conn: ConnId) -> Result<RemoteBuf, String> {
-        let mem = self
-            .user_bufs
-            .get_mut(&buf)
-            .ok_or("the send buffer is gone")?;
-        let UserMem::Plain(vec) = std::mem::replace(mem, UserMem::Lost) else {
-            return Err("the send buffer is already exposed".into());
-        };
-        let key = loop {
-            let k = self.keys.next_u32();
-            if k != 0 && !self.exposed.contains_key(&k) {
-                break k;
-            }
-        };
-        *mem = UserMem::Exposed {
-            data: Arc::new(vec),
-            key,
-        };
-        self.exposed.insert(key, Exposure { buf, conn });
-        Ok(RemoteBuf { addr: 0, rkey: key })
-    }
-
-    /// TCP: answers a peer's READ request from the buffer exposed to that peer under the
-    /// request's key, streaming straight from it. A key exposed to another endpoint is a
-    /// protocol error that closes the asking endpoint; anything else that does not name
-    /// bytes exposed to it (an unknown key, a range past the buffer) gets a failure.
+    /// TCP: answers a peer's READ request (see [`crate::transport::tcp`]).
     pub(super) fn answer_read(
         &mut self,
         cs: &Arc<Conn>,
@@ -422,36 +372,29 @@ impl Protocol {
         out: &mut AfterUnlock,
     ) {
         let Some(link) = cs.tcp() else { return };
-        let exposure = self.exposed.get(&rkey);
-        if exposure.is_some_and(|e| e.conn != cs.id) {
-            log::warn!(
-                "{:?}: {:?} asked to READ a buffer exposed to another endpoint",
-                cs.id,
-                cs.peer
-            );
-            link.queue_read_data(read_id, false, None);
-            out.flush(cs);
-            self.tcp_down(
-                cs,
-                "protocol error: READ request for a buffer exposed to another endpoint".to_string(),
-                out,
-            );
-            return;
-        }
-        let data = exposure
-            .and_then(|e| match self.user_bufs.get(&e.buf) {
-                Some(UserMem::Exposed { data, .. }) => Some(data.clone()),
-                _ => None,
-            })
-            .filter(|d| {
-                addr.checked_add(len)
-                    .is_some_and(|end| end <= d.len() as u64)
-            });
-        match data {
-            Some(d) => link.queue_read_data(read_id, true, Some((d, addr as usize, len as usize))),
-            None => {
+        match self.exposed.answer(cs.id, addr, rkey, len) {
+            Answer::Data { data, offset, len } => {
+                link.queue_read_data(read_id, true, Some((data, offset, len)))
+            }
+            Answer::Refused => {
                 log::debug!("{:?}: READ request for bytes not exposed", cs.id);
                 link.queue_read_data(read_id, false, None);
+            }
+            Answer::OtherEndpoint => {
+                log::warn!(
+                    "{:?}: {:?} asked to READ a buffer exposed to another endpoint",
+                    cs.id,
+                    cs.peer
+                );
+                link.queue_read_data(read_id, false, None);
+                out.flush(cs);
+                self.tcp_down(
+                    cs,
+                    "protocol error: READ request for a buffer exposed to another endpoint"
+                        .to_string(),
+                    out,
+                );
+                return;
             }
         }
         out.flush(cs);

@@ -22,11 +22,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
-use rand::rngs::StdRng;
-use rand::Rng;
 use rdmx_conn::{
-    Access, AddrInfo, CmEvent, CmEventKind, Device, MemoryWindow, Poller, RegisteredBuf, Side,
-    Waker, WcStatus, WorkKind,
+    Access, AddrInfo, CmEvent, CmEventKind, Device, RegisteredBuf, Side, WcStatus, WorkKind,
 };
 use rdmx_proto::{
     Action, CloseReason, ConnId, Engine, Handshake, ProbeInfo, RecvBufId, RemoteBuf, RequestId,
@@ -37,8 +34,12 @@ use crate::config::{Config, RndvRegistration, WaitMode};
 use crate::context::Context;
 use crate::ep::{Ep, Listener};
 use crate::error::{rejected, Error, Result};
-use crate::rdma::{Outgoing, Rdma, RdmaLink, SendPool, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
+use crate::readiness::{Interest, Ready, Registry, Waker};
 use crate::request::{Outcome, Request, RequestCell};
+use crate::transport::rdma::{
+    Outgoing, Rdma, RdmaLink, SendPool, Windows, COOKIE_KIND, COOKIE_READ, COOKIE_SEND,
+};
+use crate::transport::tcp::{Answer, Exposures};
 use crate::transport::{Conn, Link, Transport};
 use crate::usermem::{RegCache, UserMem};
 
@@ -135,10 +136,12 @@ pub(crate) struct Driver {
     state: Mutex<Protocol>,
     rdma: OnceLock<Rdma>,
     init: Mutex<()>,
-    conn_list: RwLock<Vec<Arc<Conn>>>,
-    progress_lock: Mutex<Vec<rdmx_conn::Completion>>,
+    /// The connections by id, readable without the protocol lock (readiness names them).
+    conn_list: RwLock<HashMap<u64, Arc<Conn>>>,
+    /// Held by the thread progressing; its buffers are reused call after call.
+    progress_lock: Mutex<Scratch>,
     waiter: Mutex<()>,
-    poller: Poller,
+    registry: Registry,
     waker: Waker,
     gen: Mutex<u64>,
     cv: Condvar,
@@ -150,6 +153,13 @@ pub(crate) struct Driver {
     pub(crate) progress_thread: AtomicBool,
     next_conn: AtomicU64,
     _ctx: Context,
+}
+
+/// What a progress call reuses, so that it allocates nothing when there is nothing new.
+#[derive(Default)]
+struct Scratch {
+    wcs: Vec<rdmx_conn::Completion>,
+    ready: Vec<Ready>,
 }
 
 struct Tracked {
@@ -183,13 +193,6 @@ impl std::ops::Deref for RecvBuf {
     }
 }
 
-/// A send buffer exposed over TCP, found by its key: only READ requests arriving on `conn`
-/// may read it.
-struct Exposure {
-    buf: UserBufId,
-    conn: ConnId,
-}
-
 /// TCP frames get receive-buffer ids from here up (SRQ buffers use their index).
 const TCP_FRAME_IDS: u64 = 1 << 48;
 
@@ -210,13 +213,10 @@ struct Protocol {
     next_buf: u64,
     recv_held: HashMap<u64, RecvBuf>,
     next_tcp_frame: u64,
-    /// TCP exposures by their key (random, unique among live exposures).
-    exposed: HashMap<u32, Exposure>,
-    /// Where TCP exposure keys come from: a CSPRNG seeded by the OS, so that one key tells
-    /// nothing about another.
-    keys: StdRng,
+    /// TCP: the send buffers exposed to READ requests.
+    exposed: Exposures,
     /// RDMA: the memory window through which each exposed send buffer is read.
-    windows: HashMap<UserBufId, MemoryWindow>,
+    windows: Windows,
     /// Buffers whose window could not be invalidated yet (a bind of it is still posted),
     /// with the completion of their request if it is done: released, and the completion
     /// handed out, once the window is dead.
@@ -261,9 +261,11 @@ impl Worker {
         let engine = Engine::new(cfg.proto()?);
         let frame_len =
             (cfg.recv_buf_size() as usize).max(cfg.eager_threshold() as usize + HEADER_LEN);
-        let poller = Poller::new()?;
-        let waker = Waker::new()?;
-        poller.add(waker.fd(), TOKEN_WAKER)?;
+        let registry = Registry::new().map_err(|e| Error::os("epoll_create1", e))?;
+        let waker = Waker::new().map_err(|e| Error::os("eventfd", e))?;
+        registry
+            .add(waker.fd(), TOKEN_WAKER, Interest::Read)
+            .map_err(|e| Error::os("epoll_ctl", e))?;
         let driver = Arc::new(Driver {
             mode: cfg.wait_mode(),
             rndv: cfg.rndv_registration(),
@@ -277,9 +279,8 @@ impl Worker {
                 next_buf: 0,
                 recv_held: HashMap::default(),
                 next_tcp_frame: TCP_FRAME_IDS,
-                exposed: HashMap::default(),
-                keys: rand::make_rng(),
-                windows: HashMap::default(),
+                exposed: Exposures::new(),
+                windows: Windows::default(),
                 held: Vec::new(),
                 arrivals_seen: 0,
                 parked: Vec::new(),
@@ -294,10 +295,13 @@ impl Worker {
             }),
             rdma: OnceLock::new(),
             init: Mutex::new(()),
-            conn_list: RwLock::new(Vec::new()),
-            progress_lock: Mutex::new(Vec::with_capacity(64)),
+            conn_list: RwLock::new(HashMap::default()),
+            progress_lock: Mutex::new(Scratch {
+                wcs: Vec::with_capacity(64),
+                ready: Vec::with_capacity(64),
+            }),
             waiter: Mutex::new(()),
-            poller,
+            registry,
             waker,
             gen: Mutex::new(0),
             cv: Condvar::new(),

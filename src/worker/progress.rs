@@ -20,67 +20,62 @@ impl Driver {
     }
 
     pub(crate) fn progress(&self) -> usize {
-        let Some(mut wcs) = self.progress_lock.try_lock() else {
+        let Some(mut scratch) = self.progress_lock.try_lock() else {
             return 0;
         };
+        let Scratch { wcs, ready } = &mut *scratch;
         let rdma = self.rdma.get();
         wcs.clear();
         if let Some(r) = rdma {
-            if let Err(e) = r.cq.poll(&mut wcs, 64) {
+            if let Err(e) = r.cq.poll(wcs, 64) {
                 log::error!("{e}");
             }
         }
         let now = self.now_ns();
         let mut cm_events: Vec<(ConnId, CmEvent)> = Vec::new();
+        let mut tcp_events: Vec<(Arc<Conn>, Vec<rdmx_tcp::Event>)> = Vec::new();
         let housekeeping = self.cm_check_due(now);
-        if housekeeping && self.rdma.get().is_some() {
-            // Only connections whose event channel is readable have rdmacm news: one
-            // epoll_wait for all of them, instead of a failing rdma_get_cm_event each.
-            let mut ready = Vec::new();
-            if let Err(e) = self.poller.wait(&mut ready, Some(Duration::ZERO)) {
-                log::error!("checking the connections' events: {e}");
+        let tcp = self.tcp_links.load(Ordering::Acquire) > 0;
+        if tcp || (housekeeping && rdma.is_some()) {
+            // One epoll_wait says which links have input (TCP data, rdmacm events) or room
+            // for output they hold back: only those are read or written.
+            if let Err(e) = self.registry.wait(ready, Some(Duration::ZERO)) {
+                log::error!("checking the connections' readiness: {e}");
             }
-            ready.retain(|&t| t >= TOKEN_CONN);
-            for cs in self.conn_list.read().iter() {
-                if !ready.contains(&(TOKEN_CONN + cs.id.0)) {
+            let conns = self.conn_list.read();
+            for r in ready.iter().filter(|r| r.token >= TOKEN_CONN) {
+                let Some(cs) = conns.get(&(r.token - TOKEN_CONN)) else {
                     continue;
-                }
-                let Some(link) = cs.rdma() else { continue };
-                loop {
-                    match link.conn.next_event(Some(Duration::ZERO)) {
-                        Ok(Some(ev)) => cm_events.push((cs.id, ev)),
-                        Ok(None) => break,
-                        Err(e) => {
-                            log::debug!("events of {:?}: {e}", cs.id);
-                            break;
+                };
+                match &cs.link {
+                    Link::Rdma(link) if housekeeping && r.readable => loop {
+                        match link.conn.next_event(Some(Duration::ZERO)) {
+                            Ok(Some(ev)) => cm_events.push((cs.id, ev)),
+                            Ok(None) => break,
+                            Err(e) => {
+                                log::debug!("events of {:?}: {e}", cs.id);
+                                break;
+                            }
+                        }
+                    },
+                    Link::Rdma(_) => {}
+                    Link::Tcp(link) => {
+                        if r.writable {
+                            self.flush_conn(cs);
+                        }
+                        if !r.readable {
+                            continue;
+                        }
+                        let mut events = Vec::new();
+                        if let Err(e) = link.poll(&mut events) {
+                            events.push(rdmx_tcp::Event::Closed {
+                                reason: e.to_string(),
+                            });
+                        }
+                        if !events.is_empty() {
+                            tcp_events.push((cs.clone(), events));
                         }
                     }
-                }
-            }
-        }
-        let mut tcp_events: Vec<(Arc<Conn>, Vec<rdmx_tcp::Event>)> = Vec::new();
-        if self.tcp_links.load(Ordering::Acquire) > 0 {
-            // Readiness from epoll: only links with something to read are read.
-            let mut ready = Vec::new();
-            if let Err(e) = self.poller.wait(&mut ready, Some(Duration::ZERO)) {
-                log::error!("checking the links' readiness: {e}");
-            }
-            for cs in self.conn_list.read().iter() {
-                let Some(link) = cs.tcp() else { continue };
-                if link.wants_write() && cs.flush() {
-                    self.failures_pending.store(true, Ordering::Release);
-                }
-                if !ready.contains(&(TOKEN_CONN + cs.id.0)) {
-                    continue;
-                }
-                let mut events = Vec::new();
-                if let Err(e) = link.poll(&mut events) {
-                    events.push(rdmx_tcp::Event::Closed {
-                        reason: e.to_string(),
-                    });
-                }
-                if !events.is_empty() {
-                    tcp_events.push((cs.clone(), events));
                 }
             }
         }
@@ -129,7 +124,7 @@ impl Driver {
             }
             self.run(&mut st, &mut out);
         }
-        drop(wcs);
+        drop(scratch);
         self.finish(out);
         work
     }
@@ -153,27 +148,20 @@ impl Driver {
             let until = Duration::from_nanos(next.saturating_sub(self.now_ns()));
             sleep = Some(sleep.map_or(until, |s| s.min(until)));
         }
-        if self.tcp_links.load(Ordering::Acquire) > 0
-            && self
-                .conn_list
-                .read()
-                .iter()
-                .any(|c| c.tcp().is_some_and(|l| l.wants_write()))
-        {
-            // Output waits for a full socket buffer to drain; the poller only watches reads.
-            let tick = Duration::from_millis(1);
-            sleep = Some(sleep.map_or(tick, |s| s.min(tick)));
-        }
         if self.housekeeping_pending.load(Ordering::Acquire) {
             // Closing connections and parked frames are looked after periodically.
             let tick = Duration::from_millis(250);
             sleep = Some(sleep.map_or(tick, |s| s.min(tick)));
         }
-        let mut tokens = Vec::new();
-        self.poller.wait(&mut tokens, sleep)?;
-        log::trace!("woke after sleeping up to {sleep:?}: {tokens:?}");
-        for token in tokens {
-            match token {
+        // Output a full socket buffer holds back is watched for room (write interest), so
+        // nothing here needs a tick.
+        let mut ready = Vec::new();
+        self.registry
+            .wait(&mut ready, sleep)
+            .map_err(|e| Error::os("epoll_wait", e))?;
+        log::trace!("woke after sleeping up to {sleep:?}: {ready:?}");
+        for r in ready {
+            match r.token {
                 TOKEN_WAKER => self.waker.drain(),
                 TOKEN_CQ => {
                     if let Some(r) = self.rdma.get() {

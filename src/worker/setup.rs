@@ -1,6 +1,7 @@
 //! Listening and connecting: each transport in use, one connection-setup path.
 
 use super::*;
+use crate::ep::{reject_with, RawRequest};
 
 impl Worker {
     /// Listens at `addr` (`"host:port"`; port 0 picks a free port, see
@@ -96,10 +97,64 @@ impl Worker {
                 Link::Rdma(RdmaLink::new(id, conn, rdma.qp_config.send_depth))
             }
         };
-        let peer = Handshake::decode(link.peer_private_data()).map_err(|e| {
-            Error::Invalid(format!("{addr} accepted with an unusable handshake: {e}"))
-        })?;
-        sh.engine_up(id, &peer, transport)?;
+        sh.admit(
+            id,
+            transport,
+            link.peer_private_data(),
+            &format!("{addr} accepted"),
+        )?;
         Ok(Ep::new(self.clone(), sh.add_conn(id, link)))
+    }
+
+    /// Accepts a connection request: the engine admits the peer first (an incompatible peer,
+    /// or one more endpoint than the worker can feed, is rejected with the reason), then the
+    /// link is made with this side's handshake.
+    pub(crate) fn accept_request(&self, req: RawRequest) -> Result<Ep> {
+        let sh = &self.driver;
+        let rdma = match &req {
+            RawRequest::Rdma(r) => match r.device() {
+                Some(device) => sh.rdma_on(&device).map(Some),
+                None => Err(Error::Invalid(
+                    "the request arrived on no known device".into(),
+                )),
+            },
+            RawRequest::Tcp(_) => Ok(None),
+        };
+        let rdma = match rdma {
+            Ok(r) => r,
+            Err(e) => return Err(reject_with(req, e)),
+        };
+        let id = sh.new_conn_id();
+        let transport = req.transport();
+        let who = format!("{:?} asked", req.peer_addr());
+        if let Err(e) = sh.admit(id, transport, req.private_data(), &who) {
+            return Err(reject_with(req, e));
+        }
+        let ours = sh.local_handshake(transport);
+        let link = match (req, rdma) {
+            (RawRequest::Rdma(r), Some(rdma)) => r
+                .accept(&rdma.qp_config, &ours, sh.cfg.connect_timeout())
+                .map(|conn| Link::Rdma(RdmaLink::new(id, conn, rdma.qp_config.send_depth)))
+                .map_err(Error::from),
+            (RawRequest::Tcp(r), _) => r.accept(&ours).map(Link::Tcp).map_err(Error::from),
+            (RawRequest::Rdma(_), None) => Err(Error::Invalid("no RDMA resources".into())),
+        };
+        match link {
+            Ok(link) => Ok(Ep::new(self.clone(), sh.add_conn(id, link))),
+            Err(e) => {
+                sh.engine_down(id);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Driver {
+    /// The engine takes a connection over `transport` whose peer sent the handshake `peer`
+    /// (as `who` describes it, for errors), with that transport's limits.
+    fn admit(&self, id: ConnId, transport: Transport, peer: &[u8], who: &str) -> Result<()> {
+        let peer = Handshake::decode(peer)
+            .map_err(|e| Error::Invalid(format!("{who} with an unusable handshake: {e}")))?;
+        self.engine_up(id, &peer, transport)
     }
 }

@@ -9,7 +9,7 @@
 
 use std::mem;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::ptr;
 use std::time::{Duration, Instant};
 
@@ -391,8 +391,10 @@ impl Listener {
     }
 
     /// The event channel's fd: readable when a request may be waiting.
-    pub fn event_fd(&self) -> RawFd {
-        self.raw.fd()
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel's fd stays open until the channel is destroyed, which happens
+        // only when `self` is dropped, so it outlives the borrow.
+        unsafe { BorrowedFd::borrow_raw(self.raw.fd()) }
     }
 
     /// Waits up to `timeout` (`None`: forever) for a connection request. `Ok(None)` on timeout.
@@ -717,8 +719,10 @@ impl Connection {
 
     /// The connection's rdmacm event fd: readable when an event (e.g. the peer's disconnect)
     /// is waiting for [`Connection::next_event`].
-    pub fn event_fd(&self) -> RawFd {
-        self.raw.fd()
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel's fd stays open until the channel is destroyed, which happens
+        // only when `self` is dropped, so it outlives the borrow.
+        unsafe { BorrowedFd::borrow_raw(self.raw.fd()) }
     }
 
     /// The next rdmacm event of this connection (e.g. [`CmEventKind::DISCONNECTED`]), waiting

@@ -6,7 +6,7 @@
 //! and hands it back; a stale completion (of a QP already destroyed) finds nothing and is dropped.
 
 use std::mem;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -336,8 +336,13 @@ impl CompletionQueue {
     }
 
     /// The completion channel's file descriptor (for epoll), when the CQ has one.
-    pub fn event_fd(&self) -> Option<RawFd> {
-        self.inner.channel.as_ref().map(|c| c.as_raw_fd())
+    pub fn event_fd(&self) -> Option<BorrowedFd<'_>> {
+        // SAFETY: the channel's fd stays open until the channel is destroyed, which happens
+        // only when the last handle of this CQ is dropped, so it outlives the borrow.
+        self.inner
+            .channel
+            .as_ref()
+            .map(|c| unsafe { BorrowedFd::borrow_raw(c.as_raw_fd()) })
     }
 
     /// Records posted work; returns the `wr_id` to give the NIC.

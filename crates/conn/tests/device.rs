@@ -3,6 +3,7 @@
 //! `scripts/softroce` boots (rxe0 on 192.0.2.1, rxe1 on 192.0.2.2).
 
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -866,7 +867,7 @@ fn take_events_drains_the_channel_a_poller_woke_on() {
     let poller = Poller::new().unwrap();
     let waker = Waker::new().unwrap();
     poller
-        .add(client.cq.event_fd().expect("an events CQ"), CQ)
+        .add(client.cq.event_fd().expect("an events CQ").as_raw_fd(), CQ)
         .unwrap();
     poller.add(waker.fd(), WAKER).unwrap();
     let mut ready = Vec::new();
@@ -913,7 +914,9 @@ fn take_events_drains_the_channel_a_poller_woke_on() {
     assert_eq!(poller.wait(&mut ready, Some(LONG)).unwrap(), 1);
     assert_eq!(ready, [WAKER]);
     waker.drain();
-    poller.remove(client.cq.event_fd().unwrap()).unwrap();
+    poller
+        .remove(client.cq.event_fd().unwrap().as_raw_fd())
+        .unwrap();
 }
 
 /// A type-2 memory window grants RDMA READ of exactly its bytes, through exactly the QP it is

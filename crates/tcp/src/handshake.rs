@@ -3,7 +3,7 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use crate::link::Link;
@@ -52,8 +52,8 @@ impl Listener {
 
     /// The listening socket's descriptor: it polls readable when a connection waits to be
     /// taken by [`Listener::get_request`].
-    pub fn fd(&self) -> RawFd {
-        self.inner.as_raw_fd()
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.inner.as_fd()
     }
 
     /// Takes the next waiting connection and reads its HELLO.

@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -121,8 +121,8 @@ impl Link {
     /// The socket's descriptor, to poll for readability (then call [`Link::poll`]) and, while
     /// [`Link::wants_write`], for writability (then call [`Link::flush`]). Use
     /// level-triggered readiness: [`Link::poll`] reads at most a few MiB per call.
-    pub fn fd(&self) -> RawFd {
-        self.stream.as_raw_fd()
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
     }
 
     // ---- output side

@@ -1,18 +1,22 @@
-//! The transport interface under a worker: how its connections move frames and rendezvous
-//! data. Two implementations: RDMA (`rdma.rs`: rdmacm + verbs, SRQ, RDMA READ) and TCP
-//! (`rdmx-tcp`: nonblocking sockets; a rendezvous READ becomes a request answered by the
-//! sender's progress engine streaming straight from the exposed buffer). The protocol
-//! engine above never learns which one it runs on: it sees frames, send completions and
-//! READ completions either way.
+//! The transports under a worker, chosen per connection: how its connections move frames
+//! and rendezvous data, and what each does natively ([`Capabilities`]). One module each:
+//! `rdma` (rdmacm + verbs: SRQ, RDMA READ, memory windows) and `tcp` (over `rdmx-tcp`'s
+//! nonblocking sockets; a rendezvous READ becomes a request answered by the sender's
+//! progress engine streaming straight from the exposed buffer). The protocol engine above
+//! never learns which one a connection runs on: it sees frames, send completions and READ
+//! completions either way.
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use rdmx_proto::ConnId;
 
-use crate::rdma::RdmaLink;
+pub(crate) mod rdma;
+pub(crate) mod tcp;
+
+use rdma::RdmaLink;
 
 /// A transport, as `RDMX_TRANSPORT` names it. A context may use several, in order of
 /// preference; each connection runs on one of them (see [`crate::Ep::transport`]).
@@ -67,6 +71,49 @@ impl fmt::Display for Transport {
     }
 }
 
+/// What a transport does natively, like UCX's interface capabilities: the worker's choices
+/// per connection (how a rendezvous is exposed and read, where frames land) follow these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Frames are SENT into receive buffers pre-posted on a queue all the worker's
+    /// connections share (an SRQ), so receive memory does not grow with connections.
+    pub shared_receive_queue: bool,
+    /// The receiver of a rendezvous GETs the data without the sender's CPU (RDMA READ).
+    /// Without it, the sender's progress engine streams the data on request.
+    pub zero_copy_get: bool,
+    /// One side can PUT into the other's memory (RDMA WRITE); rdmx grants no peer that
+    /// today.
+    pub zero_copy_put: bool,
+    /// Waiting can sleep on a file descriptor (completion channel, socket).
+    pub event_fd: bool,
+}
+
+impl Transport {
+    /// What this transport does natively (`Auto` has no capabilities of its own).
+    pub fn capabilities(self) -> Capabilities {
+        match self {
+            Transport::Rdma => Capabilities {
+                shared_receive_queue: true,
+                zero_copy_get: true,
+                zero_copy_put: true,
+                event_fd: true,
+            },
+            Transport::Tcp => Capabilities {
+                shared_receive_queue: false,
+                zero_copy_get: false,
+                zero_copy_put: false,
+                event_fd: true,
+            },
+            Transport::Auto => Capabilities {
+                shared_receive_queue: false,
+                zero_copy_get: false,
+                zero_copy_put: false,
+                event_fd: false,
+            },
+        }
+    }
+}
+
 /// A connection's transport half.
 pub(crate) enum Link {
     Rdma(RdmaLink),
@@ -95,6 +142,11 @@ pub(crate) struct Conn {
     pub(crate) pending_sends: AtomicUsize,
     /// Why the connection closed (the first reason recorded wins).
     pub(crate) close_reason: parking_lot::Mutex<Option<String>>,
+    /// Whether the worker's readiness registry watches the link for room to write (a TCP
+    /// link with output a full socket buffer held back).
+    pub(crate) write_watched: AtomicBool,
+    /// Held while `write_watched` and the registration change together.
+    pub(crate) watch_lock: parking_lot::Mutex<()>,
 }
 
 impl Conn {
@@ -111,6 +163,8 @@ impl Conn {
             closing: AtomicBool::new(false),
             close_reason: parking_lot::Mutex::new(None),
             pending_sends: AtomicUsize::new(0),
+            write_watched: AtomicBool::new(false),
+            watch_lock: parking_lot::Mutex::new(()),
         }
     }
 
@@ -149,6 +203,11 @@ impl Conn {
         }
     }
 
+    /// Whether output waits for room in the socket (TCP only: RDMA posts never wait).
+    pub(crate) fn wants_write(&self) -> bool {
+        self.tcp().is_some_and(|l| l.wants_write())
+    }
+
     /// Whether nothing is posted or waiting to be written.
     pub(crate) fn idle(&self) -> bool {
         match &self.link {
@@ -158,7 +217,7 @@ impl Conn {
     }
 
     /// The fd that becomes readable when the connection has news (rdmacm events, or data).
-    pub(crate) fn event_fd(&self) -> RawFd {
+    pub(crate) fn event_fd(&self) -> BorrowedFd<'_> {
         match &self.link {
             Link::Rdma(l) => l.conn.event_fd(),
             Link::Tcp(l) => l.fd(),
