@@ -11,7 +11,7 @@ use rdmx_proto::Tag;
 use crate::error::{Error, Result};
 use crate::request::Request;
 use crate::transport::{Conn, Transport};
-use crate::worker::Worker;
+use crate::worker::{WaitFor, Worker};
 
 /// The bincode settings of [`Ep::send_obj`] / [`Worker::recv_obj`]: bincode 1.3's
 /// fixed-width little-endian encoding.
@@ -132,6 +132,7 @@ impl EpInner {
     fn flush(&self, timeout: Duration) -> Result<()> {
         let cs = &self.cs;
         let done = self.worker.driver.wait_until(
+            WaitFor::News,
             || {
                 cs.closing.load(Ordering::Acquire)
                     || (cs.pending_sends.load(Ordering::Acquire) == 0 && cs.idle())

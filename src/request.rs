@@ -1,15 +1,12 @@
 //! Nonblocking requests: a tag send or receive in flight, completed by progress.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-use rdmx_proto::{RequestId, RequestKind, Status, Tag};
+use rdmx_proto::{RequestKind, Status, Tag};
 
 use crate::error::{Error, Result};
-use crate::worker::Worker;
+use crate::worker::{Slot, WaitFor, Worker};
 
 /// What a request ended with.
 pub(crate) struct Outcome {
@@ -19,37 +16,14 @@ pub(crate) struct Outcome {
     pub(crate) buf: Vec<u8>,
 }
 
-/// The state a request shares with its worker.
-pub(crate) struct RequestCell {
-    done: AtomicBool,
-    outcome: Mutex<Option<Outcome>>,
-    pub(crate) id: OnceLock<RequestId>,
+/// What a request's handle says of it when it reports errors.
+pub(crate) struct Describe {
     pub(crate) kind: RequestKind,
-    tag: Tag,
-    peer: Option<SocketAddr>,
+    pub(crate) tag: Tag,
+    pub(crate) peer: Option<SocketAddr>,
 }
 
-impl RequestCell {
-    pub(crate) fn new(kind: RequestKind, tag: Tag, peer: Option<SocketAddr>) -> Arc<Self> {
-        Arc::new(RequestCell {
-            done: AtomicBool::new(false),
-            outcome: Mutex::new(None),
-            id: OnceLock::new(),
-            kind,
-            tag,
-            peer,
-        })
-    }
-
-    pub(crate) fn finish(&self, outcome: Outcome) {
-        *self.outcome.lock() = Some(outcome);
-        self.done.store(true, Ordering::Release);
-    }
-
-    pub(crate) fn is_done(&self) -> bool {
-        self.done.load(Ordering::Acquire)
-    }
-
+impl Describe {
     fn describe(&self) -> String {
         match (self.kind, self.peer) {
             (RequestKind::Send, Some(p)) => format!("tag_send (tag {:#x}) to {p}", self.tag),
@@ -85,31 +59,46 @@ pub struct Done {
 /// lets the NIC touch freed memory, since the worker owns the buffer throughout.
 #[must_use = "a request does nothing visible unless waited for; dropping it cancels a receive"]
 pub struct Request {
-    pub(crate) cell: Arc<RequestCell>,
+    /// Its slot in the worker's request table.
+    pub(crate) slot: Slot,
+    pub(crate) what: Describe,
     pub(crate) worker: Worker,
+    /// The outcome was taken (the slot is the table's again).
+    taken: bool,
 }
 
 impl Request {
+    pub(crate) fn new(worker: &Worker, slot: Slot, what: Describe) -> Request {
+        Request {
+            slot,
+            what,
+            worker: worker.clone(),
+            taken: false,
+        }
+    }
+
     /// Whether the request has completed, without progressing the worker.
     pub fn is_done(&self) -> bool {
-        self.cell.is_done()
+        self.slot.is_done()
     }
 
     /// Progresses the worker once, then says whether the request has completed.
     pub fn test(&self) -> bool {
-        if !self.cell.is_done() {
+        if !self.slot.is_done() {
             self.worker.progress();
         }
-        self.cell.is_done()
+        self.slot.is_done()
     }
 
     /// Waits up to `timeout` for completion (progressing the worker in its wait mode);
     /// true when complete. After `true`, [`Request::wait`] returns at once.
     pub fn wait_for(&self, timeout: Duration) -> bool {
-        let cell = &self.cell;
-        self.worker
-            .driver
-            .wait_until(|| cell.is_done(), Some(Instant::now() + timeout))
+        let slot = &self.slot;
+        self.worker.driver.wait_until(
+            WaitFor::Request(slot.index),
+            || slot.is_done(),
+            Some(Instant::now() + timeout),
+        )
     }
 
     /// Waits for completion and returns the buffer with the message's tag and length.
@@ -117,8 +106,10 @@ impl Request {
     /// A request that ended badly is an [`Error::Request`] with its [`Status`]
     /// and the buffer (see [`Error::take_buffer`]).
     pub fn wait(self) -> Result<Done> {
-        let cell = self.cell.clone();
-        self.worker.driver.wait_until(|| cell.is_done(), None);
+        let slot = &self.slot;
+        self.worker
+            .driver
+            .wait_until(WaitFor::Request(slot.index), || slot.is_done(), None);
         self.take()
     }
 
@@ -132,19 +123,16 @@ impl Request {
     /// RC queue pair enters the error state on a remote access error), so both sides'
     /// pending requests on that endpoint fail with [`Status::ConnectionClosed`].
     pub fn cancel(&self) -> bool {
-        match self.cell.id.get() {
-            Some(&id) if !self.cell.is_done() => self.worker.driver.cancel(id),
-            _ => false,
-        }
+        !self.slot.is_done() && self.worker.driver.cancel(&self.slot)
     }
 
-    fn take(self) -> Result<Done> {
+    fn take(mut self) -> Result<Done> {
         let outcome = self
-            .cell
-            .outcome
-            .lock()
-            .take()
+            .worker
+            .driver
+            .take_outcome(&self.slot)
             .ok_or_else(|| Error::Invalid("the request's result was already taken".into()))?;
+        self.taken = true;
         match outcome.status {
             Status::Ok => Ok(Done {
                 buf: outcome.buf,
@@ -153,7 +141,7 @@ impl Request {
             }),
             status => Err(Error::Request {
                 status,
-                what: self.cell.describe(),
+                what: self.what.describe(),
                 buffer: outcome.buf,
             }),
         }
@@ -162,17 +150,21 @@ impl Request {
 
 impl Drop for Request {
     fn drop(&mut self) {
-        if !self.cell.is_done() && self.cell.kind == RequestKind::Recv {
+        if self.taken {
+            return;
+        }
+        if !self.slot.is_done() && self.what.kind == RequestKind::Recv {
             self.cancel();
         }
+        self.worker.driver.abandon(&self.slot);
     }
 }
 
 impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Request")
-            .field("what", &self.cell.describe())
-            .field("done", &self.cell.is_done())
+            .field("what", &self.what.describe())
+            .field("done", &self.slot.is_done())
             .finish()
     }
 }

@@ -6,7 +6,7 @@ impl Protocol {
     pub(super) fn start_closing(&mut self, cs: &Arc<Conn>, reason: String, out: &mut AfterUnlock) {
         cs.close_reason.lock().get_or_insert(reason);
         if !cs.closing.swap(true, Ordering::AcqRel) {
-            out.wake = true;
+            out.news = true;
             // RDMA disconnects after what is queued is posted; TCP shuts the socket down
             // once everything is written (Conn::flush).
             if let Some(link) = cs.rdma() {
@@ -50,7 +50,7 @@ impl Protocol {
             log::debug!("dropping a frame from unknown qp {}", p.qp);
             out.reposts.push((p.buf, p.id));
         }
-        out.reposts.append(&mut self.spare_recv);
+        out.reposts.extend(self.spare_recv.drain(..));
         // A destroyed QP dropped the binds still posted on it.
         self.release_held(out);
     }

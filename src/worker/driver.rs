@@ -118,35 +118,58 @@ impl Driver {
         tag: Tag,
         buf: Vec<u8>,
     ) -> Request {
-        let cell = RequestCell::new(RequestKind::Send, tag, cs.peer);
-        self.with_protocol(|st| {
+        let slot = self.with_protocol(|st| {
+            let slot = st.requests.open();
             let len = buf.len() as u64;
             let bufid = st.new_buf(UserMem::Plain(buf));
             match st.engine.tag_send(cs.id, tag, bufid, len) {
                 Ok(id) => {
                     cs.pending_sends.fetch_add(1, Ordering::AcqRel);
-                    st.track(id, bufid, &cell, Some(cs));
+                    st.track(id, bufid, slot.index, Some(cs));
                 }
                 Err(e) => {
                     log::debug!("tag_send on {:?}: {e}", cs.id);
                     let buf = st.take_buf(bufid);
-                    cell.finish(Outcome {
-                        status: Status::ConnectionClosed,
-                        length: len,
-                        tag,
-                        buf,
-                    });
+                    st.requests.finish(
+                        slot.index,
+                        Outcome {
+                            status: Status::ConnectionClosed,
+                            length: len,
+                            tag,
+                            buf,
+                        },
+                    );
                 }
             }
+            slot
         });
-        Request {
-            cell,
-            worker: worker.clone(),
-        }
+        let what = Describe {
+            kind: RequestKind::Send,
+            tag,
+            peer: cs.peer,
+        };
+        Request::new(worker, slot, what)
     }
 
-    pub(crate) fn cancel(&self, id: RequestId) -> bool {
-        self.with_protocol(|st| st.engine.cancel(id))
+    /// Asks the engine to cancel the request in `slot`, if it is still pending.
+    pub(crate) fn cancel(&self, slot: &Slot) -> bool {
+        self.with_protocol(|st| {
+            st.requests
+                .pending_id(slot)
+                .is_some_and(|id| st.engine.cancel(id))
+        })
+    }
+
+    /// A completed request's outcome (once), freeing its slot.
+    pub(crate) fn take_outcome(&self, slot: &Slot) -> Option<Outcome> {
+        self.state.lock().requests.take(slot)
+    }
+
+    /// The handle of the request in `slot` is gone.
+    pub(crate) fn abandon(&self, slot: &Slot) {
+        let outcome = self.state.lock().requests.abandon(slot);
+        // Its buffer is freed here, outside the lock.
+        drop(outcome);
     }
 
     /// Closes a connection locally (after the caller flushed it).
@@ -175,7 +198,7 @@ impl Driver {
         if arrivals != st.arrivals_seen {
             // Threads waiting to probe (recv_vec) wait for exactly this.
             st.arrivals_seen = arrivals;
-            out.wake = true;
+            out.news = true;
         }
         self.housekeeping_pending.store(
             !st.closing.is_empty() || !st.parked.is_empty() || !st.held.is_empty(),
@@ -248,8 +271,8 @@ impl Driver {
             }
         }
         drop(out.reaped);
-        if out.wake {
-            self.notify();
+        if (out.news || !out.completed.is_empty()) && self.sleepers.any() {
+            self.sleepers.wake(&out.completed, out.news);
         }
     }
 }

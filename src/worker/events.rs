@@ -53,7 +53,7 @@ impl Protocol {
             }
             (_, COOKIE_SEND) => {
                 // A flushing endpoint waits for its sends' work to complete.
-                out.wake = true;
+                out.news = true;
                 let conn = ConnId(wc.cookie & !COOKIE_KIND);
                 if let Some(buf) = wc.buffer {
                     self.send_pool.give(buf);
@@ -223,7 +223,7 @@ impl Protocol {
                 let id = self.next_tcp_frame;
                 self.next_tcp_frame += 1;
                 self.engine.handle_frame(cs.id, RecvBufId(id), &bytes);
-                self.recv_held.insert(id, RecvBuf::Tcp(bytes));
+                self.recv_held.insert(id, RecvBuf::Tcp(bytes, cs.id));
             }
             rdmx_tcp::Event::ReadRequest {
                 read_id,

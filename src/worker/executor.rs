@@ -16,15 +16,15 @@ impl Protocol {
         &mut self,
         id: RequestId,
         buf: UserBufId,
-        cell: &Arc<RequestCell>,
+        slot: u32,
         conn: Option<&Arc<Conn>>,
     ) {
-        let _ = cell.id.set(id);
+        self.requests.set_id(slot, id);
         self.reqs.insert(
             id,
             Tracked {
                 buf,
-                cell: cell.clone(),
+                slot,
                 conn: conn.cloned(),
             },
         );
@@ -122,11 +122,15 @@ impl Protocol {
                         log::error!("copy of {} bytes into {dst:?} out of range", data.len());
                     }
                 }
-                Action::RepostRecv { buf } => {
-                    if let Some(RecvBuf::Rdma(b)) = self.recv_held.remove(&buf.0) {
-                        out.reposts.push((b, buf.0));
+                Action::RepostRecv { buf } => match self.recv_held.remove(&buf.0) {
+                    Some(RecvBuf::Rdma(b)) => out.reposts.push((b, buf.0)),
+                    Some(RecvBuf::Tcp(bytes, conn)) => {
+                        if let Some(link) = self.conns.get(&conn).and_then(|c| c.tcp()) {
+                            link.recycle(bytes);
+                        }
                     }
-                }
+                    None => {}
+                },
                 Action::Complete(c) => self.complete(c, out),
                 Action::CloseConnection { conn, reason } => {
                     let why = match &reason {
@@ -156,7 +160,7 @@ impl Protocol {
             out.reposts
                 .extend(self.recv_held.drain().filter_map(|(id, b)| match b {
                     RecvBuf::Rdma(b) => Some((b, id)),
-                    RecvBuf::Tcp(_) => None,
+                    RecvBuf::Tcp(..) => None,
                 }));
         }
     }
@@ -405,7 +409,10 @@ impl Protocol {
             return;
         };
         if let Some(cs) = &p.conn {
-            cs.pending_sends.fetch_sub(1, Ordering::AcqRel);
+            if cs.pending_sends.fetch_sub(1, Ordering::AcqRel) == 1 {
+                // A flushing endpoint waits for this.
+                out.news = true;
+            }
         }
         if !self.release(p.buf, if c.status == Status::Ok { c.length } else { 0 }) {
             // A bind of its window is still posted: the buffer comes back once it is dead.
@@ -437,12 +444,15 @@ impl Protocol {
             }
             None => Vec::new(),
         };
-        p.cell.finish(Outcome {
+        let outcome = Outcome {
             status: c.status,
             length: c.length,
             tag: c.tag,
             buf,
-        });
-        out.wake = true;
+        };
+        // (An outcome nobody will take is dropped: its handle is gone.)
+        if self.requests.finish(p.slot, outcome).is_none() {
+            out.completed.push(p.slot);
+        }
     }
 }

@@ -14,14 +14,21 @@ mod driver;
 mod events;
 mod executor;
 mod progress;
+mod requests;
 mod setup;
+mod sleepers;
+
+use requests::RequestTable;
+pub(crate) use requests::Slot;
+use sleepers::Sleepers;
+pub(crate) use sleepers::WaitFor;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 use rdmx_conn::{
     Access, AddrInfo, CmEvent, CmEventKind, Device, RegisteredBuf, Side, WcStatus, WorkKind,
 };
@@ -29,13 +36,14 @@ use rdmx_proto::{
     Action, CloseReason, ConnId, Engine, Handshake, ProbeInfo, RecvBufId, RemoteBuf, RequestId,
     RequestKind, Status, Tag, UserBufId, HEADER_LEN,
 };
+use smallvec::SmallVec;
 
 use crate::config::{Config, RndvRegistration, WaitMode};
 use crate::context::Context;
 use crate::ep::{Ep, Listener};
 use crate::error::{rejected, Error, Result};
 use crate::readiness::{Interest, Ready, Registry, Waker};
-use crate::request::{Outcome, Request, RequestCell};
+use crate::request::{Describe, Outcome, Request};
 use crate::transport::rdma::{
     Outgoing, Rdma, RdmaLink, SendPool, Windows, COOKIE_KIND, COOKIE_READ, COOKIE_SEND,
 };
@@ -143,8 +151,8 @@ pub(crate) struct Driver {
     waiter: Mutex<()>,
     registry: Registry,
     waker: Waker,
-    gen: Mutex<u64>,
-    cv: Condvar,
+    /// Threads asleep in waits, woken by what they wait for.
+    sleepers: Sleepers,
     cm_due: AtomicBool,
     last_cm_check: AtomicU64,
     next_timer: AtomicU64,
@@ -160,11 +168,15 @@ pub(crate) struct Driver {
 struct Scratch {
     wcs: Vec<rdmx_conn::Completion>,
     ready: Vec<Ready>,
+    /// What TCP links reported, in order.
+    tcp_events: Vec<(Arc<Conn>, rdmx_tcp::Event)>,
+    events: Vec<rdmx_tcp::Event>,
 }
 
 struct Tracked {
     buf: UserBufId,
-    cell: Arc<RequestCell>,
+    /// Its slot in the request table.
+    slot: u32,
     conn: Option<Arc<Conn>>,
 }
 
@@ -179,8 +191,8 @@ struct ReadCtx {
 enum RecvBuf {
     /// An SRQ buffer, reposted afterwards.
     Rdma(RegisteredBuf),
-    /// A frame read from a TCP link.
-    Tcp(Vec<u8>),
+    /// A frame read from a TCP link, handed back to it afterwards for reuse.
+    Tcp(Vec<u8>, ConnId),
 }
 
 impl std::ops::Deref for RecvBuf {
@@ -188,7 +200,7 @@ impl std::ops::Deref for RecvBuf {
     fn deref(&self) -> &[u8] {
         match self {
             RecvBuf::Rdma(b) => b,
-            RecvBuf::Tcp(v) => v,
+            RecvBuf::Tcp(v, _) => v,
         }
     }
 }
@@ -210,6 +222,8 @@ struct Protocol {
     user_bufs: HashMap<UserBufId, UserMem>,
     orphans: HashSet<UserBufId>,
     reqs: HashMap<RequestId, Tracked>,
+    /// The requests the handles name, and their outcomes.
+    requests: RequestTable,
     next_buf: u64,
     recv_held: HashMap<u64, RecvBuf>,
     next_tcp_frame: u64,
@@ -238,13 +252,15 @@ struct Protocol {
 /// Work to do after releasing the state lock.
 #[derive(Default)]
 struct AfterUnlock {
-    flush: Vec<Arc<Conn>>,
-    reposts: Vec<(RegisteredBuf, u64)>,
+    /// Connections with output to post or write.
+    flush: SmallVec<[Arc<Conn>; 2]>,
+    reposts: SmallVec<[(RegisteredBuf, u64); 4]>,
     reaped: Vec<Arc<Conn>>,
-    /// Something a blocked thread may be waiting for happened (a request completed, a
-    /// message arrived unexpected, a send's work completed, a connection started closing):
-    /// wake the waiters.
-    wake: bool,
+    /// News a blocked thread may be waiting for (a message arrived unexpected, a send's
+    /// work completed, a connection started closing): wake the threads waiting for news.
+    news: bool,
+    /// The request slots of requests that completed: wake the threads waiting for them.
+    completed: SmallVec<[u32; 8]>,
 }
 
 impl AfterUnlock {
@@ -276,6 +292,7 @@ impl Worker {
                 user_bufs: HashMap::default(),
                 orphans: HashSet::default(),
                 reqs: HashMap::default(),
+                requests: RequestTable::default(),
                 next_buf: 0,
                 recv_held: HashMap::default(),
                 next_tcp_frame: TCP_FRAME_IDS,
@@ -299,12 +316,13 @@ impl Worker {
             progress_lock: Mutex::new(Scratch {
                 wcs: Vec::with_capacity(64),
                 ready: Vec::with_capacity(64),
+                tcp_events: Vec::new(),
+                events: Vec::new(),
             }),
             waiter: Mutex::new(()),
             registry,
             waker,
-            gen: Mutex::new(0),
-            cv: Condvar::new(),
+            sleepers: Sleepers::default(),
             cm_due: AtomicBool::new(false),
             last_cm_check: AtomicU64::new(0),
             next_timer: AtomicU64::new(u64::MAX),
@@ -411,17 +429,20 @@ impl Worker {
     /// any endpoint of this worker, in the order messages arrived. A message longer than
     /// `buf` completes the request with [`Status::Truncated`] and is dropped.
     pub fn tag_recv(&self, tag: Tag, mask: Tag, buf: Vec<u8>) -> Request {
-        let cell = RequestCell::new(RequestKind::Recv, tag, None);
-        self.driver.with_protocol(|st| {
+        let slot = self.driver.with_protocol(|st| {
+            let slot = st.requests.open();
             let cap = buf.len() as u64;
             let bufid = st.new_buf(UserMem::Plain(buf));
             let id = st.engine.tag_recv(tag, mask, bufid, cap);
-            st.track(id, bufid, &cell, None);
+            st.track(id, bufid, slot.index, None);
+            slot
         });
-        Request {
-            cell,
-            worker: self.clone(),
-        }
+        let what = Describe {
+            kind: RequestKind::Recv,
+            tag,
+            peer: None,
+        };
+        Request::new(self, slot, what)
     }
 
     /// Receives into `buf`, blocking until a message matches (see [`Worker::tag_recv`]).
@@ -444,6 +465,7 @@ impl Worker {
         // A matched probe: the message is taken out of matching as it is found, so no other
         // receiving thread can take it before it is received here.
         sh.wait_until(
+            WaitFor::News,
             || {
                 if found.is_none() {
                     // (No actions follow a probe; and `done` may run under the wake-up lock,
@@ -495,26 +517,32 @@ impl Worker {
     }
 
     fn msg_recv(&self, info: ProbeInfo, buf: Vec<u8>) -> Request {
-        let cell = RequestCell::new(RequestKind::Recv, info.tag, None);
-        self.driver.with_protocol(|st| {
+        let slot = self.driver.with_protocol(|st| {
+            let slot = st.requests.open();
             let bufid = st.new_buf(UserMem::Plain(buf));
             match st.engine.msg_recv(info.msg, bufid, info.len) {
-                Some(id) => st.track(id, bufid, &cell, None),
+                Some(id) => st.track(id, bufid, slot.index, None),
                 None => {
                     let buf = st.take_buf(bufid);
-                    cell.finish(Outcome {
-                        status: Status::ConnectionClosed,
-                        length: 0,
-                        tag: info.tag,
-                        buf,
-                    });
+                    st.requests.finish(
+                        slot.index,
+                        Outcome {
+                            status: Status::ConnectionClosed,
+                            length: 0,
+                            tag: info.tag,
+                            buf,
+                        },
+                    );
                 }
             }
+            slot
         });
-        Request {
-            cell,
-            worker: self.clone(),
-        }
+        let what = Describe {
+            kind: RequestKind::Recv,
+            tag: info.tag,
+            peer: None,
+        };
+        Request::new(self, slot, what)
     }
 
     /// Resource figures, e.g. to check that receive memory does not grow with endpoints.

@@ -3,11 +3,6 @@
 use super::*;
 
 impl Driver {
-    pub(super) fn notify(&self) {
-        *self.gen.lock() += 1;
-        self.cv.notify_all();
-    }
-
     pub(super) fn cm_check_due(&self, now: u64) -> bool {
         let last = self.last_cm_check.load(Ordering::Relaxed);
         if self.cm_due.swap(false, Ordering::AcqRel)
@@ -23,7 +18,12 @@ impl Driver {
         let Some(mut scratch) = self.progress_lock.try_lock() else {
             return 0;
         };
-        let Scratch { wcs, ready } = &mut *scratch;
+        let Scratch {
+            wcs,
+            ready,
+            tcp_events,
+            events,
+        } = &mut *scratch;
         let rdma = self.rdma.get();
         wcs.clear();
         if let Some(r) = rdma {
@@ -33,7 +33,6 @@ impl Driver {
         }
         let now = self.now_ns();
         let mut cm_events: Vec<(ConnId, CmEvent)> = Vec::new();
-        let mut tcp_events: Vec<(Arc<Conn>, Vec<rdmx_tcp::Event>)> = Vec::new();
         let housekeeping = self.cm_check_due(now);
         let tcp = self.tcp_links.load(Ordering::Acquire) > 0;
         if tcp || (housekeeping && rdma.is_some()) {
@@ -66,15 +65,13 @@ impl Driver {
                         if !r.readable {
                             continue;
                         }
-                        let mut events = Vec::new();
-                        if let Err(e) = link.poll(&mut events) {
+                        events.clear();
+                        if let Err(e) = link.poll(events) {
                             events.push(rdmx_tcp::Event::Closed {
                                 reason: e.to_string(),
                             });
                         }
-                        if !events.is_empty() {
-                            tcp_events.push((cs.clone(), events));
-                        }
+                        tcp_events.extend(events.drain(..).map(|ev| (cs.clone(), ev)));
                     }
                 }
             }
@@ -90,8 +87,7 @@ impl Driver {
         {
             return 0;
         }
-        let work =
-            wcs.len() + cm_events.len() + tcp_events.iter().map(|e| e.1.len()).sum::<usize>();
+        let work = wcs.len() + cm_events.len() + tcp_events.len();
         let mut out = AfterUnlock::default();
         {
             let mut st = self.state.lock();
@@ -101,10 +97,8 @@ impl Driver {
             for (id, ev) in cm_events {
                 st.on_cm_event(id, ev, &mut out);
             }
-            for (cs, events) in tcp_events {
-                for ev in events {
-                    st.on_tcp_event(&cs, ev, &mut out);
-                }
+            for (cs, ev) in tcp_events.drain(..) {
+                st.on_tcp_event(&cs, ev, &mut out);
             }
             if failures {
                 let list: Vec<Arc<Conn>> = st.conns.values().cloned().collect();
@@ -178,6 +172,7 @@ impl Driver {
     /// wait mode — or sleeping on completions when a progress thread does the progress.
     pub(crate) fn wait_until(
         &self,
+        on: WaitFor,
         mut done: impl FnMut() -> bool,
         deadline: Option<Instant>,
     ) -> bool {
@@ -196,7 +191,8 @@ impl Driver {
             if self.progress_thread.load(Ordering::Acquire) {
                 // Whatever a waiter waits for wakes it (see `AfterUnlock::wake`); the slice only
                 // bounds a wait nothing would end.
-                self.sleep_on_completions(&mut done, slice(Duration::from_secs(1)));
+                self.sleepers
+                    .sleep(on, &mut done, slice(Duration::from_secs(1)));
                 continue;
             }
             match self.mode {
@@ -218,25 +214,12 @@ impl Driver {
                         }
                         drop(guard);
                         // Hand the waiting over to another blocked thread, if any.
-                        self.notify();
+                        self.sleepers.wake_all();
                     } else {
-                        self.sleep_on_completions(&mut done, slice(Duration::from_millis(20)));
+                        self.sleepers
+                            .sleep(on, &mut done, slice(Duration::from_millis(20)));
                     }
                 }
-            }
-        }
-    }
-
-    pub(super) fn sleep_on_completions(&self, done: &mut impl FnMut() -> bool, max: Duration) {
-        let mut gen = self.gen.lock();
-        let seen = *gen;
-        if done() {
-            return;
-        }
-        let deadline = Instant::now() + max;
-        while *gen == seen {
-            if self.cv.wait_until(&mut gen, deadline).timed_out() {
-                break;
             }
         }
     }

@@ -7,6 +7,14 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod steady_state;
+pub use steady_state::steady_state_messaging_allocates_nothing;
+
+/// Every test binary of the suite counts heap allocations (dhat, idle unless a test starts
+/// its profiler): see [`steady_state_messaging_allocates_nothing`].
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
 use rdmx::{
     Context, ContextBuilder, Ep, Request, RndvRegistration, Status, Transport, WaitMode, Worker,
     TAG_MASK_ALL, TAG_MASK_ANY,
@@ -69,6 +77,7 @@ macro_rules! all_api_tests {
             connect_close_churn_leaks_nothing,
             several_threads_receive_on_one_worker,
             progress_thread_wakes_a_blocked_recv_vec,
+            steady_state_messaging_allocates_nothing,
         );
     };
 }
@@ -85,7 +94,7 @@ fn is_rdma() -> bool {
     crate::net().transport == Transport::Rdma
 }
 
-fn init_log() {
+pub(crate) fn init_log() {
     let _ = env_logger::builder().is_test(true).try_init();
 }
 
@@ -98,7 +107,7 @@ pub fn test_env(var: &str) -> Option<String> {
 }
 
 /// A builder that ignores the process environment except [`test_env`].
-fn builder() -> ContextBuilder {
+pub(crate) fn builder() -> ContextBuilder {
     Context::builder()
         .env_lookup(test_env)
         .transport(crate::net().transport)
@@ -162,7 +171,7 @@ fn connect_n(ctx: &Context, ip: &str, n: usize) -> (Worker, Vec<Ep>, Worker, Vec
     (server, server_eps, client, client_eps)
 }
 
-fn pair(ctx: &Context) -> (Worker, Ep, Worker, Ep) {
+pub(crate) fn pair(ctx: &Context) -> (Worker, Ep, Worker, Ep) {
     let (sw, mut se, cw, mut ce) = connect_n(ctx, &addr_a(), 1);
     (sw, se.remove(0), cw, ce.remove(0))
 }
@@ -721,7 +730,7 @@ pub fn settle(w: &Worker, base: &Resources) {
 /// Runs test `name` in a process of its own with `RDMX_TEST_ROLE=role` (process-wide counts
 /// such as file descriptors and memory regions must not see other tests), and checks it
 /// passed.
-fn isolated(name: &str, role: &str) {
+pub(crate) fn isolated(name: &str, role: &str) {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--include-ignored",

@@ -436,6 +436,20 @@ impl Link {
         out.push(Event::Closed { reason });
     }
 
+    /// Hands back the buffer of a FRAME event once its contents are no longer needed: the
+    /// link reuses it for a later frame instead of allocating (up to a few small buffers;
+    /// others are dropped).
+    pub fn recycle(&self, mut buf: Vec<u8>) {
+        if buf.capacity() == 0 || buf.capacity() > READ_CHUNK {
+            return;
+        }
+        let mut input = self.input.lock();
+        if input.parser.spare.len() < SPARE_FRAMES {
+            buf.clear();
+            input.parser.spare.push(buf);
+        }
+    }
+
     /// Shuts the socket down both ways: the peer sees EOF, and this side's later
     /// [`Link::poll`] reports [`Event::Closed`] and [`Link::flush`] fails.
     pub fn shutdown(&self) {
@@ -452,6 +466,9 @@ struct Output {
     queue: VecDeque<OutItem>,
     /// Why the output side died, if it did.
     failed: Option<String>,
+    /// The buffer of the last small message written, kept for the next one (no allocation
+    /// per message in steady state).
+    spare: Vec<u8>,
 }
 
 enum OutItem {
@@ -480,7 +497,11 @@ impl Output {
                 return;
             }
         }
-        let mut buf = Vec::with_capacity(need.max(SMALL_BUF));
+        let mut buf = if self.spare.capacity() >= need {
+            std::mem::take(&mut self.spare)
+        } else {
+            Vec::with_capacity(need.max(SMALL_BUF))
+        };
         for p in parts {
             buf.extend_from_slice(p);
         }
@@ -496,7 +517,12 @@ impl Output {
             let left = front.remaining();
             if written >= left {
                 written -= left;
-                self.queue.pop_front();
+                if let Some(OutItem::Bytes { mut buf, .. }) = self.queue.pop_front() {
+                    if buf.capacity() <= COALESCE_LIMIT && self.spare.capacity() == 0 {
+                        buf.clear();
+                        self.spare = buf;
+                    }
+                }
             } else {
                 front.advance(written);
                 written = 0;
@@ -620,7 +646,12 @@ pub(crate) struct Parser {
     state: State,
     lent: HashMap<u64, Lent>,
     expected: HashMap<u64, Expected>,
+    /// Frame buffers handed back with [`Link::recycle`], for the next frames.
+    spare: Vec<Vec<u8>>,
 }
+
+/// How many recycled frame buffers a link keeps at most.
+const SPARE_FRAMES: usize = 8;
 
 impl Default for Parser {
     fn default() -> Self {
@@ -628,6 +659,7 @@ impl Default for Parser {
             state: State::header(),
             lent: HashMap::new(),
             expected: HashMap::new(),
+            spare: Vec::new(),
         }
     }
 }
@@ -708,10 +740,11 @@ impl Parser {
                 out.push(Event::Frame(Vec::new()));
                 State::header()
             }
-            KIND_FRAME => State::Frame {
-                body: Vec::with_capacity(len.min(READ_CHUNK)),
-                len,
-            },
+            KIND_FRAME => {
+                let mut body = self.spare.pop().unwrap_or_default();
+                body.reserve_exact(len.min(READ_CHUNK));
+                State::Frame { body, len }
+            }
             KIND_READ_REQ if len != READ_REQ_LEN => {
                 return Err(format!(
                     "READ_REQ body of {len} bytes (must be {READ_REQ_LEN})"

@@ -695,3 +695,46 @@ fn link_is_send_and_sync() {
     send_sync::<rdmx_tcp::ConnectionRequest>();
     send_sync::<rdmx_tcp::Error>();
 }
+
+// ---- buffer reuse
+
+/// A recycled frame buffer carries the next frame, and nothing of the one before: a long
+/// frame, recycled, then a short one, then an empty one arrive exactly as sent; buffers of
+/// another size or a link's first frames come from the allocator as before.
+#[test]
+fn recycled_frame_buffers_carry_only_the_next_frame() {
+    let (a, b) = pair();
+    let mut events = Vec::new();
+    a.queue_frame(&[1; 40], &[2; 1000]);
+    pump(&a, &b, &mut events, |e| e.len() == 1);
+    let Some(Event::Frame(first)) = events.pop() else {
+        panic!("expected a frame")
+    };
+    assert_eq!(first.len(), 1040);
+    let capacity = first.capacity();
+    b.recycle(first);
+    a.queue_frame(b"short", b"!");
+    pump(&a, &b, &mut events, |e| e.len() == 1);
+    let Some(Event::Frame(second)) = events.pop() else {
+        panic!("expected a frame")
+    };
+    assert_eq!(second, b"short!");
+    assert_eq!(
+        second.capacity(),
+        capacity,
+        "the recycled buffer was reused"
+    );
+    b.recycle(second);
+    a.queue_frame(b"", b"");
+    pump(&a, &b, &mut events, |e| e.len() == 1);
+    assert!(matches!(events.pop(), Some(Event::Frame(f)) if f.is_empty()));
+    // A buffer too large to keep is dropped, not reused.
+    b.recycle(Vec::with_capacity(1 << 20));
+    a.queue_frame(b"x", b"");
+    pump(&a, &b, &mut events, |e| e.len() == 1);
+    let Some(Event::Frame(third)) = events.pop() else {
+        panic!("expected a frame")
+    };
+    assert_eq!(third, b"x");
+    assert!(third.capacity() < 1 << 20);
+}
