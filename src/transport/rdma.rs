@@ -10,7 +10,6 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crossbeam::queue::SegQueue;
 use parking_lot::Mutex;
 use rdmx_conn::{
     Access, CompletionQueue, Connection, Device, MemoryWindow, ProtectionDomain, QpConfig,
@@ -70,7 +69,7 @@ impl Rdma {
         )?;
         let mut qp_config = QpConfig::new(&pd, &cq, Some(&srq));
         qp_config.send_depth = send_depth;
-        qp_config.max_inline = 128;
+        qp_config.max_inline = INLINE_MAX as u32;
         log::debug!(
             "worker resources on {}: SRQ {srq_depth} x {} B, CQ {cqe}, send depth {send_depth}",
             device.name(),
@@ -137,10 +136,14 @@ impl SendPool {
     }
 }
 
+/// The largest frame sent inline (copied into the work request): what rdmx asks of the QP,
+/// held in the queue without an allocation.
+pub(crate) const INLINE_MAX: usize = 128;
+
 /// Work waiting to be posted on a connection.
 pub(crate) enum Outgoing {
-    /// A frame small enough to be copied into the work request.
-    Inline(Vec<u8>),
+    /// A frame small enough to be copied into the work request (its first `len` bytes).
+    Inline { bytes: [u8; INLINE_MAX], len: u16 },
     /// A frame in a registered send buffer.
     Frame { buf: RegisteredBuf, len: usize },
     /// An RDMA READ into a piece of a user buffer.
@@ -160,8 +163,8 @@ pub(crate) enum Outgoing {
 pub(crate) struct RdmaLink {
     id: ConnId,
     pub(crate) conn: Connection,
-    queue: SegQueue<Outgoing>,
-    post: Mutex<VecDeque<Outgoing>>,
+    /// Work to post, in order (its capacity is kept: no allocation per message).
+    queue: Mutex<VecDeque<Outgoing>>,
     in_flight: AtomicU32,
     depth: u32,
     /// Work whose post failed, for the worker to report as failed completions.
@@ -173,8 +176,7 @@ impl RdmaLink {
         RdmaLink {
             id,
             conn,
-            queue: SegQueue::new(),
-            post: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(VecDeque::new()),
             in_flight: AtomicU32::new(0),
             depth,
             failures: Mutex::new(Vec::new()),
@@ -187,7 +189,7 @@ impl RdmaLink {
 
     /// Queues work; call [`RdmaLink::flush`] after releasing the worker's state lock.
     pub(crate) fn push(&self, item: Outgoing) {
-        self.queue.push(item);
+        self.queue.lock().push_back(item);
     }
 
     /// A posted work request completed.
@@ -199,9 +201,7 @@ impl RdmaLink {
 
     /// Whether nothing is posted or waiting.
     pub(crate) fn idle(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) == 0
-            && self.queue.is_empty()
-            && self.post.lock().is_empty()
+        self.in_flight.load(Ordering::Acquire) == 0 && self.queue.lock().is_empty()
     }
 
     /// Work requests posted and not completed.
@@ -213,10 +213,10 @@ impl RdmaLink {
     /// failed (the failure is recorded in `failures` for the worker to report). `closing`
     /// says whether failures are expected (the connection is going away).
     pub(crate) fn flush(&self, closing: bool) -> bool {
-        let mut stalled = self.post.lock();
+        let mut stalled = self.queue.lock();
         let mut failed = false;
         loop {
-            let Some(item) = stalled.pop_front().or_else(|| self.queue.pop()) else {
+            let Some(item) = stalled.pop_front() else {
                 break;
             };
             if let Outgoing::Disconnect = item {
@@ -232,10 +232,15 @@ impl RdmaLink {
             self.in_flight.fetch_add(1, Ordering::AcqRel);
             let cookie_send = COOKIE_SEND | self.id.0;
             let result = match item {
-                Outgoing::Inline(bytes) => match self.conn.post_send_inline(&bytes, cookie_send) {
-                    Ok(()) => Ok(()),
-                    Err(e) => Err((e, Outgoing::Inline(bytes))),
-                },
+                Outgoing::Inline { bytes, len } => {
+                    match self
+                        .conn
+                        .post_send_inline(&bytes[..len as usize], cookie_send)
+                    {
+                        Ok(()) => Ok(()),
+                        Err(e) => Err((e, Outgoing::Inline { bytes, len })),
+                    }
+                }
                 Outgoing::Frame { buf, len } => self
                     .conn
                     .post_send(buf, len, cookie_send)

@@ -175,7 +175,7 @@ impl Protocol {
                 self.send_pool.give(buf);
                 self.engine.handle_send_complete(cs.id, false);
             }
-            Outgoing::Inline(_) => self.engine.handle_send_complete(cs.id, false),
+            Outgoing::Inline { .. } => self.engine.handle_send_complete(cs.id, false),
             Outgoing::Read { target, cookie, .. } => {
                 self.read_done(cookie & !COOKIE_KIND, Some(target), false, false, out)
             }

@@ -200,11 +200,14 @@ impl Protocol {
             Link::Rdma(link) => link,
         };
         let total = frame.len() + data.len();
-        let item = if total <= link.max_inline() {
-            let mut v = Vec::with_capacity(total);
-            v.extend_from_slice(frame);
-            v.extend_from_slice(data);
-            Outgoing::Inline(v)
+        let item = if total <= link.max_inline().min(INLINE_MAX) {
+            let mut bytes = [0u8; INLINE_MAX];
+            bytes[..frame.len()].copy_from_slice(frame);
+            bytes[frame.len()..total].copy_from_slice(data);
+            Outgoing::Inline {
+                bytes,
+                len: total as u16,
+            }
         } else {
             let Some(rdma) = rdma else { return };
             if total > self.send_pool.buf_len() {

@@ -45,7 +45,7 @@ use crate::error::{rejected, Error, Result};
 use crate::readiness::{Interest, Ready, Registry, Waker};
 use crate::request::{Describe, Outcome, Request};
 use crate::transport::rdma::{
-    Outgoing, Rdma, RdmaLink, SendPool, Windows, COOKIE_KIND, COOKIE_READ, COOKIE_SEND,
+    Outgoing, Rdma, RdmaLink, SendPool, Windows, COOKIE_KIND, COOKIE_READ, COOKIE_SEND, INLINE_MAX,
 };
 use crate::transport::tcp::{Answer, Exposures};
 use crate::transport::{Conn, Link, Transport};

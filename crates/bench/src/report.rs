@@ -148,6 +148,8 @@ pub struct RunData {
     pub rdma: Transport,
     /// Loopback TCP results (host/).
     pub tcp: Transport,
+    /// The hot-path tables `scripts/bench-hotpath` wrote (`hotpath.md`), as Markdown.
+    pub hotpath: Option<String>,
 }
 
 /// One file of a `PREFIX<SIZE>SUFFIX` family: relative name, size from the name (when
@@ -490,12 +492,14 @@ impl RunData {
             bw_refs: vec![u_bw, s_bw],
             thresholds: tcp_thresholds,
         };
+        let hotpath = read_text(&dir.join("hotpath.md"))?;
         Ok(RunData {
             meta,
             missing: l.missing,
             empty: l.empty,
             rdma,
             tcp,
+            hotpath,
         })
     }
 }
@@ -1074,6 +1078,11 @@ pub fn render_markdown(data: &RunData, plots: &[(String, String)]) -> String {
             "Inputs with failed or no results: {}.\n",
             files.join("; ")
         );
+    }
+    if let Some(hotpath) = &data.hotpath {
+        // Its own section, as scripts/bench-hotpath wrote it (a level-2 heading first).
+        out.push_str(hotpath.trim_end());
+        out.push_str("\n\n## Sweeps\n\n");
     }
     out.push_str(
         "### How to read\n\n\
