@@ -242,6 +242,9 @@ impl UserMem {
     /// Ends the registration (deregisters, or returns the region to the cache), keeping the
     /// buffer as plain memory. `length` bytes are copied back from a staged receive.
     pub(crate) fn unregister(&mut self, cache: &mut RegCache, length: u64) {
+        if let UserMem::Plain(_) = self {
+            return;
+        }
         match std::mem::replace(self, UserMem::Lost) {
             UserMem::Direct(p) => match p.merge() {
                 Ok(buf) => match buf.into_vec() {

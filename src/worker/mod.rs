@@ -254,7 +254,7 @@ struct Protocol {
 struct AfterUnlock {
     /// Connections with output to post or write.
     flush: SmallVec<[Arc<Conn>; 2]>,
-    reposts: SmallVec<[(RegisteredBuf, u64); 4]>,
+    reposts: SmallVec<[(RegisteredBuf, u64); 2]>,
     reaped: Vec<Arc<Conn>>,
     /// News a blocked thread may be waiting for (a message arrived unexpected, a send's
     /// work completed, a connection started closing): wake the threads waiting for news.

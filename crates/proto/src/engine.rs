@@ -8,6 +8,7 @@ use rustc_hash::FxHashMap as HashMap;
 use log::{debug, warn};
 
 use crate::config::Config;
+use crate::requests::{Requests, IMMEDIATE};
 use crate::wire::{
     self, Body, FrameBuf, Handshake, Header, Opcode, RtsBody, WireStatus, HANDSHAKE_MAGIC,
     HEADER_LEN, MAX_CTRL_FRAME, VERSION,
@@ -343,10 +344,11 @@ fn matches(msg_tag: Tag, tag: Tag, mask: Tag) -> bool {
 pub struct Engine {
     cfg: Config,
     now: u64,
-    next_req: u64,
     next_msg: u64,
     conns: HashMap<ConnId, Conn>,
-    reqs: HashMap<RequestId, Req>,
+    reqs: Requests<Req>,
+    /// The next id of a send that completed as it was made (see `requests::IMMEDIATE`).
+    next_immediate: u64,
     posted: VecDeque<Posted>,
     unexpected: VecDeque<Unexpected>,
     /// Messages taken out of matching by [`Engine::probe_remove`], waiting for their
@@ -384,10 +386,10 @@ impl Engine {
         Engine {
             cfg,
             now: 0,
-            next_req: 1,
             next_msg: 1,
             conns: HashMap::default(),
-            reqs: HashMap::default(),
+            reqs: Requests::default(),
+            next_immediate: 0,
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
             claimed: HashMap::default(),
@@ -464,10 +466,7 @@ impl Engine {
     }
 
     fn new_req(&mut self, r: Req) -> RequestId {
-        let id = RequestId(self.next_req);
-        self.next_req += 1;
-        self.reqs.insert(id, r);
-        id
+        self.reqs.insert(r)
     }
 
     fn complete(
@@ -479,7 +478,7 @@ impl Engine {
         tag: Tag,
         conn: Option<ConnId>,
     ) {
-        self.reqs.remove(&request);
+        self.reqs.discard(request);
         self.actions.push_back(Action::Complete(Completion {
             request,
             kind,
@@ -582,7 +581,7 @@ impl Engine {
             .collect();
         self.draining.retain(|d| d.0 > now);
         for r in expired {
-            if let Some(Req::Recv(rr)) = self.reqs.get(&r) {
+            if let Some(Req::Recv(rr)) = self.reqs.get(r) {
                 let (tag, conn) = (rr.tag, rr.reading.as_ref().map(|x| x.conn));
                 warn!("request {r:?}: READs not reported within the drain timeout");
                 self.complete(r, RequestKind::Recv, Status::ConnectionClosed, 0, tag, conn);
@@ -615,19 +614,13 @@ impl Engine {
                 });
             }
         }
-        let mut ids: Vec<RequestId> = self
-            .reqs
-            .iter()
-            .filter(|(_, r)| match r {
-                Req::Send(s) => s.conn == conn_id,
-                Req::Recv(rr) => rr.reading.as_ref().is_some_and(|x| x.conn == conn_id),
-            })
-            .map(|(id, _)| *id)
-            .collect();
         // In the order they were made, whatever the table's order.
-        ids.sort_unstable();
+        let ids = self.reqs.ids_in_order(|r| match r {
+            Req::Send(s) => s.conn == conn_id,
+            Req::Recv(rr) => rr.reading.as_ref().is_some_and(|x| x.conn == conn_id),
+        });
         for id in ids {
-            match self.reqs.get_mut(&id) {
+            match self.reqs.get_mut(id) {
                 Some(Req::Send(s)) => {
                     let (tag, len, buf) = (s.tag, s.len, s.buf);
                     if !matches!(s.phase, SendPhase::EagerQueued) {
@@ -691,6 +684,26 @@ impl Engine {
             return Err(Error::UnknownConnection(conn));
         };
         let eager = len <= c.eager_limit;
+        if eager && c.data_q.is_empty() && c.ctrl_q.is_empty() && c.tx_credits >= 2 {
+            // Nothing queued ahead and credit to spare: the message goes out now and the send
+            // completes with it, never stored (what `flush` would do, without the table).
+            let id = RequestId(IMMEDIATE | self.next_immediate);
+            self.next_immediate = (self.next_immediate + 1) & !IMMEDIATE;
+            let mut h = Header::new(Opcode::Eager);
+            h.tag = tag;
+            h.sreq = id.0;
+            h.payload_len = len as u32;
+            self.emit_frame(conn, h, None, Some(PayloadRef { buf, len }));
+            self.actions.push_back(Action::Complete(Completion {
+                request: id,
+                kind: RequestKind::Send,
+                status: Status::Ok,
+                length: len,
+                tag,
+                conn: Some(conn),
+            }));
+            return Ok(id);
+        }
         let phase = if eager {
             SendPhase::EagerQueued
         } else {
@@ -719,7 +732,7 @@ impl Engine {
 
     /// The driver exposed a rendezvous send buffer.
     pub fn handle_send_buffer_exposed(&mut self, request: RequestId, remote: RemoteBuf) {
-        if let Some(Req::Send(s)) = self.reqs.get_mut(&request) {
+        if let Some(Req::Send(s)) = self.reqs.get_mut(request) {
             if let SendPhase::RtsQueued { remote: r @ None } = &mut s.phase {
                 *r = Some(remote);
                 let conn = s.conn;
@@ -731,7 +744,7 @@ impl Engine {
     /// The driver could not expose a rendezvous send buffer: the send fails with
     /// [`Status::ExposeFailed`].
     pub fn handle_send_buffer_expose_failed(&mut self, request: RequestId) {
-        if let Some(Req::Send(s)) = self.reqs.get(&request) {
+        if let Some(Req::Send(s)) = self.reqs.get(request) {
             if matches!(s.phase, SendPhase::RtsQueued { remote: None }) {
                 let (tag, len, conn) = (s.tag, s.len, s.conn);
                 self.complete(
@@ -794,7 +807,7 @@ impl Engine {
                 continue;
             }
             let Some(&id) = c.data_q.front() else { break };
-            let Some(Req::Send(s)) = self.reqs.get_mut(&id) else {
+            let Some(Req::Send(s)) = self.reqs.get_mut(id) else {
                 // Cancelled or failed while queued.
                 if let Some(c) = self.conns.get_mut(&conn_id) {
                     c.data_q.pop_front();
@@ -932,7 +945,7 @@ impl Engine {
     /// buffer is released; a rendezvous receiver still reading it then sees a READ failure.
     /// Returns whether the request was cancelled.
     pub fn cancel(&mut self, request: RequestId) -> bool {
-        match self.reqs.get(&request) {
+        match self.reqs.get(request) {
             Some(Req::Recv(r)) if r.reading.is_none() => {
                 if let Some(pos) = self.posted.iter().position(|p| p.req == request) {
                     self.posted.remove(pos);
@@ -965,7 +978,7 @@ impl Engine {
     fn deliver_unexpected(&mut self, req: RequestId, u: Unexpected) {
         match u.kind {
             UnexpKind::Eager(data) => {
-                let Some(Req::Recv(r)) = self.reqs.get(&req) else {
+                let Some(Req::Recv(r)) = self.reqs.get(req) else {
                     return;
                 };
                 let (buf, cap) = (r.buf, r.cap);
@@ -998,7 +1011,7 @@ impl Engine {
     }
 
     fn start_rndv(&mut self, req: RequestId, conn: ConnId, tag: Tag, sreq: u64, body: RtsBody) {
-        let Some(Req::Recv(r)) = self.reqs.get_mut(&req) else {
+        let Some(Req::Recv(r)) = self.reqs.get_mut(req) else {
             return;
         };
         r.tag = tag;
@@ -1040,7 +1053,7 @@ impl Engine {
             self.cfg.rndv_chunk_size,
             self.cfg.max_reads_in_flight as usize,
         );
-        let Some(Req::Recv(r)) = self.reqs.get_mut(&req) else {
+        let Some(Req::Recv(r)) = self.reqs.get_mut(req) else {
             return;
         };
         let buf = r.buf;
@@ -1067,7 +1080,7 @@ impl Engine {
     /// An RDMA READ issued by [`Action::RdmaRead`] finished (`ok == false`: it failed,
     /// including flush errors).
     pub fn handle_read_complete(&mut self, request: RequestId, dst_offset: u64, ok: bool) {
-        let Some(Req::Recv(r)) = self.reqs.get_mut(&request) else {
+        let Some(Req::Recv(r)) = self.reqs.get_mut(request) else {
             debug!("read completion for unknown request {request:?}");
             return;
         };
@@ -1172,7 +1185,7 @@ impl Engine {
         match frame.body {
             Body::Eager(payload) => {
                 if let Some(p) = self.take_posted_match(h.tag) {
-                    let Some(Req::Recv(r)) = self.reqs.get(&p.req) else {
+                    let Some(Req::Recv(r)) = self.reqs.get(p.req) else {
                         return Ok(());
                     };
                     let len = payload.len() as u64;
@@ -1217,7 +1230,7 @@ impl Engine {
             }
             Body::Ats => {
                 let req = RequestId(h.sreq);
-                match self.reqs.get(&req) {
+                match self.reqs.get(req) {
                     Some(Req::Send(s))
                         if s.conn == conn_id && matches!(s.phase, SendPhase::AwaitAts) =>
                     {

@@ -98,6 +98,7 @@
 pub mod config;
 pub mod engine;
 mod error;
+mod requests;
 pub mod wire;
 
 pub use config::{Config, ConfigBuilder, EAGER_THRESHOLD_VAR};

@@ -1,0 +1,203 @@
+//! The engine's requests, in a slab: a [`RequestId`] is a slot index and the slot's
+//! generation (`(generation - 1) << 32 | (index + 1)`: the first requests are 1, 2, 3 …),
+//! so finding a request is an array index and a
+//! comparison, not a hash lookup, and a freed slot is reused without an allocation. An id
+//! from an earlier generation — a stale or forged one in a peer's frame — finds nothing.
+
+use crate::RequestId;
+
+/// Ids with this bit set name requests that completed as they were made and were never
+/// stored (an eager send that went out at once); no slab id has it.
+pub(crate) const IMMEDIATE: u64 = 1 << 63;
+
+const MAX_GENERATION: u32 = 1 << 31;
+
+struct Slot<T> {
+    /// Starts at 1, so no id is ever 0; bumped when the slot is freed.
+    generation: u32,
+    /// When the request was made (engine-wide order).
+    made: u64,
+    value: Option<T>,
+}
+
+/// Requests by id (see the module docs).
+pub(crate) struct Requests<T> {
+    slots: Vec<Slot<T>>,
+    free: Vec<u32>,
+    len: usize,
+    next_made: u64,
+}
+
+impl<T> Default for Requests<T> {
+    fn default() -> Self {
+        Requests {
+            slots: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+            next_made: 0,
+        }
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Requests<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.slots.iter().enumerate().filter_map(|(i, s)| {
+                let v = s.value.as_ref()?;
+                Some((encode(i, s.generation), v))
+            }))
+            .finish()
+    }
+}
+
+fn encode(index: usize, generation: u32) -> RequestId {
+    RequestId(u64::from(generation - 1) << 32 | (index as u64 + 1))
+}
+
+/// The slot index and generation an id names (`usize::MAX` for an id that names none).
+fn split(id: RequestId) -> (usize, u32) {
+    let low = id.0 & u64::from(u32::MAX);
+    let index = if low == 0 {
+        usize::MAX
+    } else {
+        (low - 1) as usize
+    };
+    (index, ((id.0 >> 32) as u32).wrapping_add(1))
+}
+
+impl<T> Requests<T> {
+    /// Stores `value` under a new id.
+    pub(crate) fn insert(&mut self, value: T) -> RequestId {
+        let made = self.next_made;
+        self.next_made += 1;
+        self.len += 1;
+        let index = match self.free.pop() {
+            Some(i) => {
+                let slot = &mut self.slots[i as usize];
+                slot.made = made;
+                slot.value = Some(value);
+                i
+            }
+            None => {
+                assert!(
+                    self.slots.len() < u32::MAX as usize,
+                    "4 billion requests at once"
+                );
+                self.slots.push(Slot {
+                    generation: 1,
+                    made,
+                    value: Some(value),
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        encode(index as usize, self.slots[index as usize].generation)
+    }
+
+    fn slot(&self, id: RequestId) -> Option<&Slot<T>> {
+        let (index, generation) = split(id);
+        self.slots
+            .get(index)
+            .filter(|s| s.generation == generation && s.value.is_some())
+    }
+
+    pub(crate) fn get(&self, id: RequestId) -> Option<&T> {
+        self.slot(id).and_then(|s| s.value.as_ref())
+    }
+
+    pub(crate) fn get_mut(&mut self, id: RequestId) -> Option<&mut T> {
+        let (index, generation) = split(id);
+        self.slots
+            .get_mut(index)
+            .filter(|s| s.generation == generation)
+            .and_then(|s| s.value.as_mut())
+    }
+
+    /// Drops the request in place; its id is dead from then on.
+    pub(crate) fn discard(&mut self, id: RequestId) {
+        let (index, generation) = split(id);
+        let Some(slot) = self
+            .slots
+            .get_mut(index)
+            .filter(|s| s.generation == generation && s.value.is_some())
+        else {
+            return;
+        };
+        slot.value = None;
+        slot.generation = if slot.generation >= MAX_GENERATION {
+            1
+        } else {
+            slot.generation + 1
+        };
+        self.free.push(index as u32);
+        self.len -= 1;
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The ids of the requests `keep` selects, in the order they were made.
+    pub(crate) fn ids_in_order(&self, mut keep: impl FnMut(&T) -> bool) -> Vec<RequestId> {
+        let mut found: Vec<(u64, RequestId)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let v = s.value.as_ref()?;
+                keep(v).then(|| (s.made, encode(i, s.generation)))
+            })
+            .collect();
+        found.sort_unstable_by_key(|&(made, _)| made);
+        found.into_iter().map(|(_, id)| id).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_never_zero_and_never_reused_for_another_request() {
+        let mut r = Requests::default();
+        let a = r.insert("a");
+        assert_eq!(a, RequestId(1), "the first ids are 1, 2, 3 …");
+        let b = r.insert("b");
+        r.discard(a);
+        assert_eq!(r.get(a), None);
+        r.discard(a);
+        assert_eq!(r.len(), 1);
+        // The slot is reused under another id; the old id still finds nothing.
+        let c = r.insert("c");
+        assert_ne!(c, a);
+        assert_eq!(split(c).0, split(a).0);
+        assert_eq!(r.get(a), None);
+        assert_eq!(r.get(c), Some(&"c"));
+        *r.get_mut(b).unwrap() = "B";
+        assert_eq!(r.len(), 2);
+        // Made order, whatever the slots' order.
+        assert_eq!(r.ids_in_order(|_| true), vec![b, c]);
+        assert_eq!(r.ids_in_order(|v| *v == "c"), vec![c]);
+    }
+
+    #[test]
+    fn forged_ids_find_nothing() {
+        let mut r = Requests::default();
+        let a = r.insert(1);
+        for forged in [
+            0,
+            2,
+            a.0 + 1,
+            a.0 ^ (1 << 32),
+            u64::MAX,
+            1 << 32,
+            u64::from(u32::MAX),
+        ] {
+            assert_eq!(r.get(RequestId(forged)), None, "{forged:#x}");
+            assert_eq!(r.get_mut(RequestId(forged)), None);
+            r.discard(RequestId(forged));
+        }
+        assert_eq!(r.get(a), Some(&1));
+        assert_eq!(r.len(), 1);
+    }
+}
