@@ -71,6 +71,7 @@ impl Context {
     }
 
     /// The RDMA devices on this machine (empty where there are none).
+    #[cfg(feature = "rdma")]
     pub fn devices(&self) -> Result<Vec<rdmx_conn::Device>> {
         Ok(rdmx_conn::Device::list()?)
     }
@@ -211,15 +212,25 @@ impl ContextBuilder {
     }
 }
 
-/// The transports to use: the asked ones this machine has, in order (`auto`: RDMA when
-/// rdmacm lists a device, then TCP). Asking only for RDMA where there is none is an error.
-fn resolve(asked: &[Transport]) -> Result<Vec<Transport>> {
-    let devices = rdmx_conn::Device::list();
-    let found = match &devices {
+/// The RDMA devices' names, or why there are none.
+#[cfg(feature = "rdma")]
+fn rdma_devices() -> std::result::Result<String, String> {
+    match rdmx_conn::Device::list() {
         Ok(d) if !d.is_empty() => Ok(d.iter().map(|d| d.name()).collect::<Vec<_>>().join(", ")),
         Ok(_) => Err("rdmacm lists no RDMA device".to_string()),
         Err(e) => Err(format!("cannot list RDMA devices: {e}")),
-    };
+    }
+}
+
+#[cfg(not(feature = "rdma"))]
+fn rdma_devices() -> std::result::Result<String, String> {
+    Err("this build of rdmx has no RDMA support (built without the `rdma` feature)".into())
+}
+
+/// The transports to use: the asked ones this machine has, in order (`auto`: RDMA when
+/// rdmacm lists a device, then TCP). Asking only for RDMA where there is none is an error.
+fn resolve(asked: &[Transport]) -> Result<Vec<Transport>> {
+    let found = rdma_devices();
     let asked = if asked.is_empty() || asked == [Transport::Auto] {
         match &found {
             Ok(names) => log::info!("transports: rdma (devices: {names}), tcp"),

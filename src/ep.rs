@@ -184,16 +184,26 @@ impl std::fmt::Debug for Ep {
 /// address and port. `Send` and `Sync`.
 pub struct Listener {
     worker: Worker,
+    #[cfg(feature = "rdma")]
     rdma: Option<rdmx_conn::Listener>,
     tcp: Option<rdmx_tcp::Listener>,
     /// Watches both listeners when there are two.
+    #[cfg(feature = "rdma")]
     both: Option<crate::readiness::Registry>,
 }
 
+#[cfg(feature = "rdma")]
 const LISTEN_RDMA: u64 = 1;
+#[cfg(feature = "rdma")]
 const LISTEN_TCP: u64 = 2;
 
 impl Listener {
+    #[cfg(not(feature = "rdma"))]
+    pub(crate) fn new(worker: Worker, tcp: Option<rdmx_tcp::Listener>) -> Result<Self> {
+        Ok(Listener { worker, tcp })
+    }
+
+    #[cfg(feature = "rdma")]
     pub(crate) fn new(
         worker: Worker,
         rdma: Option<rdmx_conn::Listener>,
@@ -222,16 +232,20 @@ impl Listener {
 
     /// The address it listens at (with the port chosen when it asked for port 0).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        match (&self.tcp, &self.rdma) {
-            (Some(t), _) => t.local_addr(),
-            (None, Some(r)) => r.local_addr(),
-            (None, None) => None,
+        if let Some(t) = &self.tcp {
+            return t.local_addr();
         }
+        #[cfg(feature = "rdma")]
+        if let Some(r) = &self.rdma {
+            return r.local_addr();
+        }
+        None
     }
 
     /// The transports it listens on.
     pub fn transports(&self) -> Vec<Transport> {
         let mut v = Vec::new();
+        #[cfg(feature = "rdma")]
         if self.rdma.is_some() {
             v.push(Transport::Rdma);
         }
@@ -244,6 +258,12 @@ impl Listener {
     /// Waits up to `timeout` (`None`: without limit) for a connection request on any of its
     /// transports, to accept or reject. `Ok(None)` when the time passed.
     pub fn next_request(&self, timeout: Option<Duration>) -> Result<Option<ConnRequest>> {
+        #[cfg(not(feature = "rdma"))]
+        let raw = match &self.tcp {
+            Some(t) => t.get_request(timeout)?.map(RawRequest::Tcp),
+            None => None,
+        };
+        #[cfg(feature = "rdma")]
         let raw = match (&self.rdma, &self.tcp, &self.both) {
             (Some(r), Some(t), Some(both)) => {
                 // Each listener is asked only once epoll says it has a connection waiting; a
@@ -303,6 +323,7 @@ pub struct ConnRequest {
 }
 
 pub(crate) enum RawRequest {
+    #[cfg(feature = "rdma")]
     Rdma(rdmx_conn::ConnectionRequest),
     Tcp(rdmx_tcp::ConnectionRequest),
 }
@@ -310,6 +331,7 @@ pub(crate) enum RawRequest {
 impl RawRequest {
     pub(crate) fn transport(&self) -> Transport {
         match self {
+            #[cfg(feature = "rdma")]
             RawRequest::Rdma(_) => Transport::Rdma,
             RawRequest::Tcp(_) => Transport::Tcp,
         }
@@ -317,6 +339,7 @@ impl RawRequest {
 
     pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
         match self {
+            #[cfg(feature = "rdma")]
             RawRequest::Rdma(r) => r.peer_addr(),
             RawRequest::Tcp(r) => r.peer_addr(),
         }
@@ -324,6 +347,7 @@ impl RawRequest {
 
     pub(crate) fn private_data(&self) -> &[u8] {
         match self {
+            #[cfg(feature = "rdma")]
             RawRequest::Rdma(r) => r.private_data(),
             RawRequest::Tcp(r) => r.private_data(),
         }
@@ -331,6 +355,7 @@ impl RawRequest {
 
     fn reject(self, data: &[u8]) -> Result<()> {
         match self {
+            #[cfg(feature = "rdma")]
             RawRequest::Rdma(r) => Ok(r.reject(data)?),
             RawRequest::Tcp(r) => Ok(r.reject(data)?),
         }
@@ -366,7 +391,9 @@ impl ConnRequest {
 /// the reason.
 pub(crate) fn reject_with(req: RawRequest, why: Error) -> Error {
     let mut text = format!("rdmx: {why}").into_bytes();
+    #[cfg(feature = "rdma")]
     text.truncate(rdmx_conn::MAX_REJECT_PRIVATE_DATA);
+    text.truncate(rdmx_tcp::MAX_PRIVATE_DATA);
     log::warn!("rejecting a connection from {:?}: {why}", req.peer_addr());
     if let Err(e) = req.reject(&text) {
         log::debug!("reject failed: {e}");

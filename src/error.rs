@@ -12,6 +12,7 @@ pub enum Error {
     #[error(transparent)]
     Proto(#[from] rdmx_proto::Error),
     /// An rdmacm or verbs call failed (it names the call, the errno and what it means).
+    #[cfg(feature = "rdma")]
     #[error(transparent)]
     Rdma(#[from] rdmx_conn::Error),
     /// A TCP transport operation failed.

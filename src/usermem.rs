@@ -6,14 +6,18 @@
 //! ([`RndvRegistration::Cache`]) — and split into pieces so that several RDMA READs can write
 //! disjoint ranges at once: each posted READ owns its piece until its completion returns it.
 
+#[cfg(feature = "rdma")]
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+#[cfg(feature = "rdma")]
 use rdmx_conn::{Access, ProtectionDomain, RegisteredBuf};
 
+#[cfg(feature = "rdma")]
 use crate::config::RndvRegistration;
 
 /// Pieces of one registered region, keyed by their offset in the user's buffer.
+#[cfg(feature = "rdma")]
 #[derive(Default)]
 pub(crate) struct Pieces {
     map: BTreeMap<u64, RegisteredBuf>,
@@ -22,6 +26,7 @@ pub(crate) struct Pieces {
     lost: usize,
 }
 
+#[cfg(feature = "rdma")]
 impl Pieces {
     fn whole(buf: RegisteredBuf) -> Self {
         let mut map = BTreeMap::new();
@@ -100,8 +105,10 @@ pub(crate) enum UserMem {
     /// Not registered: eager messages are copied in and out.
     Plain(Vec<u8>),
     /// Registered in place for this operation.
+    #[cfg(feature = "rdma")]
     Direct(Pieces),
     /// Staged through a region of the registration cache; `copy_back` for receives.
+    #[cfg(feature = "rdma")]
     Staged {
         vec: Vec<u8>,
         region: Pieces,
@@ -122,31 +129,43 @@ impl UserMem {
     /// Copies `data` into the buffer at `off` (eager receive). False when out of range.
     pub(crate) fn write_at(&mut self, off: u64, data: &[u8]) -> bool {
         match self {
-            UserMem::Plain(v) | UserMem::Staged { vec: v, .. } => {
-                let off = off as usize;
-                match v.get_mut(off..off + data.len()) {
-                    Some(dst) => {
-                        dst.copy_from_slice(data);
-                        true
-                    }
-                    None => false,
-                }
-            }
+            UserMem::Plain(v) => write_into(v, off, data),
+            #[cfg(feature = "rdma")]
+            UserMem::Staged { vec: v, .. } => write_into(v, off, data),
+            #[cfg(feature = "rdma")]
             UserMem::Direct(p) => p.write_at(off, data),
             UserMem::Lost | UserMem::Lent | UserMem::Exposed { .. } => false,
         }
     }
+}
 
+/// Copies `data` into `v` at `off`; false when out of range.
+fn write_into(v: &mut [u8], off: u64, data: &[u8]) -> bool {
+    let off = off as usize;
+    match v.get_mut(off..off.saturating_add(data.len())) {
+        Some(dst) => {
+            dst.copy_from_slice(data);
+            true
+        }
+        None => false,
+    }
+}
+
+impl UserMem {
     /// The first `len` bytes (eager send payload).
     pub(crate) fn head(&self, len: usize) -> Option<&[u8]> {
         match self {
-            UserMem::Plain(v) | UserMem::Staged { vec: v, .. } => v.get(..len),
+            UserMem::Plain(v) => v.get(..len),
+            #[cfg(feature = "rdma")]
+            UserMem::Staged { vec: v, .. } => v.get(..len),
+            #[cfg(feature = "rdma")]
             UserMem::Direct(p) => p.read(len),
             UserMem::Exposed { data, .. } => data.get(..len),
             UserMem::Lost | UserMem::Lent => None,
         }
     }
 
+    #[cfg(feature = "rdma")]
     /// Makes the buffer NIC-accessible with `access` (a no-op when it already is).
     /// `min_len` is how much of it the NIC needs (the message length for sends, the
     /// capacity for receives).
@@ -198,11 +217,13 @@ impl UserMem {
         }
     }
 
+    #[cfg(feature = "rdma")]
     /// The registered buffer's address and rkey, for an RTS.
     pub(crate) fn remote(&self) -> Option<rdmx_conn::RemoteBuf> {
         self.registered().and_then(|b| b.remote())
     }
 
+    #[cfg(feature = "rdma")]
     /// The registered memory (its first piece, the whole of it unless READs split it).
     pub(crate) fn registered(&self) -> Option<&RegisteredBuf> {
         match self {
@@ -211,6 +232,7 @@ impl UserMem {
         }
     }
 
+    #[cfg(feature = "rdma")]
     /// Takes the registered range `[off, off + len)` out for a READ into it.
     pub(crate) fn take_range(&mut self, off: u64, len: u64) -> Option<RegisteredBuf> {
         match self {
@@ -219,6 +241,7 @@ impl UserMem {
         }
     }
 
+    #[cfg(feature = "rdma")]
     /// Writes off a range taken by [`UserMem::take_range`] that will never come back (its
     /// connection was destroyed with the READ posted): the buffer is no longer in flight for
     /// it, and can only be dropped.
@@ -231,6 +254,7 @@ impl UserMem {
         }
     }
 
+    #[cfg(feature = "rdma")]
     /// Gives back a range taken by [`UserMem::take_range`].
     pub(crate) fn put_back(&mut self, off: u64, buf: RegisteredBuf) {
         match self {
@@ -241,6 +265,7 @@ impl UserMem {
 
     /// Ends the registration (deregisters, or returns the region to the cache), keeping the
     /// buffer as plain memory. `length` bytes are copied back from a staged receive.
+    #[cfg(feature = "rdma")]
     pub(crate) fn unregister(&mut self, cache: &mut RegCache, length: u64) {
         if let UserMem::Plain(_) = self {
             return;
@@ -282,11 +307,20 @@ impl UserMem {
                     }
                 }
             },
-            UserMem::Exposed { data, .. } => {
+            other => {
+                *self = other;
+                self.unexpose();
+            }
+        }
+    }
+
+    /// Takes a TCP-exposed send buffer back as plain memory.
+    pub(crate) fn unexpose(&mut self) {
+        if let UserMem::Exposed { .. } = self {
+            if let UserMem::Exposed { data, .. } = std::mem::replace(self, UserMem::Lost) {
                 // A READ answer still being written holds a clone: the user gets a copy.
                 *self = UserMem::Plain(Arc::try_unwrap(data).unwrap_or_else(|d| (*d).clone()));
             }
-            other => *self = other,
         }
     }
 
@@ -309,6 +343,7 @@ impl UserMem {
     /// Whether pieces are still posted.
     pub(crate) fn in_flight(&self) -> bool {
         match self {
+            #[cfg(feature = "rdma")]
             UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.in_flight > 0,
             UserMem::Lent => true,
             _ => false,
@@ -321,6 +356,7 @@ impl UserMem {
 /// Regions are allocated and registered by the worker (never user memory), with local write
 /// and remote read, and stay registered while cached. At most `limit` bytes are kept; a
 /// region given back beyond that is deregistered.
+#[cfg(feature = "rdma")]
 pub(crate) struct RegCache {
     /// Free regions by access and size class.
     classes: BTreeMap<(Access, usize), Vec<RegisteredBuf>>,
@@ -330,8 +366,10 @@ pub(crate) struct RegCache {
     pub(crate) registrations: u64,
 }
 
+#[cfg(feature = "rdma")]
 const MIN_CLASS: usize = 64 * 1024;
 
+#[cfg(feature = "rdma")]
 impl RegCache {
     pub(crate) fn new(limit: u64) -> Self {
         RegCache {

@@ -15,6 +15,7 @@ mod args;
 mod report;
 
 use std::io::IsTerminal;
+#[cfg(feature = "rdma")]
 use std::net::IpAddr;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -108,9 +109,19 @@ fn run(args: Args) -> Result<()> {
 /// of the (first, or `RDMX_DEVICE`) device with an active port, since rdmacm does not route
 /// over `lo`.
 fn loopback_host(ctx: &Context) -> Result<String> {
-    if ctx.transport() == Transport::Tcp {
+    if ctx.transport() == Transport::Tcp || cfg!(not(feature = "rdma")) {
         return Ok("127.0.0.1".into());
     }
+    rdma_loopback_host(ctx)
+}
+
+#[cfg(not(feature = "rdma"))]
+fn rdma_loopback_host(_: &Context) -> Result<String> {
+    Ok("127.0.0.1".into())
+}
+
+#[cfg(feature = "rdma")]
+fn rdma_loopback_host(ctx: &Context) -> Result<String> {
     let devices = ctx.devices().map_err(|e| e.to_string())?;
     let wanted = ctx.config().device().map(str::to_string);
     for d in devices {

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::process::ExitCode;
 
+#[cfg(feature = "rdma")]
 use rdmx::conn::Device;
 use rdmx::Context;
 
@@ -40,8 +41,53 @@ fn main() -> ExitCode {
         rdmx::IBVERBS_VERSION
     );
     let _ = writeln!(o, "\n# RDMA devices");
-    let devices = Device::list();
-    let rdma_usable = match &devices {
+    let rdma_usable = rdma_devices(&mut o);
+    let _ = writeln!(o, "\n# Transports");
+    match &rdma_usable {
+        Ok(()) => {
+            let _ = writeln!(o, "  rdma: usable");
+        }
+        Err(why) => {
+            let _ = writeln!(o, "  rdma: not usable: {why}");
+        }
+    }
+    let _ = writeln!(o, "  tcp:  usable (always)");
+    let ctx = match builder.build() {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            eprintln!("rdmx-info: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let _ = writeln!(
+        o,
+        "  selected: {} (RDMX_TRANSPORT={}; each connection takes the first that reaches its \
+         peer)",
+        ctx.transports()
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(", then "),
+        ctx.config()
+            .transports()
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let _ = writeln!(o, "\n# Configuration (value, source, meaning)");
+    for line in ctx.config().to_string().lines() {
+        let _ = writeln!(o, "  {line}");
+    }
+    // A closed pipe (`rdmx-info | head`) is not an error worth a panic.
+    let _ = std::io::stdout().write_all(o.as_bytes());
+    ExitCode::SUCCESS
+}
+
+/// Lists the RDMA devices and their ports; says whether RDMA is usable, or why not.
+#[cfg(feature = "rdma")]
+fn rdma_devices(o: &mut String) -> Result<(), String> {
+    match &Device::list() {
         Err(e) => {
             let _ = writeln!(o, "  cannot list devices: {e}");
             Err(format!("cannot list devices: {e}"))
@@ -102,45 +148,12 @@ fn main() -> ExitCode {
                 Err("no port is ACTIVE".to_string())
             }
         }
-    };
-    let _ = writeln!(o, "\n# Transports");
-    match &rdma_usable {
-        Ok(()) => {
-            let _ = writeln!(o, "  rdma: usable");
-        }
-        Err(why) => {
-            let _ = writeln!(o, "  rdma: not usable: {why}");
-        }
     }
-    let _ = writeln!(o, "  tcp:  usable (always)");
-    let ctx = match builder.build() {
-        Ok(ctx) => ctx,
-        Err(e) => {
-            eprintln!("rdmx-info: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let _ = writeln!(
-        o,
-        "  selected: {} (RDMX_TRANSPORT={}; each connection takes the first that reaches its \
-         peer)",
-        ctx.transports()
-            .iter()
-            .map(|t| t.to_string())
-            .collect::<Vec<_>>()
-            .join(", then "),
-        ctx.config()
-            .transports()
-            .iter()
-            .map(|t| t.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    );
-    let _ = writeln!(o, "\n# Configuration (value, source, meaning)");
-    for line in ctx.config().to_string().lines() {
-        let _ = writeln!(o, "  {line}");
-    }
-    // A closed pipe (`rdmx-info | head`) is not an error worth a panic.
-    let _ = std::io::stdout().write_all(o.as_bytes());
-    ExitCode::SUCCESS
+}
+
+#[cfg(not(feature = "rdma"))]
+fn rdma_devices(o: &mut String) -> Result<(), String> {
+    let why = "this build of rdmx has no RDMA support (built without the `rdma` feature)";
+    let _ = writeln!(o, "  none: {why}");
+    Err(why.to_string())
 }

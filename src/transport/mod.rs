@@ -13,9 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use rdmx_proto::ConnId;
 
+#[cfg(feature = "rdma")]
 pub(crate) mod rdma;
 pub(crate) mod tcp;
 
+#[cfg(feature = "rdma")]
 use rdma::RdmaLink;
 
 /// A transport, as `RDMX_TRANSPORT` names it. A context may use several, in order of
@@ -118,6 +120,7 @@ impl Transport {
 // One per connection, inside its `Arc<Conn>`: the variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Link {
+    #[cfg(feature = "rdma")]
     Rdma(RdmaLink),
     Tcp(rdmx_tcp::Link),
 }
@@ -126,6 +129,7 @@ impl Link {
     /// The private data the peer sent with its accept or connect.
     pub(crate) fn peer_private_data(&self) -> &[u8] {
         match self {
+            #[cfg(feature = "rdma")]
             Link::Rdma(l) => l.conn.peer_private_data(),
             Link::Tcp(l) => l.peer_private_data(),
         }
@@ -154,6 +158,7 @@ pub(crate) struct Conn {
 impl Conn {
     pub(crate) fn new(id: ConnId, link: Link) -> Self {
         let (peer, local) = match &link {
+            #[cfg(feature = "rdma")]
             Link::Rdma(l) => (l.conn.peer_addr(), l.conn.local_addr()),
             Link::Tcp(l) => (l.peer_addr(), l.local_addr()),
         };
@@ -173,6 +178,7 @@ impl Conn {
     /// The transport the connection runs on.
     pub(crate) fn transport(&self) -> Transport {
         match &self.link {
+            #[cfg(feature = "rdma")]
             Link::Rdma(_) => Transport::Rdma,
             Link::Tcp(_) => Transport::Tcp,
         }
@@ -186,6 +192,7 @@ impl Conn {
     /// look at (RDMA: failed posts; TCP: the socket broke).
     pub(crate) fn flush(&self) -> bool {
         match &self.link {
+            #[cfg(feature = "rdma")]
             Link::Rdma(l) => l.flush(self.is_closing()),
             Link::Tcp(l) => match l.flush() {
                 Ok(all_written) => {
@@ -213,6 +220,7 @@ impl Conn {
     /// Whether nothing is posted or waiting to be written.
     pub(crate) fn idle(&self) -> bool {
         match &self.link {
+            #[cfg(feature = "rdma")]
             Link::Rdma(l) => l.idle(),
             Link::Tcp(l) => !l.wants_write(),
         }
@@ -221,13 +229,16 @@ impl Conn {
     /// The fd that becomes readable when the connection has news (rdmacm events, or data).
     pub(crate) fn event_fd(&self) -> BorrowedFd<'_> {
         match &self.link {
+            #[cfg(feature = "rdma")]
             Link::Rdma(l) => l.conn.event_fd(),
             Link::Tcp(l) => l.fd(),
         }
     }
 
+    #[cfg(feature = "rdma")]
     pub(crate) fn rdma(&self) -> Option<&RdmaLink> {
         match &self.link {
+            #[cfg(feature = "rdma")]
             Link::Rdma(l) => Some(l),
             Link::Tcp(_) => None,
         }
@@ -236,6 +247,7 @@ impl Conn {
     pub(crate) fn tcp(&self) -> Option<&rdmx_tcp::Link> {
         match &self.link {
             Link::Tcp(l) => Some(l),
+            #[cfg(feature = "rdma")]
             Link::Rdma(_) => None,
         }
     }

@@ -9,6 +9,7 @@ impl Protocol {
             out.news = true;
             // RDMA disconnects after what is queued is posted; TCP shuts the socket down
             // once everything is written (Conn::flush).
+            #[cfg(feature = "rdma")]
             if let Some(link) = cs.rdma() {
                 link.push(Outgoing::Disconnect);
             }
@@ -34,6 +35,7 @@ impl Protocol {
                 }
                 self.reclaim_lent(&cs);
                 self.conns.remove(&id);
+                #[cfg(feature = "rdma")]
                 self.qp_map.retain(|_, c| *c != id);
                 self.reads_lost_with(id, out);
                 out.reaped.push(cs);
@@ -42,6 +44,17 @@ impl Protocol {
             }
         }
         self.closing = keep;
+        #[cfg(feature = "rdma")]
+        self.drop_stale_parked(now, out);
+        // A destroyed QP dropped the binds still posted on it.
+        self.release_held(out);
+    }
+
+    /// Reposts frames parked too long (from a QP never known), and failed reposts.
+    #[cfg(feature = "rdma")]
+    fn drop_stale_parked(&mut self, now: u64, out: &mut AfterUnlock) {
+        let after =
+            |since: u64, limit: Duration| now.saturating_sub(since) > limit.as_nanos() as u64;
         let (old, fresh): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.parked)
             .into_iter()
             .partition(|p| after(p.since, PARK_TIMEOUT));
@@ -51,7 +64,5 @@ impl Protocol {
             out.reposts.push((p.buf, p.id));
         }
         out.reposts.extend(self.spare_recv.drain(..));
-        // A destroyed QP dropped the binds still posted on it.
-        self.release_held(out);
     }
 }

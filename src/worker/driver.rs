@@ -20,7 +20,16 @@ impl Driver {
         ConnId(self.next_conn.fetch_add(1, Ordering::Relaxed))
     }
 
+    /// The worker's RDMA resources, once made (never in a TCP-only build).
+    pub(super) fn rdma_res(&self) -> Option<&Rdma> {
+        #[cfg(feature = "rdma")]
+        return self.rdma.get();
+        #[cfg(not(feature = "rdma"))]
+        None
+    }
+
     /// The worker's resources, created on `device` if there are none yet.
+    #[cfg(feature = "rdma")]
     pub(crate) fn rdma_on(&self, device: &Device) -> Result<&Rdma> {
         if let Some(r) = self.rdma.get() {
             return self.same_device(r, device);
@@ -42,6 +51,7 @@ impl Driver {
         Ok(self.rdma.get().expect("just set"))
     }
 
+    #[cfg(feature = "rdma")]
     pub(super) fn same_device<'a>(&self, r: &'a Rdma, device: &Device) -> Result<&'a Rdma> {
         if &r.device == device {
             Ok(r)
@@ -69,6 +79,21 @@ impl Driver {
         self.conn_list.write().insert(id.0, cs.clone());
         self.with_protocol(|st| {
             st.conns.insert(id, cs.clone());
+            #[cfg(feature = "rdma")]
+            st.adopt_parked(&cs);
+        });
+        log::debug!("{id:?} up with {:?}", cs.peer);
+        cs
+    }
+}
+
+impl Protocol {
+    /// Frames that arrived on `cs`'s QP before it was known are delivered now.
+    #[cfg(feature = "rdma")]
+    fn adopt_parked(&mut self, cs: &Conn) {
+        let st = self;
+        let id = cs.id;
+        {
             let Some(qp) = cs.rdma().map(|l| l.conn.qp_num()) else {
                 return;
             };
@@ -83,11 +108,11 @@ impl Driver {
             for p in parked {
                 st.deliver(id, p.id, p.buf, p.len);
             }
-        });
-        log::debug!("{id:?} up with {:?}", cs.peer);
-        cs
+        }
     }
+}
 
+impl Driver {
     pub(crate) fn engine_up(&self, id: ConnId, peer: &Handshake, over: Transport) -> Result<()> {
         let limits = self.cfg.limits(over);
         Ok(self
@@ -193,15 +218,19 @@ impl Driver {
     }
 
     pub(super) fn run(&self, st: &mut Protocol, out: &mut AfterUnlock) {
-        st.run_actions(self.rdma.get(), self.rndv, out);
+        st.run_actions(self.rdma_res(), self.rndv, out);
         let arrivals = st.engine.unexpected_arrivals();
         if arrivals != st.arrivals_seen {
             // Threads waiting to probe (recv_vec) wait for exactly this.
             st.arrivals_seen = arrivals;
             out.news = true;
         }
+        #[cfg(feature = "rdma")]
+        let parked = !st.parked.is_empty();
+        #[cfg(not(feature = "rdma"))]
+        let parked = false;
         self.housekeeping_pending.store(
-            !st.closing.is_empty() || !st.parked.is_empty() || !st.held.is_empty(),
+            !st.closing.is_empty() || parked || !st.held.is_empty(),
             Ordering::Release,
         );
         self.next_timer.store(
@@ -246,6 +275,7 @@ impl Driver {
         for cs in &out.flush {
             self.flush_conn(cs);
         }
+        #[cfg(feature = "rdma")]
         if !out.reposts.is_empty() {
             if let Some(rdma) = self.rdma.get() {
                 let mut failed = Vec::new();

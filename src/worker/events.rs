@@ -4,12 +4,14 @@
 use super::*;
 
 impl Protocol {
+    #[cfg(feature = "rdma")]
     pub(super) fn deliver(&mut self, conn: ConnId, id: u64, buf: RegisteredBuf, len: usize) {
         let bytes = &buf[..len.min(buf.len())];
         self.engine.handle_frame(conn, RecvBufId(id), bytes);
         self.recv_held.insert(id, RecvBuf::Rdma(buf));
     }
 
+    #[cfg(feature = "rdma")]
     pub(super) fn on_completion(&mut self, wc: rdmx_conn::Completion, out: &mut AfterUnlock) {
         let ok = wc.status.is_success();
         match (wc.kind, wc.cookie & COOKIE_KIND) {
@@ -105,7 +107,7 @@ impl Protocol {
     pub(super) fn read_done(
         &mut self,
         key: u64,
-        buf: Option<RegisteredBuf>,
+        buf: Option<ReadPiece>,
         ok: bool,
         posted: bool,
         out: &mut AfterUnlock,
@@ -115,6 +117,7 @@ impl Protocol {
         };
         if let Some(cs) = self.conns.get(&r.conn).cloned() {
             match &cs.link {
+                #[cfg(feature = "rdma")]
                 Link::Rdma(link) if posted => link.completed(),
                 Link::Tcp(link) => {
                     // The link hands the destination back once no READ into it is left.
@@ -124,12 +127,16 @@ impl Protocol {
                         *mem = UserMem::Plain(vec);
                     }
                 }
+                #[cfg(feature = "rdma")]
                 Link::Rdma(_) => {}
             }
             out.flush(&cs);
         }
         if let (Some(buf), Some(mem)) = (buf, self.user_bufs.get_mut(&r.buf)) {
+            #[cfg(feature = "rdma")]
             mem.put_back(r.off, buf);
+            #[cfg(not(feature = "rdma"))]
+            match (buf, mem) {}
         }
         if self.orphans.contains(&r.buf) {
             if self.user_bufs.get(&r.buf).map_or(true, |m| !m.in_flight()) {
@@ -157,13 +164,17 @@ impl Protocol {
         }
         for key in lost {
             let buf = self.reads[&key].buf;
+            #[cfg(feature = "rdma")]
             if let Some(mem) = self.user_bufs.get_mut(&buf) {
                 mem.lose_piece();
             }
+            #[cfg(not(feature = "rdma"))]
+            let _ = buf;
             self.read_done(key, None, false, true, out);
         }
     }
 
+    #[cfg(feature = "rdma")]
     pub(super) fn on_post_failure(
         &mut self,
         cs: &Arc<Conn>,
@@ -188,6 +199,7 @@ impl Protocol {
         }
     }
 
+    #[cfg(feature = "rdma")]
     pub(super) fn on_cm_event(&mut self, id: ConnId, ev: CmEvent, out: &mut AfterUnlock) {
         match ev.kind {
             CmEventKind::DISCONNECTED | CmEventKind::DEVICE_REMOVAL => {

@@ -61,7 +61,10 @@ impl Protocol {
                                 None => Err("the send buffer is gone".to_string()),
                             }
                         }
+                        #[cfg(feature = "rdma")]
                         (Some(r), Some(cs)) => self.expose_rdma(r, mode, &cs, buf, len, out),
+                        #[cfg(not(feature = "rdma"))]
+                        (Some(r), Some(_)) => match *r {},
                         (None, Some(_)) => Err("no RDMA resources".to_string()),
                     };
                     match exposed {
@@ -123,6 +126,7 @@ impl Protocol {
                     }
                 }
                 Action::RepostRecv { buf } => match self.recv_held.remove(&buf.0) {
+                    #[cfg(feature = "rdma")]
                     Some(RecvBuf::Rdma(b)) => out.reposts.push((b, buf.0)),
                     Some(RecvBuf::Tcp(bytes, conn)) => {
                         if let Some(link) = self.conns.get(&conn).and_then(|c| c.tcp()) {
@@ -157,11 +161,14 @@ impl Protocol {
         // the driver or the engine, so put it back rather than lose SRQ depth.
         if !self.recv_held.is_empty() {
             log::error!("{} receive buffers were not reposted", self.recv_held.len());
+            #[cfg(feature = "rdma")]
             out.reposts
                 .extend(self.recv_held.drain().filter_map(|(id, b)| match b {
                     RecvBuf::Rdma(b) => Some((b, id)),
                     RecvBuf::Tcp(..) => None,
                 }));
+            #[cfg(not(feature = "rdma"))]
+            self.recv_held.clear();
         }
     }
 
@@ -197,37 +204,43 @@ impl Protocol {
                 out.flush(&cs);
                 return;
             }
+            #[cfg(feature = "rdma")]
             Link::Rdma(link) => link,
         };
-        let total = frame.len() + data.len();
-        let item = if total <= link.max_inline().min(INLINE_MAX) {
-            let mut bytes = [0u8; INLINE_MAX];
-            bytes[..frame.len()].copy_from_slice(frame);
-            bytes[frame.len()..total].copy_from_slice(data);
-            Outgoing::Inline {
-                bytes,
-                len: total as u16,
-            }
-        } else {
-            let Some(rdma) = rdma else { return };
-            if total > self.send_pool.buf_len() {
-                log::error!("a {total}-byte frame exceeds the send buffers");
-                return;
-            }
-            let mut buf = match self.send_pool.take(&rdma.pd) {
-                Ok(b) => b,
-                Err(e) => {
-                    log::error!("no send buffer: {e}");
-                    self.engine.handle_send_complete(conn, false);
+        #[cfg(not(feature = "rdma"))]
+        let _ = (link, rdma);
+        #[cfg(feature = "rdma")]
+        {
+            let total = frame.len() + data.len();
+            let item = if total <= link.max_inline().min(INLINE_MAX) {
+                let mut bytes = [0u8; INLINE_MAX];
+                bytes[..frame.len()].copy_from_slice(frame);
+                bytes[frame.len()..total].copy_from_slice(data);
+                Outgoing::Inline {
+                    bytes,
+                    len: total as u16,
+                }
+            } else {
+                let Some(rdma) = rdma else { return };
+                if total > self.send_pool.buf_len() {
+                    log::error!("a {total}-byte frame exceeds the send buffers");
                     return;
                 }
+                let mut buf = match self.send_pool.take(&rdma.pd) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        log::error!("no send buffer: {e}");
+                        self.engine.handle_send_complete(conn, false);
+                        return;
+                    }
+                };
+                buf[..frame.len()].copy_from_slice(frame);
+                buf[frame.len()..total].copy_from_slice(data);
+                Outgoing::Frame { buf, len: total }
             };
-            buf[..frame.len()].copy_from_slice(frame);
-            buf[frame.len()..total].copy_from_slice(data);
-            Outgoing::Frame { buf, len: total }
-        };
-        link.push(item);
-        out.flush(&cs);
+            link.push(item);
+            out.flush(&cs);
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -266,7 +279,7 @@ impl Protocol {
             }
             link.queue_read_request(key, remote.addr, remote.rkey, len);
         }
-        self.next_read = (self.next_read + 1) & !COOKIE_KIND;
+        self.next_read = (self.next_read + 1) & !READ_KEY_KIND;
         self.reads.insert(
             key,
             ReadCtx {
@@ -281,33 +294,44 @@ impl Protocol {
                 out.flush(&cs);
                 return Ok(());
             }
+            #[cfg(feature = "rdma")]
             Link::Rdma(link) => link,
         };
-        let rdma = rdma.ok_or("no RDMA resources")?;
-        let mem = self
-            .user_bufs
-            .get_mut(&dst)
-            .ok_or("the receive buffer is gone")?;
-        if let Err(e) = mem.register(mode, &rdma.pd, &mut self.rcache, Access::LOCAL_WRITE, true) {
-            self.reads.remove(&key);
-            return Err(e);
+        #[cfg(not(feature = "rdma"))]
+        {
+            let _ = (link, rdma, mode);
+            Ok(())
         }
-        let Some(target) = mem.take_range(dst_offset, len) else {
-            self.reads.remove(&key);
-            return Err("the READ falls outside the receive buffer".into());
-        };
-        link.push(Outgoing::Read {
-            target,
-            len: len as usize,
-            remote: rdmx_conn::RemoteBuf {
-                addr: remote.addr,
-                len: len as u32,
-                rkey: remote.rkey,
-            },
-            cookie: COOKIE_READ | key,
-        });
-        out.flush(&cs);
-        Ok(())
+        #[cfg(feature = "rdma")]
+        {
+            let rdma = rdma.ok_or("no RDMA resources")?;
+            let mem = self
+                .user_bufs
+                .get_mut(&dst)
+                .ok_or("the receive buffer is gone")?;
+            if let Err(e) =
+                mem.register(mode, &rdma.pd, &mut self.rcache, Access::LOCAL_WRITE, true)
+            {
+                self.reads.remove(&key);
+                return Err(e);
+            }
+            let Some(target) = mem.take_range(dst_offset, len) else {
+                self.reads.remove(&key);
+                return Err("the READ falls outside the receive buffer".into());
+            };
+            link.push(Outgoing::Read {
+                target,
+                len: len as usize,
+                remote: rdmx_conn::RemoteBuf {
+                    addr: remote.addr,
+                    len: len as u32,
+                    rkey: remote.rkey,
+                },
+                cookie: COOKIE_READ | key,
+            });
+            out.flush(&cs);
+            Ok(())
+        }
     }
 
     /// Ends a buffer's exposure or registration (copying `copy_back` bytes back from a
@@ -318,6 +342,7 @@ impl Protocol {
     /// the window cannot be invalidated yet (its bind is still posted): then nothing is
     /// released, and the caller must try again once completions were polled.
     pub(super) fn release(&mut self, buf: UserBufId, copy_back: u64) -> bool {
+        #[cfg(feature = "rdma")]
         if !self.windows.invalidate(buf) {
             return false;
         }
@@ -327,7 +352,13 @@ impl Protocol {
         if let Some(key) = mem.exposure_key() {
             self.exposed.withdraw(key);
         }
+        #[cfg(feature = "rdma")]
         mem.unregister(&mut self.rcache, copy_back);
+        #[cfg(not(feature = "rdma"))]
+        {
+            let _ = copy_back;
+            mem.unexpose();
+        }
         true
     }
 
@@ -347,6 +378,7 @@ impl Protocol {
     }
 
     /// RDMA: exposes a send buffer to the peer of `cs` (see [`Windows::expose`]).
+    #[cfg(feature = "rdma")]
     pub(super) fn expose_rdma(
         &mut self,
         rdma: &Rdma,

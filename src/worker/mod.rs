@@ -25,10 +25,13 @@ pub(crate) use sleepers::WaitFor;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+#[cfg(feature = "rdma")]
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
+#[cfg(feature = "rdma")]
 use rdmx_conn::{
     Access, AddrInfo, CmEvent, CmEventKind, Device, RegisteredBuf, Side, WcStatus, WorkKind,
 };
@@ -44,22 +47,42 @@ use crate::ep::{Ep, Listener};
 use crate::error::{rejected, Error, Result};
 use crate::readiness::{Interest, Ready, Registry, Waker};
 use crate::request::{Describe, Outcome, Request};
+#[cfg(feature = "rdma")]
 use crate::transport::rdma::{
     Outgoing, Rdma, RdmaLink, SendPool, Windows, COOKIE_KIND, COOKIE_READ, COOKIE_SEND, INLINE_MAX,
 };
 use crate::transport::tcp::{Answer, Exposures};
+/// A TCP-only build has no RDMA resources: this names their absence.
+#[cfg(not(feature = "rdma"))]
+enum Rdma {}
+/// The piece of a receive buffer a finished RDMA READ hands back (none without RDMA).
+#[cfg(feature = "rdma")]
+type ReadPiece = RegisteredBuf;
+#[cfg(not(feature = "rdma"))]
+enum ReadPiece {}
 use crate::transport::{Conn, Link, Transport};
-use crate::usermem::{RegCache, UserMem};
+#[cfg(feature = "rdma")]
+use crate::usermem::RegCache;
+use crate::usermem::UserMem;
+
+/// The top bits of a READ's key are left free for the completion cookie's kind.
+#[cfg(feature = "rdma")]
+const READ_KEY_KIND: u64 = COOKIE_KIND;
+#[cfg(not(feature = "rdma"))]
+const READ_KEY_KIND: u64 = 3 << 62;
 
 const TOKEN_WAKER: u64 = 0;
+#[cfg(feature = "rdma")]
 const TOKEN_CQ: u64 = 1;
 /// A connection's channel fd is registered as `TOKEN_CONN + its ConnId`.
 const TOKEN_CONN: u64 = 1 << 32;
-/// How often a progressing worker checks its connections' rdmacm events.
+/// How often a progressing worker checks its connections' rdmacm events (and looks after
+/// closing connections).
 const CM_CHECK_INTERVAL: Duration = Duration::from_millis(5);
 /// How long a closing connection may take to drain before it is destroyed anyway.
 const REAP_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a frame from a QP not (yet) known is kept before its buffer is reposted.
+#[cfg(feature = "rdma")]
 const PARK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A worker: the progress engine of rdmx, like UCP's worker.
@@ -142,6 +165,7 @@ pub(crate) struct Driver {
     /// Open TCP links (progress reads sockets only when there are some).
     tcp_links: AtomicUsize,
     state: Mutex<Protocol>,
+    #[cfg(feature = "rdma")]
     rdma: OnceLock<Rdma>,
     init: Mutex<()>,
     /// The connections by id, readable without the protocol lock (readiness names them).
@@ -166,6 +190,7 @@ pub(crate) struct Driver {
 /// What a progress call reuses, so that it allocates nothing when there is nothing new.
 #[derive(Default)]
 struct Scratch {
+    #[cfg(feature = "rdma")]
     wcs: Vec<rdmx_conn::Completion>,
     ready: Vec<Ready>,
     /// What TCP links reported, in order.
@@ -190,6 +215,7 @@ struct ReadCtx {
 /// A received frame's buffer, held while the engine's actions use it.
 enum RecvBuf {
     /// An SRQ buffer, reposted afterwards.
+    #[cfg(feature = "rdma")]
     Rdma(RegisteredBuf),
     /// A frame read from a TCP link, handed back to it afterwards for reuse.
     Tcp(Vec<u8>, ConnId),
@@ -199,6 +225,7 @@ impl std::ops::Deref for RecvBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
+            #[cfg(feature = "rdma")]
             RecvBuf::Rdma(b) => b,
             RecvBuf::Tcp(v, _) => v,
         }
@@ -208,6 +235,7 @@ impl std::ops::Deref for RecvBuf {
 /// TCP frames get receive-buffer ids from here up (SRQ buffers use their index).
 const TCP_FRAME_IDS: u64 = 1 << 48;
 
+#[cfg(feature = "rdma")]
 struct Parked {
     qp: u32,
     id: u64,
@@ -229,6 +257,7 @@ struct Protocol {
     next_tcp_frame: u64,
     /// TCP: the send buffers exposed to READ requests.
     exposed: Exposures,
+    #[cfg(feature = "rdma")]
     /// RDMA: the memory window through which each exposed send buffer is read.
     windows: Windows,
     /// Buffers whose window could not be invalidated yet (a bind of it is still posted),
@@ -237,15 +266,20 @@ struct Protocol {
     held: Vec<(UserBufId, Option<(Tracked, rdmx_proto::Completion)>)>,
     /// The engine's unexpected arrivals as of the last wake-up.
     arrivals_seen: u64,
+    #[cfg(feature = "rdma")]
     parked: Vec<Parked>,
     conns: HashMap<ConnId, Arc<Conn>>,
+    #[cfg(feature = "rdma")]
     qp_map: HashMap<u32, ConnId>,
     reads: HashMap<u64, ReadCtx>,
     next_read: u64,
+    #[cfg(feature = "rdma")]
     send_pool: SendPool,
+    #[cfg(feature = "rdma")]
     rcache: RegCache,
     /// Closing connections and when they started closing (coarse clock, ns).
     closing: Vec<(ConnId, u64)>,
+    #[cfg(feature = "rdma")]
     spare_recv: Vec<(RegisteredBuf, u64)>,
 }
 
@@ -254,6 +288,7 @@ struct Protocol {
 struct AfterUnlock {
     /// Connections with output to post or write.
     flush: SmallVec<[Arc<Conn>; 2]>,
+    #[cfg(feature = "rdma")]
     reposts: SmallVec<[(RegisteredBuf, u64); 2]>,
     reaped: Vec<Arc<Conn>>,
     /// News a blocked thread may be waiting for (a message arrived unexpected, a send's
@@ -297,23 +332,31 @@ impl Worker {
                 recv_held: HashMap::default(),
                 next_tcp_frame: TCP_FRAME_IDS,
                 exposed: Exposures::new(),
+                #[cfg(feature = "rdma")]
                 windows: Windows::default(),
                 held: Vec::new(),
                 arrivals_seen: 0,
+                #[cfg(feature = "rdma")]
                 parked: Vec::new(),
                 conns: HashMap::default(),
+                #[cfg(feature = "rdma")]
                 qp_map: HashMap::default(),
                 reads: HashMap::default(),
                 next_read: 0,
+                #[cfg(feature = "rdma")]
                 send_pool: SendPool::new(frame_len, cfg.send_bufs() as usize),
+                #[cfg(feature = "rdma")]
                 rcache: RegCache::new(cfg.rcache_bytes()),
                 closing: Vec::new(),
+                #[cfg(feature = "rdma")]
                 spare_recv: Vec::new(),
             }),
+            #[cfg(feature = "rdma")]
             rdma: OnceLock::new(),
             init: Mutex::new(()),
             conn_list: RwLock::new(HashMap::default()),
             progress_lock: Mutex::new(Scratch {
+                #[cfg(feature = "rdma")]
                 wcs: Vec::with_capacity(64),
                 ready: Vec::with_capacity(64),
                 tcp_events: Vec::new(),
@@ -333,6 +376,7 @@ impl Worker {
             cfg,
             _ctx: ctx.clone(),
         });
+        #[cfg(feature = "rdma")]
         if let (true, Some(name)) = (
             driver.transports.contains(&Transport::Rdma),
             driver.cfg.device(),
@@ -549,14 +593,25 @@ impl Worker {
     pub fn stats(&self) -> WorkerStats {
         let sh = &self.driver;
         let st = sh.state.lock();
+        #[cfg(feature = "rdma")]
+        let (device, recv_buffer_bytes, send_buffer_bytes, rcache_bytes, rcache_registrations) = (
+            sh.rdma.get().map(|r| r.device.name()),
+            sh.rdma.get().map_or(0, |r| r.recv_bytes),
+            st.send_pool.bytes,
+            st.rcache.cached_bytes(),
+            st.rcache.registrations,
+        );
+        #[cfg(not(feature = "rdma"))]
+        let (device, recv_buffer_bytes, send_buffer_bytes, rcache_bytes, rcache_registrations) =
+            (None, 0, 0, 0, 0);
         WorkerStats {
-            device: sh.rdma.get().map(|r| r.device.name()),
+            device,
             eps: st.conns.len(),
             srq_depth: sh.cfg.srq_depth(),
-            recv_buffer_bytes: sh.rdma.get().map_or(0, |r| r.recv_bytes),
-            send_buffer_bytes: st.send_pool.bytes,
-            rcache_bytes: st.rcache.cached_bytes(),
-            rcache_registrations: st.rcache.registrations,
+            recv_buffer_bytes,
+            send_buffer_bytes,
+            rcache_bytes,
+            rcache_registrations,
             pending_requests: st.engine.pending_requests(),
             unexpected_messages: st.engine.unexpected_len(),
             user_buffers: st.user_bufs.len(),

@@ -19,19 +19,24 @@ impl Driver {
             return 0;
         };
         let Scratch {
+            #[cfg(feature = "rdma")]
             wcs,
             ready,
             tcp_events,
             events,
         } = &mut *scratch;
-        let rdma = self.rdma.get();
-        wcs.clear();
-        if let Some(r) = rdma {
-            if let Err(e) = r.cq.poll(wcs, 64) {
-                log::error!("{e}");
+        let rdma = self.rdma_res();
+        #[cfg(feature = "rdma")]
+        {
+            wcs.clear();
+            if let Some(r) = rdma {
+                if let Err(e) = r.cq.poll(wcs, 64) {
+                    log::error!("{e}");
+                }
             }
         }
         let now = self.now_ns();
+        #[cfg(feature = "rdma")]
         let mut cm_events: Vec<(ConnId, CmEvent)> = Vec::new();
         let housekeeping = self.cm_check_due(now);
         let tcp = self.tcp_links.load(Ordering::Acquire) > 0;
@@ -47,6 +52,7 @@ impl Driver {
                     continue;
                 };
                 match &cs.link {
+                    #[cfg(feature = "rdma")]
                     Link::Rdma(link) if housekeeping && r.readable => loop {
                         match link.conn.next_event(Some(Duration::ZERO)) {
                             Ok(Some(ev)) => cm_events.push((cs.id, ev)),
@@ -57,6 +63,7 @@ impl Driver {
                             }
                         }
                     },
+                    #[cfg(feature = "rdma")]
                     Link::Rdma(_) => {}
                     Link::Tcp(link) => {
                         if r.writable {
@@ -78,28 +85,30 @@ impl Driver {
         }
         let timer_due = now >= self.next_timer.load(Ordering::Acquire);
         let failures = self.failures_pending.swap(false, Ordering::AcqRel);
-        if wcs.is_empty()
-            && cm_events.is_empty()
-            && tcp_events.is_empty()
-            && !timer_due
-            && !failures
-            && !housekeeping
-        {
+        #[cfg(feature = "rdma")]
+        let rdma_work = wcs.len() + cm_events.len();
+        #[cfg(not(feature = "rdma"))]
+        let rdma_work = 0;
+        if rdma_work == 0 && tcp_events.is_empty() && !timer_due && !failures && !housekeeping {
             return 0;
         }
-        let work = wcs.len() + cm_events.len() + tcp_events.len();
+        let work = rdma_work + tcp_events.len();
         let mut out = AfterUnlock::default();
         {
             let mut st = self.state.lock();
-            for wc in wcs.drain(..) {
-                st.on_completion(wc, &mut out);
-            }
-            for (id, ev) in cm_events {
-                st.on_cm_event(id, ev, &mut out);
+            #[cfg(feature = "rdma")]
+            {
+                for wc in wcs.drain(..) {
+                    st.on_completion(wc, &mut out);
+                }
+                for (id, ev) in cm_events {
+                    st.on_cm_event(id, ev, &mut out);
+                }
             }
             for (cs, ev) in tcp_events.drain(..) {
                 st.on_tcp_event(&cs, ev, &mut out);
             }
+            #[cfg(feature = "rdma")]
             if failures {
                 let list: Vec<Arc<Conn>> = st.conns.values().cloned().collect();
                 for cs in list {
@@ -129,6 +138,7 @@ impl Driver {
         if n > 0 {
             return Ok(n);
         }
+        #[cfg(feature = "rdma")]
         if let Some(r) = self.rdma.get() {
             r.cq.request_notify()?;
         }
@@ -157,6 +167,7 @@ impl Driver {
         for r in ready {
             match r.token {
                 TOKEN_WAKER => self.waker.drain(),
+                #[cfg(feature = "rdma")]
                 TOKEN_CQ => {
                     if let Some(r) = self.rdma.get() {
                         r.cq.take_events()?;

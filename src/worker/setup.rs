@@ -20,20 +20,26 @@ impl Worker {
             }
             tcp = Some(l);
         }
-        let rdma = match sh.transports.contains(&Transport::Rdma) {
-            false => None,
-            true => match self.listen_rdma(&addr) {
-                Ok(l) => Some(l),
-                Err(e) if tcp.is_some() => {
-                    log::info!("listening at {addr} over TCP only: {e}");
-                    None
-                }
-                Err(e) => return Err(e),
-            },
-        };
-        Listener::new(self.clone(), rdma, tcp)
+        #[cfg(feature = "rdma")]
+        {
+            let rdma = match sh.transports.contains(&Transport::Rdma) {
+                false => None,
+                true => match self.listen_rdma(&addr) {
+                    Ok(l) => Some(l),
+                    Err(e) if tcp.is_some() => {
+                        log::info!("listening at {addr} over TCP only: {e}");
+                        None
+                    }
+                    Err(e) => return Err(e),
+                },
+            };
+            Listener::new(self.clone(), rdma, tcp)
+        }
+        #[cfg(not(feature = "rdma"))]
+        Listener::new(self.clone(), tcp)
     }
 
+    #[cfg(feature = "rdma")]
     pub(super) fn listen_rdma(&self, addr: &str) -> Result<rdmx_conn::Listener> {
         let info = AddrInfo::resolve(addr, Side::Passive)?;
         let listener = rdmx_conn::Listener::bind(&info, 128)?;
@@ -86,16 +92,7 @@ impl Worker {
                     .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
                 Link::Tcp(link)
             }
-            Transport::Rdma | Transport::Auto => {
-                let dst = AddrInfo::resolve(addr, Side::Active)?;
-                let rdma = match sh.rdma.get() {
-                    Some(r) => r,
-                    None => sh.rdma_on(&Device::for_route(&dst)?)?,
-                };
-                let conn = rdmx_conn::connect(&dst, &rdma.qp_config, &handshake, timeout)
-                    .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
-                Link::Rdma(RdmaLink::new(id, conn, rdma.qp_config.send_depth))
-            }
+            Transport::Rdma | Transport::Auto => sh.rdma_connect(id, addr, &handshake, timeout)?,
         };
         sh.admit(
             id,
@@ -111,6 +108,7 @@ impl Worker {
     /// link is made with this side's handshake.
     pub(crate) fn accept_request(&self, req: RawRequest) -> Result<Ep> {
         let sh = &self.driver;
+        #[cfg(feature = "rdma")]
         let rdma = match &req {
             RawRequest::Rdma(r) => match r.device() {
                 Some(device) => sh.rdma_on(&device).map(Some),
@@ -120,6 +118,7 @@ impl Worker {
             },
             RawRequest::Tcp(_) => Ok(None),
         };
+        #[cfg(feature = "rdma")]
         let rdma = match rdma {
             Ok(r) => r,
             Err(e) => return Err(reject_with(req, e)),
@@ -131,6 +130,7 @@ impl Worker {
             return Err(reject_with(req, e));
         }
         let ours = sh.local_handshake(transport);
+        #[cfg(feature = "rdma")]
         let link = match (req, rdma) {
             (RawRequest::Rdma(r), Some(rdma)) => r
                 .accept(&rdma.qp_config, &ours, sh.cfg.connect_timeout())
@@ -138,6 +138,10 @@ impl Worker {
                 .map_err(Error::from),
             (RawRequest::Tcp(r), _) => r.accept(&ours).map(Link::Tcp).map_err(Error::from),
             (RawRequest::Rdma(_), None) => Err(Error::Invalid("no RDMA resources".into())),
+        };
+        #[cfg(not(feature = "rdma"))]
+        let link = match req {
+            RawRequest::Tcp(r) => r.accept(&ours).map(Link::Tcp).map_err(Error::from),
         };
         match link {
             Ok(link) => Ok(Ep::new(self.clone(), sh.add_conn(id, link))),
@@ -150,6 +154,36 @@ impl Worker {
 }
 
 impl Driver {
+    /// Connects over RDMA (the worker's device resources made on the first connection).
+    #[cfg(feature = "rdma")]
+    fn rdma_connect(
+        &self,
+        id: ConnId,
+        addr: &str,
+        handshake: &[u8],
+        timeout: Duration,
+    ) -> Result<Link> {
+        let dst = AddrInfo::resolve(addr, Side::Active)?;
+        let rdma = match self.rdma.get() {
+            Some(r) => r,
+            None => self.rdma_on(&Device::for_route(&dst)?)?,
+        };
+        let conn = rdmx_conn::connect(&dst, &rdma.qp_config, handshake, timeout)
+            .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
+        Ok(Link::Rdma(RdmaLink::new(
+            id,
+            conn,
+            rdma.qp_config.send_depth,
+        )))
+    }
+
+    #[cfg(not(feature = "rdma"))]
+    fn rdma_connect(&self, _: ConnId, addr: &str, _: &[u8], _: Duration) -> Result<Link> {
+        Err(Error::Invalid(format!(
+            "cannot connect to {addr} over RDMA: this build of rdmx has no RDMA support"
+        )))
+    }
+
     /// The engine takes a connection over `transport` whose peer sent the handshake `peer`
     /// (as `who` describes it, for errors), with that transport's limits.
     fn admit(&self, id: ConnId, transport: Transport, peer: &[u8], who: &str) -> Result<()> {

@@ -675,6 +675,7 @@ pub fn typed_messages_and_second_device() {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resources {
     fds: usize,
+    #[cfg(feature = "rdma")]
     mrs: rdmx::conn::RegistrationCount,
     eps: usize,
     connections: usize,
@@ -694,6 +695,7 @@ pub fn resources(w: &Worker) -> Resources {
     let s = w.stats();
     Resources {
         fds: open_fds(),
+        #[cfg(feature = "rdma")]
         mrs: rdmx::conn::live_registrations(),
         eps: s.eps,
         connections: s.connections,
