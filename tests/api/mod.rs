@@ -24,11 +24,15 @@ use rdmx::{
 /// `RDMX_TEST_TIMEOUT_S` for slow runs (valgrind). A bound against hangs, never a timing
 /// assertion.
 pub fn long() -> Duration {
-    let secs = std::env::var("RDMX_TEST_TIMEOUT_S")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
-    Duration::from_secs(secs)
+    // Read once: a test that counts allocations calls this in its measured loop.
+    static LONG: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *LONG.get_or_init(|| {
+        let secs = std::env::var("RDMX_TEST_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(30);
+        Duration::from_secs(secs)
+    })
 }
 
 /// Where a test binary runs the suite.
