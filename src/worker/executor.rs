@@ -5,10 +5,7 @@ use super::*;
 
 impl Protocol {
     pub(super) fn new_buf(&mut self, mem: UserMem) -> UserBufId {
-        let id = UserBufId(self.next_buf);
-        self.next_buf += 1;
-        self.user_bufs.insert(id, mem);
-        id
+        self.user_bufs.insert(mem)
     }
 
     /// Records a request the engine accepted, with its buffer and (for sends) connection.
@@ -160,15 +157,19 @@ impl Protocol {
         // Every frame's buffer is reposted by the engine at once; anything left is a bug in
         // the driver or the engine, so put it back rather than lose SRQ depth.
         if !self.recv_held.is_empty() {
-            log::error!("{} receive buffers were not reposted", self.recv_held.len());
+            log::error!("receive buffers were not reposted");
             #[cfg(feature = "rdma")]
-            out.reposts
-                .extend(self.recv_held.drain().filter_map(|(id, b)| match b {
-                    RecvBuf::Rdma(b) => Some((b, id)),
-                    RecvBuf::Tcp(..) => None,
-                }));
+            out.reposts.extend(
+                self.recv_held
+                    .drain()
+                    .into_iter()
+                    .filter_map(|(id, b)| match b {
+                        RecvBuf::Rdma(b) => Some((b, id)),
+                        RecvBuf::Tcp(..) => None,
+                    }),
+            );
             #[cfg(not(feature = "rdma"))]
-            self.recv_held.clear();
+            drop(self.recv_held.drain());
         }
     }
 
@@ -465,18 +466,18 @@ impl Protocol {
         c: rdmx_proto::Completion,
         out: &mut AfterUnlock,
     ) {
-        let buf = match self.user_bufs.remove(&p.buf) {
-            Some(mem) => {
-                if mem.in_flight() {
-                    // A READ into it was never reported (connection died): the worker keeps
-                    // it until the READ completes or the connection is destroyed.
-                    self.user_bufs.insert(p.buf, mem);
-                    self.orphans.insert(p.buf);
-                    Vec::new()
-                } else {
-                    mem.into_vec().unwrap_or_default()
-                }
+        let buf = match self.user_bufs.get(&p.buf) {
+            Some(mem) if mem.in_flight() => {
+                // A READ into it was never reported (connection died): the worker keeps it
+                // until the READ completes or the connection is destroyed.
+                self.orphans.insert(p.buf);
+                Vec::new()
             }
+            Some(_) => self
+                .user_bufs
+                .remove(&p.buf)
+                .and_then(UserMem::into_vec)
+                .unwrap_or_default(),
             None => Vec::new(),
         };
         let outcome = Outcome {

@@ -17,11 +17,13 @@ mod progress;
 mod requests;
 mod setup;
 mod sleepers;
+mod tables;
 
 use requests::RequestTable;
 pub(crate) use requests::Slot;
 use sleepers::Sleepers;
 pub(crate) use sleepers::WaitFor;
+use tables::{HeldFrames, RequestMap, UserBufs};
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -247,13 +249,12 @@ struct Parked {
 
 struct Protocol {
     engine: Engine,
-    user_bufs: HashMap<UserBufId, UserMem>,
+    user_bufs: UserBufs,
     orphans: HashSet<UserBufId>,
-    reqs: HashMap<RequestId, Tracked>,
+    reqs: RequestMap<Tracked>,
     /// The requests the handles name, and their outcomes.
     requests: RequestTable,
-    next_buf: u64,
-    recv_held: HashMap<u64, RecvBuf>,
+    recv_held: HeldFrames<RecvBuf>,
     next_tcp_frame: u64,
     /// TCP: the send buffers exposed to READ requests.
     exposed: Exposures,
@@ -324,12 +325,11 @@ impl Worker {
             tcp_links: AtomicUsize::new(0),
             state: Mutex::new(Protocol {
                 engine,
-                user_bufs: HashMap::default(),
+                user_bufs: UserBufs::default(),
                 orphans: HashSet::default(),
-                reqs: HashMap::default(),
+                reqs: RequestMap::default(),
                 requests: RequestTable::default(),
-                next_buf: 0,
-                recv_held: HashMap::default(),
+                recv_held: HeldFrames::new(TCP_FRAME_IDS),
                 next_tcp_frame: TCP_FRAME_IDS,
                 exposed: Exposures::new(),
                 #[cfg(feature = "rdma")]

@@ -120,6 +120,16 @@ pub struct ConnId(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(pub u64);
 
+impl RequestId {
+    /// The index of the engine's slot that holds the request: small and dense among the
+    /// requests alive at once (a slot is reused, under another id, once its request ends),
+    /// so a driver can keep per-request state in an array indexed by it, checking the whole
+    /// id. `None` for an id no slot holds: a send that completed as it was made.
+    pub fn index(self) -> Option<usize> {
+        requests::index_of(self)
+    }
+}
+
 /// An SRQ receive buffer, named by the driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RecvBufId(pub u64);

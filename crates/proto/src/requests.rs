@@ -3,6 +3,11 @@
 //! so finding a request is an array index and a
 //! comparison, not a hash lookup, and a freed slot is reused without an allocation. An id
 //! from an earlier generation — a stale or forged one in a peer's frame — finds nothing.
+//!
+//! Written here rather than taken from `slab` or `slotmap`: the ids must stay 1, 2, 3 … for
+//! the first requests (peers and the fuzz corpus name requests by them), bit 63 is kept for
+//! ids that name no slot ([`IMMEDIATE`]), and drivers index arrays by an id's slot
+//! ([`RequestId::index`]).
 
 use crate::RequestId;
 
@@ -52,6 +57,12 @@ impl<T: std::fmt::Debug> std::fmt::Debug for Requests<T> {
 
 fn encode(index: usize, generation: u32) -> RequestId {
     RequestId(u64::from(generation - 1) << 32 | (index as u64 + 1))
+}
+
+/// The slot index an id names, if any (see [`RequestId::index`]).
+pub(crate) fn index_of(id: RequestId) -> Option<usize> {
+    let low = id.0 & u64::from(u32::MAX);
+    (id.0 & IMMEDIATE == 0 && low != 0).then(|| (low - 1) as usize)
 }
 
 /// The slot index and generation an id names (`usize::MAX` for an id that names none).
@@ -178,6 +189,20 @@ mod tests {
         // Made order, whatever the slots' order.
         assert_eq!(r.ids_in_order(|_| true), vec![b, c]);
         assert_eq!(r.ids_in_order(|v| *v == "c"), vec![c]);
+    }
+
+    #[test]
+    fn indices_are_dense_and_immediate_ids_have_none() {
+        let mut r = Requests::default();
+        let a = r.insert(());
+        let b = r.insert(());
+        assert_eq!((a.index(), b.index()), (Some(0), Some(1)));
+        r.discard(a);
+        let c = r.insert(());
+        assert_eq!(c.index(), Some(0), "the freed slot is reused");
+        assert_ne!(c, a);
+        assert_eq!(RequestId(IMMEDIATE | 7).index(), None);
+        assert_eq!(RequestId(0).index(), None);
     }
 
     #[test]
