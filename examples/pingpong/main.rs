@@ -109,15 +109,13 @@ fn run(args: Args) -> Result<()> {
 /// of the (first, or `RDMX_DEVICE`) device with an active port, since rdmacm does not route
 /// over `lo`.
 fn loopback_host(ctx: &Context) -> Result<String> {
-    if ctx.transport() == Transport::Tcp || cfg!(not(feature = "rdma")) {
+    if ctx.transport() == Transport::Tcp {
         return Ok("127.0.0.1".into());
     }
+    #[cfg(not(feature = "rdma"))]
+    return Ok("127.0.0.1".into());
+    #[cfg(feature = "rdma")]
     rdma_loopback_host(ctx)
-}
-
-#[cfg(not(feature = "rdma"))]
-fn rdma_loopback_host(_: &Context) -> Result<String> {
-    Ok("127.0.0.1".into())
 }
 
 #[cfg(feature = "rdma")]

@@ -62,8 +62,8 @@ impl<T> Default for RequestMap<T> {
 }
 
 impl<T> RequestMap<T> {
+    /// Tracks `value` under `id` (the engine never hands out an id that is still alive).
     pub(super) fn insert(&mut self, id: RequestId, value: T) {
-        self.remove(&id);
         match id.index() {
             Some(i) => {
                 if self.slots.len() <= i {
@@ -137,7 +137,7 @@ impl<T> HeldFrames<T> {
                 self.dense_held += 1;
             }
         } else {
-            self.remove(&id);
+            // (Frame ids above the dense range are numbered upwards, never reused.)
             self.other.push((id, value));
         }
     }

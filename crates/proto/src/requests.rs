@@ -105,15 +105,12 @@ impl<T> Requests<T> {
         encode(index as usize, self.slots[index as usize].generation)
     }
 
-    fn slot(&self, id: RequestId) -> Option<&Slot<T>> {
+    pub(crate) fn get(&self, id: RequestId) -> Option<&T> {
         let (index, generation) = split(id);
         self.slots
             .get(index)
-            .filter(|s| s.generation == generation && s.value.is_some())
-    }
-
-    pub(crate) fn get(&self, id: RequestId) -> Option<&T> {
-        self.slot(id).and_then(|s| s.value.as_ref())
+            .filter(|s| s.generation == generation)
+            .and_then(|s| s.value.as_ref())
     }
 
     pub(crate) fn get_mut(&mut self, id: RequestId) -> Option<&mut T> {
