@@ -104,8 +104,8 @@ fn run(len: u64, msgs: u64, expected: bool) -> f64 {
 }
 
 fn main() {
-    // `cargo bench -p rdmx-proto -- WORD...` runs only the cases whose kind or matching
-    // contains one of the words (e.g. `eager`, `unexpected`); cargo's own flags are ignored.
+    // `cargo bench -p rdmx-proto -- WORD...` runs only the cases whose name ("kind matching
+    // size", e.g. `eager expected 0`) contains one of the words; cargo's own flags are ignored.
     let filters: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
@@ -127,7 +127,7 @@ fn main() {
     for (kind, len, msgs) in cases {
         for expected in [true, false] {
             let m = if expected { "expected" } else { "unexpected" };
-            let name = format!("{kind} {m}");
+            let name = format!("{kind} {m} {len}");
             if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
                 continue;
             }

@@ -1,0 +1,183 @@
+//! Connections: coming up (handshake checks, SRQ admission), going down, and failing
+//! everything that was pending on one.
+
+use super::*;
+
+impl Engine {
+    /// A connection is established; `peer` is the handshake the peer sent.
+    pub fn handle_connection_up(&mut self, conn: ConnId, peer: &Handshake) -> Result<(), Error> {
+        self.handle_connection_up_with(conn, peer, self.default_limits())
+    }
+
+    /// A connection is established with this side's `limits` on it (the receive buffer size
+    /// its handshake advertised, which is also the largest frame it accepts there, and its
+    /// eager threshold); `peer` is the handshake the peer sent.
+    pub fn handle_connection_up_with(
+        &mut self,
+        conn: ConnId,
+        peer: &Handshake,
+        limits: ConnLimits,
+    ) -> Result<(), Error> {
+        if self.conns.contains_key(&conn) {
+            return Err(Error::DuplicateConnection(conn));
+        }
+        if peer.magic != HANDSHAKE_MAGIC || peer.version != u16::from(VERSION) {
+            return Err(Error::Handshake(format!(
+                "peer speaks version {} (magic {:#x}), this engine version {VERSION}",
+                peer.version, peer.magic
+            )));
+        }
+        if (peer.recv_buf_size as usize) < MAX_CTRL_FRAME {
+            return Err(Error::Handshake(format!(
+                "peer receive buffers of {} bytes cannot hold a {MAX_CTRL_FRAME}-byte control frame",
+                peer.recv_buf_size
+            )));
+        }
+        if peer.credits < crate::config::MIN_CREDITS {
+            return Err(Error::Handshake(format!(
+                "peer grants {} credits, at least {} are needed",
+                peer.credits,
+                crate::config::MIN_CREDITS
+            )));
+        }
+        let credits = u64::from(self.cfg.credits);
+        let in_use = self.conns.len() as u64 * credits;
+        if in_use + credits > u64::from(self.cfg.srq_depth) {
+            return Err(Error::SrqExhausted {
+                in_use,
+                srq_depth: self.cfg.srq_depth.into(),
+                credits,
+            });
+        }
+        let eager_limit = limits
+            .eager_threshold
+            .min(u64::from(peer.recv_buf_size) - HEADER_LEN as u64);
+        self.conns.insert(
+            conn,
+            Conn {
+                peer: *peer,
+                recv_buf_size: limits.recv_buf_size,
+                eager_limit,
+                tx_credits: peer.credits.into(),
+                rx_unreturned: 0,
+                tx_seq: 0,
+                rx_seq: 0,
+                ctrl_q: VecDeque::new(),
+                data_q: VecDeque::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// The transport reports the connection gone: every pending request on it fails with
+    /// [`Status::ConnectionClosed`] (receives with READs in flight once those are
+    /// reported, or at the drain timeout).
+    pub fn handle_connection_down(&mut self, conn: ConnId) {
+        self.fail_conn(conn, None);
+    }
+
+    /// Closes a connection locally: like [`Engine::handle_connection_down`], plus a
+    /// [`Action::CloseConnection`] for the driver.
+    pub fn close(&mut self, conn: ConnId) {
+        self.fail_conn(conn, Some(CloseReason::Local));
+    }
+
+    /// Advances the engine's clock (ns, any monotonic origin) and fires expired timeouts.
+    pub fn handle_timeout(&mut self, now: u64) {
+        self.now = self.now.max(now);
+        let now = self.now;
+        let expired: Vec<RequestId> = self
+            .draining
+            .iter()
+            .filter(|d| d.0 <= now)
+            .map(|d| d.1)
+            .collect();
+        self.draining.retain(|d| d.0 > now);
+        for r in expired {
+            if let Some(Req::Recv(rr)) = self.reqs.get(r) {
+                let (tag, conn) = (rr.tag, rr.reading.as_ref().map(|x| x.conn));
+                warn!("request {r:?}: READs not reported within the drain timeout");
+                self.complete(r, RequestKind::Recv, Status::ConnectionClosed, 0, tag, conn);
+            }
+        }
+    }
+
+    /// A send completion; a failed one (e.g. retry exceeded, flush) closes the connection.
+    pub fn handle_send_complete(&mut self, conn: ConnId, ok: bool) {
+        if !ok {
+            self.fail_conn(conn, Some(CloseReason::SendFailed));
+        }
+    }
+
+    pub(super) fn fail_conn(&mut self, conn_id: ConnId, reason: Option<CloseReason>) {
+        let Some(mut conn) = self.conns.remove(&conn_id) else {
+            return;
+        };
+        debug!("connection {conn_id:?} failed: {reason:?}");
+        if let Some(CloseReason::ProtocolError(_)) = reason {
+            if conn.tx_credits >= 1 {
+                let mut h = Header::new(Opcode::Error);
+                h.status = WireStatus::Protocol;
+                h.seq = conn.tx_seq;
+                conn.tx_seq = conn.tx_seq.wrapping_add(1);
+                self.actions.push_back(Action::SendFrame {
+                    conn: conn_id,
+                    frame: FrameBuf::encode(&h, None),
+                    payload: None,
+                });
+            }
+        }
+        // In the order they were made, whatever the table's order.
+        let ids = self.reqs.ids_in_order(|r| match r {
+            Req::Send(s) => s.conn == conn_id,
+            Req::Recv(rr) => rr.reading.as_ref().is_some_and(|x| x.conn == conn_id),
+        });
+        for id in ids {
+            match self.reqs.get_mut(id) {
+                Some(Req::Send(s)) => {
+                    let (tag, len, buf) = (s.tag, s.len, s.buf);
+                    if !matches!(s.phase, SendPhase::EagerQueued) {
+                        self.actions
+                            .push_back(Action::ReleaseSendBuffer { request: id, buf });
+                    }
+                    self.complete(
+                        id,
+                        RequestKind::Send,
+                        Status::ConnectionClosed,
+                        len,
+                        tag,
+                        Some(conn_id),
+                    );
+                }
+                Some(Req::Recv(rr)) => {
+                    let tag = rr.tag;
+                    let rd = rr.reading.as_mut().expect("filtered on reading");
+                    rd.conn_dead = true;
+                    rd.failed = Some(Status::ConnectionClosed);
+                    if rd.outstanding.is_empty() {
+                        self.complete(
+                            id,
+                            RequestKind::Recv,
+                            Status::ConnectionClosed,
+                            0,
+                            tag,
+                            Some(conn_id),
+                        );
+                    } else {
+                        self.draining
+                            .push((self.now.saturating_add(self.cfg.drain_timeout_ns), id));
+                    }
+                }
+                None => {}
+            }
+        }
+        self.unexpected
+            .retain(|u| !(u.conn == conn_id && matches!(u.kind, UnexpKind::Rts { .. })));
+        if let Some(reason) = reason {
+            self.actions.push_back(Action::CloseConnection {
+                conn: conn_id,
+                reason,
+            });
+        }
+    }
+}

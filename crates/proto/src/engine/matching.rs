@@ -1,0 +1,180 @@
+//! Tag matching: posted receives, unexpected messages, probes (plain and matched) and
+//! cancel.
+
+use super::*;
+
+impl Engine {
+    /// Queues a message no posted receive matched, in arrival order.
+    pub(super) fn push_unexpected(&mut self, conn: ConnId, tag: Tag, kind: UnexpKind) {
+        let id = MessageId(self.next_msg);
+        self.next_msg += 1;
+        self.unexpected.push_back(Unexpected {
+            id,
+            conn,
+            tag,
+            kind,
+        });
+    }
+
+    /// Removes and returns the first posted receive (in posting order) whose tag and mask
+    /// match `tag`.
+    pub(super) fn take_posted_match(&mut self, tag: Tag) -> Option<Posted> {
+        let pos = self
+            .posted
+            .iter()
+            .position(|p| matches(tag, p.tag, p.mask))?;
+        self.posted.remove(pos)
+    }
+
+    /// Posts a tag receive into the first `capacity` bytes of `buf`, matching messages whose
+    /// tag satisfies `(msg_tag & mask) == (tag & mask)` (mask 0 = wildcard).
+    pub fn tag_recv(&mut self, tag: Tag, mask: Tag, buf: UserBufId, capacity: u64) -> RequestId {
+        let id = self.new_req(Req::Recv(RecvReq {
+            buf,
+            cap: capacity,
+            tag: 0,
+            reading: None,
+        }));
+        if let Some(pos) = self
+            .unexpected
+            .iter()
+            .position(|u| matches(u.tag, tag, mask))
+        {
+            let u = self.unexpected.remove(pos).expect("position is valid");
+            self.deliver_unexpected(id, u);
+        } else {
+            self.posted.push_back(Posted { req: id, tag, mask });
+        }
+        id
+    }
+
+    /// Looks for an unexpected message matching `tag`/`mask` without receiving it.
+    pub fn probe(&self, tag: Tag, mask: Tag) -> Option<ProbeInfo> {
+        self.unexpected
+            .iter()
+            .find(|u| matches(u.tag, tag, mask))
+            .map(Unexpected::info)
+    }
+
+    /// A matched probe (`MPI_Mprobe`, `ucp_tag_probe_nb` with remove): finds the first
+    /// unexpected message matching `tag`/`mask` and takes it out of matching, so that no
+    /// receive or probe sees it any more; only [`Engine::msg_recv`] with its handle receives
+    /// it.
+    pub fn probe_remove(&mut self, tag: Tag, mask: Tag) -> Option<ProbeInfo> {
+        let pos = self
+            .unexpected
+            .iter()
+            .position(|u| matches(u.tag, tag, mask))?;
+        let u = self.unexpected.remove(pos)?;
+        let info = u.info();
+        self.claimed.insert(u.id, u);
+        Some(info)
+    }
+
+    /// Receives the probed message `msg` into `buf`; `None` if it is no longer queued (another
+    /// receive took it, or — for a rendezvous message not removed by
+    /// [`Engine::probe_remove`] — its connection is gone). A message removed by
+    /// `probe_remove` is always received: if its connection is gone meanwhile, a rendezvous
+    /// message completes with [`Status::ConnectionClosed`].
+    pub fn msg_recv(&mut self, msg: MessageId, buf: UserBufId, capacity: u64) -> Option<RequestId> {
+        let u = match self.claimed.remove(&msg) {
+            Some(u) => u,
+            None => {
+                let pos = self.unexpected.iter().position(|u| u.id == msg)?;
+                self.unexpected.remove(pos)?
+            }
+        };
+        let id = self.new_req(Req::Recv(RecvReq {
+            buf,
+            cap: capacity,
+            tag: 0,
+            reading: None,
+        }));
+        let gone = !self.conns.contains_key(&u.conn);
+        if gone && matches!(u.kind, UnexpKind::Rts { .. }) {
+            let len = u.len();
+            self.complete(
+                id,
+                RequestKind::Recv,
+                Status::ConnectionClosed,
+                len,
+                u.tag,
+                Some(u.conn),
+            );
+        } else {
+            self.deliver_unexpected(id, u);
+        }
+        Some(id)
+    }
+
+    /// Cancels a request. A posted, unmatched receive completes with
+    /// [`Status::Cancelled`]; a receive already matched cannot be cancelled. A send not yet
+    /// completed (queued eager, or rendezvous before ATS) completes with `Cancelled` and its
+    /// buffer is released; a rendezvous receiver still reading it then sees a READ failure.
+    /// Returns whether the request was cancelled.
+    pub fn cancel(&mut self, request: RequestId) -> bool {
+        match self.reqs.get(request) {
+            Some(Req::Recv(r)) if r.reading.is_none() => {
+                if let Some(pos) = self.posted.iter().position(|p| p.req == request) {
+                    self.posted.remove(pos);
+                    self.complete(request, RequestKind::Recv, Status::Cancelled, 0, 0, None);
+                    return true;
+                }
+                false
+            }
+            Some(Req::Send(s)) => {
+                let (tag, len, conn, buf) = (s.tag, s.len, s.conn, s.buf);
+                if !matches!(s.phase, SendPhase::EagerQueued) {
+                    self.actions
+                        .push_back(Action::ReleaseSendBuffer { request, buf });
+                }
+                self.complete(
+                    request,
+                    RequestKind::Send,
+                    Status::Cancelled,
+                    len,
+                    tag,
+                    Some(conn),
+                );
+                self.flush(conn);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub(super) fn deliver_unexpected(&mut self, req: RequestId, u: Unexpected) {
+        match u.kind {
+            UnexpKind::Eager(data) => {
+                let Some(Req::Recv(r)) = self.reqs.get(req) else {
+                    return;
+                };
+                let (buf, cap) = (r.buf, r.cap);
+                let len = data.len() as u64;
+                if len > cap {
+                    self.complete(
+                        req,
+                        RequestKind::Recv,
+                        Status::Truncated,
+                        len,
+                        u.tag,
+                        Some(u.conn),
+                    );
+                    return;
+                }
+                if !data.is_empty() {
+                    self.actions.push_back(Action::CopyToUser {
+                        dst: buf,
+                        dst_offset: 0,
+                        data,
+                    });
+                }
+                self.complete(req, RequestKind::Recv, Status::Ok, len, u.tag, Some(u.conn));
+            }
+            UnexpKind::Rts { sreq, body } => {
+                self.start_rndv(req, u.conn, u.tag, sreq, body);
+                self.flush(u.conn);
+            }
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! The protocol engine: inputs via `handle_*` and user operations, outputs via
+//! [`Engine::poll_action`].
+//!
+//! One module per job: `actions` (what the driver is asked to do), `connections`
+//! (handshake, credits' bookkeeping, failure), `send` (eager and rendezvous sends, credit
+//! flow), `matching` (posted and unexpected receives, probes, cancel), `rendezvous` (the
+//! receiver's READs) and `frames` (decoding and dispatching arrivals).
+
+mod actions;
+mod connections;
+mod frames;
+mod matching;
+mod rendezvous;
+mod send;
+
+pub use actions::{Action, CloseReason, Completion, PayloadRef, RemoteBuf, RequestKind, Status};
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap as HashMap;
+
+use log::{debug, warn};
+
+use crate::config::Config;
+use crate::requests::{Requests, IMMEDIATE};
+use crate::wire::{
+    self, Body, FrameBuf, Handshake, Header, Opcode, RtsBody, WireStatus, HANDSHAKE_MAGIC,
+    HEADER_LEN, MAX_CTRL_FRAME, VERSION,
+};
+use crate::{ConnId, Error, MessageId, RecvBufId, RequestId, Tag, UserBufId};
+
+/// This side's limits on one connection: the receive buffer size its handshake advertises
+/// (also the largest frame it accepts there) and its eager threshold (capped per connection
+/// by the peer's receive buffers). By default the configuration's; a driver whose transports
+/// differ gives each connection its transport's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// Bytes of each receive buffer (the largest frame the peer may send).
+    pub recv_buf_size: u32,
+    /// Largest payload this side sends eagerly.
+    pub eager_threshold: u64,
+}
+
+/// An unexpected message found by [`Engine::probe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeInfo {
+    /// Handle for [`Engine::msg_recv`].
+    pub msg: MessageId,
+    /// Connection it arrived on.
+    pub conn: ConnId,
+    /// Sender tag.
+    pub tag: Tag,
+    /// Message length.
+    pub len: u64,
+    /// Whether it is a rendezvous message (data not yet transferred).
+    pub rendezvous: bool,
+}
+
+/// Flow-control and protocol state of one connection, for inspection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnStats {
+    /// Frames this side may still send.
+    pub tx_credits: u32,
+    /// Frames received whose buffers were not yet granted back to the peer.
+    pub rx_unreturned: u32,
+    /// Largest payload sent eagerly on this connection.
+    pub eager_limit: u64,
+    /// Frames waiting for credits (data and control).
+    pub queued: usize,
+}
+
+#[derive(Debug)]
+enum SendPhase {
+    EagerQueued,
+    RtsQueued { remote: Option<RemoteBuf> },
+    AwaitAts,
+}
+
+#[derive(Debug)]
+struct SendReq {
+    conn: ConnId,
+    tag: Tag,
+    buf: UserBufId,
+    len: u64,
+    phase: SendPhase,
+}
+
+#[derive(Debug)]
+struct Reading {
+    conn: ConnId,
+    remote: RemoteBuf,
+    sreq: u64,
+    total: u64,
+    next_offset: u64,
+    done: u64,
+    outstanding: Vec<(u64, u64)>,
+    failed: Option<Status>,
+    conn_dead: bool,
+}
+
+#[derive(Debug)]
+struct RecvReq {
+    buf: UserBufId,
+    cap: u64,
+    /// Sender tag once matched.
+    tag: Tag,
+    reading: Option<Reading>,
+}
+
+#[derive(Debug)]
+enum Req {
+    Send(SendReq),
+    Recv(RecvReq),
+}
+
+#[derive(Debug)]
+struct Posted {
+    req: RequestId,
+    tag: Tag,
+    mask: Tag,
+}
+
+#[derive(Debug)]
+enum UnexpKind {
+    Eager(Vec<u8>),
+    Rts { sreq: u64, body: RtsBody },
+}
+
+#[derive(Debug)]
+struct Unexpected {
+    id: MessageId,
+    conn: ConnId,
+    tag: Tag,
+    kind: UnexpKind,
+}
+
+impl Unexpected {
+    fn len(&self) -> u64 {
+        match &self.kind {
+            UnexpKind::Eager(d) => d.len() as u64,
+            UnexpKind::Rts { body, .. } => body.len,
+        }
+    }
+
+    fn info(&self) -> ProbeInfo {
+        ProbeInfo {
+            msg: self.id,
+            conn: self.conn,
+            tag: self.tag,
+            len: self.len(),
+            rendezvous: matches!(self.kind, UnexpKind::Rts { .. }),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Ctrl {
+    Ats {
+        sreq: u64,
+        rreq: u64,
+        status: WireStatus,
+    },
+}
+
+#[derive(Debug)]
+struct Conn {
+    peer: Handshake,
+    /// This side's receive buffer size on this connection: the largest frame accepted.
+    recv_buf_size: u32,
+    eager_limit: u64,
+    tx_credits: u32,
+    rx_unreturned: u32,
+    tx_seq: u32,
+    rx_seq: u32,
+    ctrl_q: VecDeque<Ctrl>,
+    data_q: VecDeque<RequestId>,
+}
+
+fn perr(s: String) -> CloseReason {
+    CloseReason::ProtocolError(s)
+}
+
+fn matches(msg_tag: Tag, tag: Tag, mask: Tag) -> bool {
+    (msg_tag & mask) == (tag & mask)
+}
+
+/// The sans-IO protocol engine of one worker (one SRQ shared by all its connections).
+#[derive(Debug)]
+pub struct Engine {
+    cfg: Config,
+    now: u64,
+    next_msg: u64,
+    conns: HashMap<ConnId, Conn>,
+    reqs: Requests<Req>,
+    /// The next id of a send that completed as it was made (see `requests::IMMEDIATE`).
+    next_immediate: u64,
+    posted: VecDeque<Posted>,
+    unexpected: VecDeque<Unexpected>,
+    /// Messages taken out of matching by [`Engine::probe_remove`], waiting for their
+    /// [`Engine::msg_recv`].
+    claimed: HashMap<MessageId, Unexpected>,
+    draining: Vec<(u64, RequestId)>,
+    actions: VecDeque<Action>,
+}
+
+impl Engine {
+    /// Creates an engine with a validated configuration.
+    pub fn new(cfg: Config) -> Self {
+        Engine {
+            cfg,
+            now: 0,
+            next_msg: 1,
+            conns: HashMap::default(),
+            reqs: Requests::default(),
+            next_immediate: 0,
+            posted: VecDeque::new(),
+            unexpected: VecDeque::new(),
+            claimed: HashMap::default(),
+            draining: Vec::new(),
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The handshake to send to a peer at connect (encode with [`Handshake::encode`]).
+    pub fn local_handshake(&self) -> Handshake {
+        self.local_handshake_for(&self.default_limits())
+    }
+
+    /// The handshake for a connection with `limits` (a driver whose transports differ in
+    /// receive buffer size).
+    pub fn local_handshake_for(&self, limits: &ConnLimits) -> Handshake {
+        Handshake {
+            magic: HANDSHAKE_MAGIC,
+            version: VERSION.into(),
+            recv_buf_size: limits.recv_buf_size,
+            credits: self.cfg.credits,
+            flags: 0,
+        }
+    }
+
+    /// The configuration's own limits: what [`Engine::local_handshake`] and
+    /// [`Engine::handle_connection_up`] use.
+    pub fn default_limits(&self) -> ConnLimits {
+        ConnLimits {
+            recv_buf_size: self.cfg.recv_buf_size,
+            eager_threshold: self.cfg.eager_threshold,
+        }
+    }
+
+    /// Next action for the driver, in order.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Earliest time (ns) at which [`Engine::handle_timeout`] has work to do.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.draining.iter().map(|d| d.0).min()
+    }
+
+    /// Number of user requests not yet completed.
+    pub fn pending_requests(&self) -> usize {
+        self.reqs.len()
+    }
+
+    /// How many messages have ever been queued as unexpected: grows with each arrival that
+    /// no posted receive matched (a driver wakes probing waiters when it changes).
+    pub fn unexpected_arrivals(&self) -> u64 {
+        self.next_msg
+    }
+
+    /// Number of messages in the unexpected queue.
+    pub fn unexpected_len(&self) -> usize {
+        self.unexpected.len()
+    }
+
+    /// Flow-control state of a connection.
+    pub fn conn_stats(&self, conn: ConnId) -> Option<ConnStats> {
+        self.conns.get(&conn).map(|c| ConnStats {
+            tx_credits: c.tx_credits,
+            rx_unreturned: c.rx_unreturned,
+            eager_limit: c.eager_limit,
+            queued: c.ctrl_q.len() + c.data_q.len(),
+        })
+    }
+
+    fn new_req(&mut self, r: Req) -> RequestId {
+        self.reqs.insert(r)
+    }
+
+    fn complete(
+        &mut self,
+        request: RequestId,
+        kind: RequestKind,
+        status: Status,
+        length: u64,
+        tag: Tag,
+        conn: Option<ConnId>,
+    ) {
+        self.reqs.discard(request);
+        self.actions.push_back(Action::Complete(Completion {
+            request,
+            kind,
+            status,
+            length,
+            tag,
+            conn,
+        }));
+    }
+}

@@ -1,0 +1,126 @@
+//! The receiver's side of a rendezvous: READs of the sender's exposed buffer, in chunks,
+//! and the ATS that ends it.
+
+use super::*;
+
+impl Engine {
+    pub(super) fn start_rndv(
+        &mut self,
+        req: RequestId,
+        conn: ConnId,
+        tag: Tag,
+        sreq: u64,
+        body: RtsBody,
+    ) {
+        let Some(Req::Recv(r)) = self.reqs.get_mut(req) else {
+            return;
+        };
+        r.tag = tag;
+        if body.len > r.cap || body.len == 0 {
+            let (status, wst) = if body.len > r.cap {
+                (Status::Truncated, WireStatus::Truncated)
+            } else {
+                (Status::Ok, WireStatus::Ok)
+            };
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.ctrl_q.push_back(Ctrl::Ats {
+                    sreq,
+                    rreq: req.0,
+                    status: wst,
+                });
+            }
+            self.complete(req, RequestKind::Recv, status, body.len, tag, Some(conn));
+            return;
+        }
+        r.reading = Some(Reading {
+            conn,
+            remote: RemoteBuf {
+                addr: body.addr,
+                rkey: body.rkey,
+            },
+            sreq,
+            total: body.len,
+            next_offset: 0,
+            done: 0,
+            outstanding: Vec::new(),
+            failed: None,
+            conn_dead: false,
+        });
+        self.issue_reads(req);
+    }
+
+    pub(super) fn issue_reads(&mut self, req: RequestId) {
+        let (chunk, max) = (
+            self.cfg.rndv_chunk_size,
+            self.cfg.max_reads_in_flight as usize,
+        );
+        let Some(Req::Recv(r)) = self.reqs.get_mut(req) else {
+            return;
+        };
+        let buf = r.buf;
+        let Some(rd) = r.reading.as_mut() else { return };
+        while rd.failed.is_none() && rd.outstanding.len() < max && rd.next_offset < rd.total {
+            let off = rd.next_offset;
+            let len = chunk.min(rd.total - off);
+            rd.next_offset += len;
+            rd.outstanding.push((off, len));
+            self.actions.push_back(Action::RdmaRead {
+                conn: rd.conn,
+                request: req,
+                remote: RemoteBuf {
+                    addr: rd.remote.addr.wrapping_add(off),
+                    rkey: rd.remote.rkey,
+                },
+                len,
+                dst: buf,
+                dst_offset: off,
+            });
+        }
+    }
+
+    /// An RDMA READ issued by [`Action::RdmaRead`] finished (`ok == false`: it failed,
+    /// including flush errors).
+    pub fn handle_read_complete(&mut self, request: RequestId, dst_offset: u64, ok: bool) {
+        let Some(Req::Recv(r)) = self.reqs.get_mut(request) else {
+            debug!("read completion for unknown request {request:?}");
+            return;
+        };
+        let tag = r.tag;
+        let Some(rd) = r.reading.as_mut() else { return };
+        let Some(pos) = rd.outstanding.iter().position(|o| o.0 == dst_offset) else {
+            debug!("read completion for unknown offset {dst_offset} of {request:?}");
+            return;
+        };
+        let (_, len) = rd.outstanding.swap_remove(pos);
+        if ok {
+            rd.done += len;
+        } else if rd.failed.is_none() {
+            rd.failed = Some(Status::ReadFailed);
+        }
+        if !rd.outstanding.is_empty() || (rd.failed.is_none() && rd.done < rd.total) {
+            self.issue_reads(request);
+            return;
+        }
+        let (conn, sreq, total, failed, dead) =
+            (rd.conn, rd.sreq, rd.total, rd.failed, rd.conn_dead);
+        let status = failed.unwrap_or(Status::Ok);
+        if !dead {
+            let wst = if status == Status::Ok {
+                WireStatus::Ok
+            } else {
+                WireStatus::ReadFailed
+            };
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.ctrl_q.push_back(Ctrl::Ats {
+                    sreq,
+                    rreq: request.0,
+                    status: wst,
+                });
+            }
+        }
+        self.draining.retain(|d| d.1 != request);
+        let length = if status == Status::Ok { total } else { 0 };
+        self.complete(request, RequestKind::Recv, status, length, tag, Some(conn));
+        self.flush(conn);
+    }
+}
