@@ -10,7 +10,8 @@ impl Engine {
         let result = self.process_frame(conn_id, buf, bytes);
         self.actions.push_back(Action::RepostRecv { buf });
         match result {
-            Ok(()) => self.flush(conn_id),
+            Ok(true) => self.flush(conn_id),
+            Ok(false) => {}
             Err(reason) => {
                 warn!("connection {conn_id:?} closed: {reason:?}");
                 self.fail_conn(conn_id, Some(reason));
@@ -23,11 +24,12 @@ impl Engine {
         conn_id: ConnId,
         buf: RecvBufId,
         bytes: &[u8],
-    ) -> Result<(), CloseReason> {
+    ) -> Result<bool, CloseReason> {
         let max_credits = u32::from(self.cfg.credits);
+        let threshold = self.credit_threshold();
         let Some(c) = self.conns.get_mut(&conn_id) else {
             debug!("frame on unknown connection {conn_id:?} dropped");
-            return Ok(());
+            return Ok(false);
         };
         let recv_buf_size = c.recv_buf_size as usize;
         c.rx_unreturned += 1;
@@ -60,11 +62,14 @@ impl Engine {
             )));
         }
         c.tx_credits = new_credits;
+        // An eager message or a credit update adds nothing to send: unless frames wait for
+        // credits or the peer is owed a credit update, there is nothing to flush after it.
+        let quiet = c.ctrl_q.is_empty() && c.data_q.is_empty() && c.rx_unreturned < threshold;
         match frame.body {
             Body::Eager(payload) => {
                 if let Some(p) = self.take_posted_match(h.tag) {
                     let Some(Req::Recv(r)) = self.reqs.get(p.req) else {
-                        return Ok(());
+                        return Ok(!quiet);
                     };
                     let len = payload.len() as u64;
                     if len > r.cap {
@@ -98,6 +103,7 @@ impl Engine {
                 } else {
                     self.push_unexpected(conn_id, h.tag, UnexpKind::Eager(payload.to_vec()));
                 }
+                return Ok(!quiet);
             }
             Body::Rts(body) => {
                 if let Some(p) = self.take_posted_match(h.tag) {
@@ -129,10 +135,10 @@ impl Engine {
                     _ => debug!("ATS for unknown or cancelled request {req:?}"),
                 }
             }
-            Body::Credit => {}
+            Body::Credit => return Ok(!quiet),
             Body::Error => return Err(CloseReason::PeerError(h.status)),
             Body::Handshake(_) => return Err(perr("unexpected in-band handshake".into())),
         }
-        Ok(())
+        Ok(true)
     }
 }

@@ -201,6 +201,8 @@ pub struct Engine {
     claimed: HashMap<MessageId, Unexpected>,
     draining: Vec<(u64, RequestId)>,
     actions: VecDeque<Action>,
+    /// Emptied lists of outstanding READs, reused by the next rendezvous receives.
+    spare_reads: Vec<Vec<(u64, u64)>>,
 }
 
 impl Engine {
@@ -218,6 +220,7 @@ impl Engine {
             claimed: HashMap::default(),
             draining: Vec::new(),
             actions: VecDeque::new(),
+            spare_reads: Vec::new(),
         }
     }
 

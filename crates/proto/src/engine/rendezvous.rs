@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Emptied lists of outstanding READs kept for reuse, at most.
+const MAX_SPARE_READ_LISTS: usize = 64;
+
 impl Engine {
     pub(super) fn start_rndv(
         &mut self,
@@ -42,7 +45,7 @@ impl Engine {
             total: body.len,
             next_offset: 0,
             done: 0,
-            outstanding: Vec::new(),
+            outstanding: self.spare_reads.pop().unwrap_or_default(),
             failed: None,
             conn_dead: false,
         });
@@ -103,6 +106,10 @@ impl Engine {
         }
         let (conn, sreq, total, failed, dead) =
             (rd.conn, rd.sreq, rd.total, rd.failed, rd.conn_dead);
+        // The list's memory serves the next rendezvous (no allocation per message).
+        if self.spare_reads.len() < MAX_SPARE_READ_LISTS {
+            self.spare_reads.push(std::mem::take(&mut rd.outstanding));
+        }
         let status = failed.unwrap_or(Status::Ok);
         if !dead {
             let wst = if status == Status::Ok {

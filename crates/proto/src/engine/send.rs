@@ -14,7 +14,7 @@ impl Engine {
         buf: UserBufId,
         len: u64,
     ) -> Result<RequestId, Error> {
-        let Some(c) = self.conns.get(&conn) else {
+        let Some(c) = self.conns.get_mut(&conn) else {
             return Err(Error::UnknownConnection(conn));
         };
         let eager = len <= c.eager_limit;
@@ -27,7 +27,13 @@ impl Engine {
             h.tag = tag;
             h.sreq = id.0;
             h.payload_len = len as u32;
-            self.emit_frame(conn, h, None, Some(PayloadRef { buf, len }));
+            c.emit(
+                conn,
+                h,
+                None,
+                Some(PayloadRef { buf, len }),
+                &mut self.actions,
+            );
             self.actions.push_back(Action::Complete(Completion {
                 request: id,
                 kind: RequestKind::Send,
@@ -98,54 +104,28 @@ impl Engine {
         (u32::from(self.cfg.credits) / 4).max(2)
     }
 
-    pub(super) fn emit_frame(
-        &mut self,
-        conn_id: ConnId,
-        mut h: Header,
-        rts: Option<&RtsBody>,
-        payload: Option<PayloadRef>,
-    ) {
-        let c = self
-            .conns
-            .get_mut(&conn_id)
-            .expect("emit on open connection");
-        let grant = c.rx_unreturned.min(u32::from(u16::MAX));
-        c.rx_unreturned -= grant;
-        h.credits = grant as u16;
-        h.seq = c.tx_seq;
-        c.tx_seq = c.tx_seq.wrapping_add(1);
-        c.tx_credits -= 1;
-        self.actions.push_back(Action::SendFrame {
-            conn: conn_id,
-            frame: FrameBuf::encode(&h, rts),
-            payload,
-        });
-    }
-
-    /// Emits every frame of `conn` that credits allow.
+    /// Emits every frame of `conn` that credits allow, and a credit update when the peer
+    /// is owed enough and nothing else carried it.
     pub(super) fn flush(&mut self, conn_id: ConnId) {
-        loop {
-            let Some(c) = self.conns.get_mut(&conn_id) else {
-                return;
-            };
-            // Data and control frames leave one credit in reserve for credit updates.
-            if c.tx_credits < 2 {
-                break;
-            }
+        let threshold = self.credit_threshold();
+        let Some(c) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        let actions = &mut self.actions;
+        // Data and control frames leave one credit in reserve for credit updates.
+        while c.tx_credits >= 2 {
             if let Some(Ctrl::Ats { sreq, rreq, status }) = c.ctrl_q.pop_front() {
                 let mut h = Header::new(Opcode::Ats);
                 h.sreq = sreq;
                 h.rreq = rreq;
                 h.status = status;
-                self.emit_frame(conn_id, h, None, None);
+                c.emit(conn_id, h, None, None, actions);
                 continue;
             }
             let Some(&id) = c.data_q.front() else { break };
             let Some(Req::Send(s)) = self.reqs.get_mut(id) else {
                 // Cancelled or failed while queued.
-                if let Some(c) = self.conns.get_mut(&conn_id) {
-                    c.data_q.pop_front();
-                }
+                c.data_q.pop_front();
                 continue;
             };
             let (tag, len, buf) = (s.tag, s.len, s.buf);
@@ -155,9 +135,17 @@ impl Engine {
                     h.tag = tag;
                     h.sreq = id.0;
                     h.payload_len = len as u32;
-                    self.conns.get_mut(&conn_id).map(|c| c.data_q.pop_front());
-                    self.emit_frame(conn_id, h, None, Some(PayloadRef { buf, len }));
-                    self.complete(id, RequestKind::Send, Status::Ok, len, tag, Some(conn_id));
+                    c.data_q.pop_front();
+                    c.emit(conn_id, h, None, Some(PayloadRef { buf, len }), actions);
+                    self.reqs.discard(id);
+                    actions.push_back(Action::Complete(Completion {
+                        request: id,
+                        kind: RequestKind::Send,
+                        status: Status::Ok,
+                        length: len,
+                        tag,
+                        conn: Some(conn_id),
+                    }));
                 }
                 SendPhase::RtsQueued {
                     remote: Some(remote),
@@ -172,21 +160,43 @@ impl Engine {
                         rkey: remote.rkey,
                         len,
                     };
-                    self.conns.get_mut(&conn_id).map(|c| c.data_q.pop_front());
-                    self.emit_frame(conn_id, h, Some(&body), None);
+                    c.data_q.pop_front();
+                    c.emit(conn_id, h, Some(&body), None, actions);
                 }
                 // Head of line waits for its buffer exposure (send order is preserved).
                 SendPhase::RtsQueued { remote: None } => break,
                 SendPhase::AwaitAts => {
-                    self.conns.get_mut(&conn_id).map(|c| c.data_q.pop_front());
+                    c.data_q.pop_front();
                 }
             }
         }
-        let threshold = self.credit_threshold();
-        if let Some(c) = self.conns.get(&conn_id) {
-            if c.rx_unreturned >= threshold && c.tx_credits >= 1 {
-                self.emit_frame(conn_id, Header::new(Opcode::Credit), None, None);
-            }
+        if c.rx_unreturned >= threshold && c.tx_credits >= 1 {
+            c.emit(conn_id, Header::new(Opcode::Credit), None, None, actions);
         }
+    }
+}
+
+impl Conn {
+    /// Emits a frame on this connection (`id`): piggybacks the credits owed to the peer,
+    /// numbers it and spends a credit.
+    pub(super) fn emit(
+        &mut self,
+        id: ConnId,
+        mut h: Header,
+        rts: Option<&RtsBody>,
+        payload: Option<PayloadRef>,
+        actions: &mut VecDeque<Action>,
+    ) {
+        let grant = self.rx_unreturned.min(u32::from(u16::MAX));
+        self.rx_unreturned -= grant;
+        h.credits = grant as u16;
+        h.seq = self.tx_seq;
+        self.tx_seq = self.tx_seq.wrapping_add(1);
+        self.tx_credits -= 1;
+        actions.push_back(Action::SendFrame {
+            conn: id,
+            frame: FrameBuf::encode(&h, rts),
+            payload,
+        });
     }
 }
