@@ -3,6 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use crate::atomics;
 use crate::report::{self, ReportOptions};
 use crate::sizes::parse_sizes;
 use crate::socket::{self, ClientOptions, DEFAULT_SIZES, DEFAULT_WINDOW};
@@ -17,6 +18,7 @@ USAGE:
   rdmx-bench socket-pingpong --client HOST:PORT [--sizes LIST] [-n ITERS] [--warmup N]
                                                 [--bw] [--window W] [--json]
   rdmx-bench report DIR [--out FILE] [--svg-dir DIR2]
+  rdmx-bench atomics PROGRAM SHORT LONG --trips N
   rdmx-bench --help
 
 socket-pingpong: raw TCP ping-pong (TCP_NODELAY, polled), the no-middleware baseline.
@@ -38,6 +40,11 @@ report: write the Markdown report and SVG plots from the raw results in DIR
   (meta.env, guest/*, host/* as left by scripts/bench).
   --out FILE        Markdown file to write                     [default ./BENCHMARKS.md]
   --svg-dir DIR2    where bench-rdma.svg and bench-tcp.svg go  [default ./docs]
+
+atomics: atomic read-modify-write instructions (lock-prefixed, xchg with memory) executed
+  per round trip, from two callgrind runs of PROGRAM (SHORT and LONG, recorded with
+  --dump-instr=yes --compress-pos=no --compress-strings=no) that differ by N round trips.
+  Prints `TOTAL PROGRAM`: all objects, and PROGRAM's own code (without shared libraries).
 ";
 
 /// Runs the command line `args` (without the program name).
@@ -50,6 +57,7 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         Some("socket-pingpong") => socket_pingpong(&args[1..]),
         Some("report") => report_cmd(&args[1..]),
+        Some("atomics") => atomics_cmd(&args[1..]),
         Some(other) => Err(Error::Usage(format!("unknown subcommand `{other}`"))),
     }
 }
@@ -263,6 +271,60 @@ pub fn parse_report_args(args: &[String]) -> Result<ReportOptions> {
     })
 }
 
+/// What `atomics` was asked: the program and its two callgrind runs.
+#[derive(Debug, PartialEq)]
+pub struct AtomicsOptions {
+    /// The program both runs recorded.
+    pub program: PathBuf,
+    /// The run with fewer round trips.
+    pub short: PathBuf,
+    /// The run with more.
+    pub long: PathBuf,
+    /// How many more.
+    pub trips: u64,
+}
+
+/// Parses the arguments after `atomics`.
+pub fn parse_atomics_args(args: &[String]) -> Result<AtomicsOptions> {
+    let mut a = Args::new(args);
+    let (mut trips, mut files) = (None, Vec::new());
+    while let Some(arg) = a.next() {
+        match arg.as_str() {
+            "--trips" => set_once(
+                &mut trips,
+                "--trips",
+                count("--trips", &a.value("--trips")?)?,
+            )?,
+            s if s.starts_with('-') && s.len() > 1 => {
+                return Err(Error::Usage(format!("atomics: unknown option `{s}`")))
+            }
+            _ => files.push(PathBuf::from(arg)),
+        }
+    }
+    let trips = trips.ok_or_else(|| Error::Usage("atomics: --trips is required".into()))?;
+    let [program, short, long]: [PathBuf; 3] = files.try_into().map_err(|f: Vec<PathBuf>| {
+        Error::Usage(format!(
+            "atomics: PROGRAM SHORT LONG expected, {} paths given",
+            f.len()
+        ))
+    })?;
+    Ok(AtomicsOptions {
+        program,
+        short,
+        long,
+        trips,
+    })
+}
+
+fn atomics_cmd(args: &[String]) -> Result<()> {
+    let o = parse_atomics_args(args)?;
+    let short = atomics::read_callgrind(&o.short)?;
+    let long = atomics::read_callgrind(&o.long)?;
+    let per = atomics::per_trip(&o.program, &short, &long, o.trips)?;
+    println!("{:.1} {:.1}", per.total, per.program);
+    Ok(())
+}
+
 fn report_cmd(args: &[String]) -> Result<()> {
     let opts = parse_report_args(args)?;
     let written = report::generate(&opts)?;
@@ -335,6 +397,32 @@ mod tests {
         ] {
             let e = parse_socket_args(&s(bad)).unwrap_err();
             assert!(matches!(e, Error::Usage(_)), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn atomics_args() {
+        let o = parse_atomics_args(&s(&["prog", "a.cg", "b.cg", "--trips", "2000"])).unwrap();
+        assert_eq!(
+            o,
+            AtomicsOptions {
+                program: "prog".into(),
+                short: "a.cg".into(),
+                long: "b.cg".into(),
+                trips: 2000
+            }
+        );
+        for bad in [
+            &["prog", "a.cg", "b.cg"][..],
+            &["prog", "a.cg", "--trips", "5"],
+            &["prog", "a.cg", "b.cg", "c.cg", "--trips", "5"],
+            &["prog", "a.cg", "b.cg", "--trips", "x"],
+            &["prog", "a.cg", "b.cg", "--trips", "5", "--bogus"],
+        ] {
+            assert!(
+                matches!(parse_atomics_args(&s(bad)), Err(Error::Usage(_))),
+                "{bad:?}"
+            );
         }
     }
 

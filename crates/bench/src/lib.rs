@@ -7,10 +7,14 @@
 //!   left in `DIR` (rdmx pingpong JSON, perftest, qperf and ucx_perftest client outputs, see
 //!   [`inputs`]) and writes `BENCHMARKS.md` plus one hand-written SVG chart per transport
 //!   ([`svg`]).
+//! * [`atomics`]: `rdmx-bench atomics`, atomic read-modify-write instructions per round trip
+//!   from two callgrind runs (what the locks and reference counts of a thread-safe worker
+//!   cost, deterministically).
 //!
 //! Bad input never panics: every parse failure is an [`Error`] naming the file (and line) and
 //! what was wrong.
 
+pub mod atomics;
 pub mod cli;
 pub mod error;
 pub mod inputs;
