@@ -92,6 +92,8 @@
 mod error;
 mod handshake;
 mod link;
+mod output;
+mod parser;
 mod wire;
 
 pub use error::Error;
