@@ -218,18 +218,26 @@ impl Link {
             return Err(Error::failed("flush", self.peer, reason.clone()));
         }
         loop {
-            if out.queue.is_empty() {
-                return Ok(true);
-            }
-            let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
-            let mut n = 0;
-            for item in &out.queue {
-                if n + 2 > MAX_IOVECS {
-                    break;
+            let written = match out.queue.front() {
+                None => return Ok(true),
+                // The common case, small messages coalesced into one buffer: one plain write,
+                // without building an I/O vector array.
+                Some(OutItem::Bytes { buf, pos }) if out.queue.len() == 1 => {
+                    (&self.stream).write(&buf[*pos..])
                 }
-                item.slices(&mut iov, &mut n);
-            }
-            match (&self.stream).write_vectored(&iov[..n]) {
+                Some(_) => {
+                    let mut iov = [IoSlice::new(&[]); MAX_IOVECS];
+                    let mut n = 0;
+                    for item in &out.queue {
+                        if n + 2 > MAX_IOVECS {
+                            break;
+                        }
+                        item.slices(&mut iov, &mut n);
+                    }
+                    (&self.stream).write_vectored(&iov[..n])
+                }
+            };
+            match written {
                 Ok(0) => {
                     let e = io::Error::from(io::ErrorKind::WriteZero);
                     out.fail(e.to_string());
