@@ -47,6 +47,7 @@
 
 mod addr;
 mod cm;
+mod connection;
 mod cq;
 mod device;
 mod error;
@@ -58,9 +59,10 @@ mod window;
 
 pub use addr::{split_host_port, AddrInfo, Side};
 pub use cm::{
-    connect, CmEvent, CmEventKind, Connection, ConnectionRequest, Listener, QpConfig,
-    MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
+    connect, CmEvent, CmEventKind, ConnectionRequest, Listener, QpConfig, MAX_ACCEPT_PRIVATE_DATA,
+    MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
+pub use connection::Connection;
 pub use cq::{Completion, CompletionQueue, WcStatus, WorkKind};
 pub use device::{Device, DeviceLimits, PortInfo};
 pub use error::{Error, Result};
