@@ -1,0 +1,302 @@
+//! Messages of every size and protocol: expected and unexpected, registration modes,
+//! event-mode waiting, tag matching, truncation, cancel, typed messages.
+
+use super::*;
+
+/// Sends every size both ways around the threshold and checks each byte; with the receive
+/// posted first (`expected`) or the messages sent first (unexpected).
+fn sizes_roundtrip(ctx: &Context, expected: bool) {
+    let thr = ctx.config().eager_threshold() as usize;
+    let sizes = [
+        0,
+        1,
+        64,
+        thr - 1,
+        thr,
+        thr + 1,
+        65536,
+        (1 << 20) + 3,
+        (16 << 20) + 5,
+    ];
+    let (server, _sep, _client, cep) = pair(ctx);
+    let mut recvs = Vec::new();
+    if expected {
+        for (i, &len) in sizes.iter().enumerate() {
+            recvs.push(server.tag_recv(i as u64, TAG_MASK_ALL, vec![0; len]));
+        }
+    }
+    let sends: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| cep.tag_send(i as u64, pattern(len, i as u8)))
+        .collect();
+    if !expected {
+        // Let every message arrive (eager data, or the RTS of rendezvous) before receiving.
+        let deadline = Instant::now() + long();
+        while server.stats().unexpected_messages < sizes.len() {
+            assert!(Instant::now() < deadline, "messages did not all arrive");
+            server.progress();
+        }
+        let probed = server.probe(3, TAG_MASK_ALL).expect("probe sees message 3");
+        assert_eq!(probed.len as usize, thr - 1);
+        for (i, &len) in sizes.iter().enumerate() {
+            recvs.push(server.tag_recv(i as u64, TAG_MASK_ALL, vec![0; len]));
+        }
+    }
+    for (i, r) in recvs.into_iter().enumerate() {
+        let done = finish(r).expect("receive ok");
+        assert_eq!(done.length, sizes[i], "length of message {i}");
+        assert_eq!(done.tag, i as u64);
+        assert!(
+            done.buf == pattern(sizes[i], i as u8),
+            "payload of {} bytes differs",
+            sizes[i]
+        );
+    }
+    for (i, s) in sends.into_iter().enumerate() {
+        let done = finish(s).expect("send ok");
+        assert_eq!(done.buf.len(), sizes[i], "the send buffer comes back whole");
+        assert!(
+            done.buf == pattern(sizes[i], i as u8),
+            "send buffer unchanged"
+        );
+    }
+}
+
+pub fn eager_and_rendezvous_expected() {
+    init_log();
+    sizes_roundtrip(&builder().build().unwrap(), true);
+}
+
+pub fn eager_and_rendezvous_unexpected() {
+    init_log();
+    sizes_roundtrip(&builder().build().unwrap(), false);
+}
+
+pub fn registration_cache_mode_and_small_threshold() {
+    init_log();
+    let ctx = builder()
+        .rndv_registration(RndvRegistration::Cache)
+        .eager_threshold(512)
+        .build()
+        .unwrap();
+    sizes_roundtrip(&ctx, true);
+    sizes_roundtrip(&ctx, false);
+}
+
+pub fn per_operation_registration_mode() {
+    init_log();
+    let ctx = builder()
+        .rndv_registration(RndvRegistration::PerOperation)
+        .build()
+        .unwrap();
+    sizes_roundtrip(&ctx, true);
+    sizes_roundtrip(&ctx, false);
+}
+
+pub fn event_wait_mode_roundtrips_and_idles() {
+    init_log();
+    let ctx = builder().wait_mode(WaitMode::Event).build().unwrap();
+    sizes_roundtrip(&ctx, true);
+    let (server, _sep, _client, cep) = pair(&ctx);
+    // A receive waited for in event mode: the waiting thread sleeps.
+    let r = server.tag_recv(9, TAG_MASK_ALL, vec![0; 16]);
+    let waiter = thread::spawn(move || {
+        let before = thread_cpu_ticks();
+        let done = r.wait().expect("receive");
+        (done, thread_cpu_ticks() - before)
+    });
+    let idle = Duration::from_secs(2);
+    thread::sleep(idle);
+    cep.send(9, b"wake up").unwrap();
+    let (done, ticks) = waiter.join().unwrap();
+    assert_eq!(&done.buf[..done.length], b"wake up");
+    let percent = ticks as f64 / (idle.as_secs_f64() * 100.0) * 100.0;
+    println!("event-mode waiter used {ticks} CPU ticks (100/s) in {idle:?} asleep: {percent:.1} %");
+    assert!(
+        ticks <= 10,
+        "an event-mode waiter must sleep, used {ticks} ticks"
+    );
+    // Ping-pong in event mode.
+    for i in 0..50u64 {
+        let r = server.tag_recv(100 + i, TAG_MASK_ALL, vec![0; 8]);
+        cep.send(100 + i, &i.to_le_bytes()).unwrap();
+        assert_eq!(finish(r).unwrap().buf, i.to_le_bytes());
+    }
+}
+
+/// utime + stime of the calling thread, in clock ticks.
+fn thread_cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("thread stat");
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    // After the command name: state is field 3, utime 14, stime 15 (1-based).
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+pub fn wildcard_and_masked_tags() {
+    init_log();
+    let ctx = builder().build().unwrap();
+    let (server, _sep, _client, cep) = pair(&ctx);
+    // Unexpected messages first, in this order.
+    for (tag, body) in [(0x10u64, "a"), (0x21, "b"), (0x12, "c"), (0x30, "d")] {
+        cep.send(tag, body.as_bytes()).unwrap();
+    }
+    let recv = |tag, mask| {
+        let r = server.tag_recv(tag, mask, vec![0; 8]);
+        assert!(r.wait_for(long()));
+        let d = finish(r).unwrap();
+        (
+            d.tag,
+            String::from_utf8(d.buf[..d.length].to_vec()).unwrap(),
+        )
+    };
+    // High nibble 1: the first such message in arrival order.
+    assert_eq!(recv(0x10, 0xf0), (0x10, "a".into()));
+    assert_eq!(recv(0x1f, 0xf0), (0x12, "c".into()));
+    // Wildcard: the oldest remaining.
+    assert_eq!(recv(0, TAG_MASK_ANY), (0x21, "b".into()));
+    assert_eq!(recv(0x30, TAG_MASK_ALL), (0x30, "d".into()));
+    // Posted wildcard receives match in posting order.
+    let r1 = server.tag_recv(0, TAG_MASK_ANY, vec![0; 8]);
+    let r2 = server.tag_recv(0, TAG_MASK_ANY, vec![0; 8]);
+    assert!(!r1.test() && !r2.is_done(), "nothing sent yet");
+    cep.send(5, b"first").unwrap();
+    cep.send(6, b"second").unwrap();
+    assert_eq!(finish(r1).unwrap().tag, 5);
+    assert_eq!(finish(r2).unwrap().tag, 6);
+}
+
+pub fn truncation_on_both_protocols() {
+    init_log();
+    let ctx = builder().build().unwrap();
+    let thr = ctx.config().eager_threshold() as usize;
+    let (server, _sep, _client, cep) = pair(&ctx);
+    // Eager: the receiver gets Truncated (the sender already completed).
+    let r = server.tag_recv(1, TAG_MASK_ALL, vec![0; 10]);
+    cep.send(1, &pattern(100, 1)).unwrap();
+    let mut err = finish(r).expect_err("truncated");
+    assert_eq!(err.status(), Some(Status::Truncated));
+    assert_eq!(err.take_buffer().len(), 10, "the buffer comes back");
+    // Rendezvous: both sides fail, nothing delivered.
+    let r = server.tag_recv(2, TAG_MASK_ALL, vec![0xee; thr + 100]);
+    let s = cep.tag_send(2, pattern(thr * 4, 2));
+    let mut err = finish(r).expect_err("truncated");
+    assert_eq!(err.status(), Some(Status::Truncated));
+    assert!(
+        err.take_buffer().iter().all(|&b| b == 0xee),
+        "nothing delivered"
+    );
+    let mut err = finish(s).expect_err("remote truncated");
+    assert_eq!(err.status(), Some(Status::RemoteTruncated));
+    assert_eq!(err.take_buffer(), pattern(thr * 4, 2));
+    // The connection still works.
+    let r = server.tag_recv(3, TAG_MASK_ALL, vec![0; 4]);
+    cep.send(3, b"fine").unwrap();
+    assert_eq!(finish(r).unwrap().buf, b"fine");
+}
+
+pub fn cancel_receive_and_rendezvous_send() {
+    init_log();
+    let ctx = builder().build().unwrap();
+    let (server, sep, client, cep) = pair(&ctx);
+    let r = server.tag_recv(1, TAG_MASK_ALL, vec![7; 32]);
+    assert!(r.cancel(), "an unmatched receive can be cancelled");
+    let mut err = finish(r).expect_err("cancelled");
+    assert_eq!(err.status(), Some(Status::Cancelled));
+    assert_eq!(err.take_buffer(), vec![7; 32]);
+    // A rendezvous send nobody receives yet: cancel it; the late receiver sees ReadFailed.
+    let big = pattern(1 << 20, 9);
+    let s = cep.tag_send(2, big.clone());
+    // Let the RTS arrive.
+    let deadline = Instant::now() + long();
+    while server.probe(2, TAG_MASK_ALL).is_none() {
+        assert!(Instant::now() < deadline);
+    }
+    assert!(s.cancel());
+    let mut err = finish(s).expect_err("cancelled");
+    assert_eq!(err.status(), Some(Status::Cancelled));
+    assert_eq!(
+        err.take_buffer(),
+        big,
+        "the cancelled send's buffer comes back"
+    );
+    let r = server.tag_recv(2, TAG_MASK_ALL, vec![0; 1 << 20]);
+    let err = finish(r).expect_err("the exposure is gone");
+    assert_eq!(err.status(), Some(Status::ReadFailed));
+    if is_rdma() {
+        // On RC a READ refused by the peer's NIC puts the QP in the error state: the
+        // connection is lost on both sides, and says so.
+        let deadline = Instant::now() + long();
+        while cep.is_connected() || sep.is_connected() {
+            assert!(
+                Instant::now() < deadline,
+                "the broken connection was not noticed"
+            );
+            server.progress();
+            client.progress();
+        }
+    } else {
+        // Over TCP the refused READ is an answer like any other: the connection stays up.
+        let r = server.tag_recv(4, TAG_MASK_ALL, vec![0; 8]);
+        cep.send(4, b"alive").unwrap();
+        assert_eq!(&finish(r).unwrap().buf[..5], b"alive");
+        assert!(cep.is_connected() && sep.is_connected());
+        drop(client);
+    }
+    // Dropping an unfinished receive cancels it: the next message goes to the next receive.
+    let (server, _sep, _client, cep) = pair(&ctx);
+    drop(server.tag_recv(3, TAG_MASK_ALL, vec![0; 8]));
+    let r = server.tag_recv(3, TAG_MASK_ALL, vec![0; 8]);
+    cep.send(3, b"x").unwrap();
+    assert_eq!(finish(r).unwrap().length, 1);
+    assert_eq!(server.stats().pending_requests, 0);
+}
+
+pub fn typed_messages_and_second_device() {
+    init_log();
+    #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+    struct Job {
+        id: u32,
+        name: String,
+        weights: Vec<f64>,
+    }
+    fn job_copy(j: &Job) -> Job {
+        Job {
+            id: j.id,
+            name: j.name.clone(),
+            weights: j.weights.clone(),
+        }
+    }
+    let ctx = builder().build().unwrap();
+    // On rxe1 this time.
+    let (sw, mut se, _cw, mut ce) = connect_n(&ctx, &addr_b(), 1);
+    let (sep, cep) = (se.remove(0), ce.remove(0));
+    if is_rdma() {
+        assert_eq!(sw.stats().device.as_deref(), Some("rxe1"));
+    }
+    let job = Job {
+        id: 7,
+        name: "train".into(),
+        weights: (0..5000).map(f64::from).collect(), // 40 KB: rendezvous
+    };
+    // A blocking rendezvous send needs the receiver to progress: send from another thread.
+    let sender = {
+        let cep = cep.clone();
+        let job = job_copy(&job);
+        thread::spawn(move || cep.send_obj(5, &job))
+    };
+    let got: Job = sw.recv_obj(5, TAG_MASK_ALL).unwrap();
+    assert_eq!(got, job);
+    sender.join().unwrap().unwrap();
+    sep.send_obj(6, &("ok", 1u8)).unwrap();
+    let (word, n): (String, u8) = cep.worker().recv_obj(6, TAG_MASK_ALL).unwrap();
+    assert_eq!((word.as_str(), n), ("ok", 1));
+    // A message that is not the expected type is a decode error, not a panic.
+    cep.send(7, b"\x01").unwrap();
+    assert!(sw.recv_obj::<Job>(7, TAG_MASK_ALL).is_err());
+}

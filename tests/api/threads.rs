@@ -1,0 +1,193 @@
+//! Several threads on one worker: sending, receiving, and a progress thread.
+
+use super::*;
+
+pub fn several_threads_send_on_one_worker() {
+    init_log();
+    let ctx = builder().build().unwrap();
+    let thr = ctx.config().eager_threshold() as usize;
+    let (server, _seps, _client, ceps) = connect_n(&ctx, &addr_a(), 2);
+    const THREADS: u64 = 4;
+    const PER: u64 = 150;
+    let barrier = Arc::new(Barrier::new(THREADS as usize));
+    let senders: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let ep = ceps[(t % 2) as usize].clone();
+            let barrier = barrier.clone();
+            thread::spawn(move || {
+                barrier.wait();
+                let mut reqs = Vec::new();
+                for i in 0..PER {
+                    // Mostly eager, every 10th message rendezvous.
+                    let len = if i % 10 == 9 {
+                        thr * 3
+                    } else {
+                        8 + (i as usize % 64)
+                    };
+                    let mut body = pattern(len, i as u8);
+                    body[..8].copy_from_slice(&i.to_le_bytes());
+                    reqs.push(ep.tag_send(t << 32 | i, body));
+                }
+                for r in reqs {
+                    finish(r).expect("send");
+                }
+            })
+        })
+        .collect();
+    let mut next: HashMap<u64, u64> = HashMap::new();
+    for _ in 0..THREADS * PER {
+        let r = server.tag_recv(0, TAG_MASK_ANY, vec![0; thr * 3]);
+        assert!(r.wait_for(long()), "a message went missing");
+        let d = finish(r).unwrap();
+        let (t, i) = (d.tag >> 32, d.tag & 0xffff_ffff);
+        let seq = u64::from_le_bytes(d.buf[..8].try_into().unwrap());
+        assert_eq!(seq, i);
+        let expect = next.entry(t).or_insert(0);
+        // Each thread's messages arrive in its order (one thread uses one ep).
+        assert_eq!(i, *expect, "thread {t}'s messages reordered");
+        *expect += 1;
+    }
+    for s in senders {
+        s.join().unwrap();
+    }
+    assert!(next.values().all(|&n| n == PER));
+}
+
+pub fn progress_thread_completes_requests() {
+    init_log();
+    let ctx = builder().progress_thread(true).build().unwrap();
+    let (server, _sep, _client, cep) = pair(&ctx);
+    let r = server.tag_recv(1, TAG_MASK_ALL, vec![0; 1 << 20]);
+    let s = cep.tag_send(1, pattern(1 << 20, 4));
+    // Nobody calls progress or wait: the progress threads complete both.
+    let deadline = Instant::now() + long();
+    while !(r.is_done() && s.is_done()) {
+        assert!(
+            Instant::now() < deadline,
+            "progress thread did not complete the requests"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(finish(r).unwrap().buf, pattern(1 << 20, 4));
+    finish(s).unwrap();
+}
+
+/// Runs `f` on a thread of its own and returns its result, failing the test if it takes
+/// longer than [`long`] (a hang guard, not a timing).
+fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+    });
+    match rx.recv_timeout(long()) {
+        Ok(Ok(v)) => v,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!("{what}: not done within {:?}", long()),
+    }
+}
+
+/// Several threads call `recv_vec` on one worker at once, as UCP and MPI users do: every
+/// message is received exactly once, by one of them, intact — a thread whose probed message
+/// another thread took waits for the next one instead of failing (2 threads × 8 × 16 MiB,
+/// then 4 threads × 2000 × 8 B; `RDMX_RECV_THREADS_MIB` sets the large size).
+pub fn several_threads_receive_on_one_worker() {
+    init_log();
+    // In the emulated guest, threads spinning in poll mode starve rxe's kernel threads, which
+    // move the rendezvous data: there the receivers sleep (event mode) instead.
+    let mode = if is_rdma() {
+        WaitMode::Event
+    } else {
+        WaitMode::BusyPoll
+    };
+    let ctx = builder().wait_mode(mode).build().unwrap();
+    let (server, _sep, _client, cep) = pair(&ctx);
+    // RDMX_RECV_THREADS_MIB shrinks the large messages for slow runs (valgrind). In the
+    // emulated guest a debug build moves 16 × 16 MiB in about 100 s, so there they are 1 MiB
+    // (any rendezvous size races the same way).
+    let big = env_count("RDMX_RECV_THREADS_MIB", if is_rdma() { 1 } else { 16 }) << 20;
+    for (threads, per_thread, len) in [(2usize, 8usize, big), (4, 2000, 8)] {
+        let total = threads * per_thread;
+        let started = Instant::now();
+        let message = move |i: usize| {
+            let mut m = pattern(len, i as u8);
+            m[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            m
+        };
+        let sender = {
+            let cep = cep.clone();
+            thread::spawn(move || {
+                let reqs: Vec<Request> = (0..total).map(|i| cep.tag_send(5, message(i))).collect();
+                for r in reqs {
+                    r.wait().expect("send");
+                }
+            })
+        };
+        let receivers: Vec<_> = (0..threads)
+            .map(|t| {
+                let server = server.clone();
+                thread::spawn(move || {
+                    (0..per_thread)
+                        .map(|_| {
+                            let (buf, info) =
+                                server.recv_vec(5, TAG_MASK_ALL).unwrap_or_else(|e| {
+                                    panic!("receiving thread {t}: {e}");
+                                });
+                            assert_eq!((info.length, buf.len()), (len, len));
+                            let i = u64::from_le_bytes(buf[..8].try_into().unwrap()) as usize;
+                            assert!(buf == message(i), "message {i} arrived intact");
+                            i
+                        })
+                        .collect::<Vec<usize>>()
+                })
+            })
+            .collect();
+        let mut got = bounded("the receiving threads", move || {
+            let got: Vec<usize> = receivers
+                .into_iter()
+                .flat_map(|r| r.join().expect("a receiving thread"))
+                .collect();
+            sender.join().expect("the sending thread");
+            got
+        });
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            (0..total).collect::<Vec<_>>(),
+            "{threads} threads × {per_thread} × {len} B: each message exactly once"
+        );
+        println!(
+            "{threads} receiving threads × {per_thread} messages of {len} B: all received once \
+             ({:?})",
+            started.elapsed()
+        );
+    }
+}
+
+/// With progress threads, a blocking `recv_vec` ping-pong: a message that arrives before
+/// its receive is posted completes no request, yet it must wake the thread blocked probing
+/// for it (1000 round trips; a waiter left to a sleep slice instead would not finish
+/// within the hang guard).
+pub fn progress_thread_wakes_a_blocked_recv_vec() {
+    init_log();
+    let ctx = builder()
+        .progress_thread(true)
+        .wait_mode(WaitMode::Event)
+        .build()
+        .unwrap();
+    let (server, sep, client, cep) = pair(&ctx);
+    const ROUNDS: u64 = 1000;
+    let echo = thread::spawn(move || {
+        for _ in 0..ROUNDS {
+            let (buf, info) = server.recv_vec(1, TAG_MASK_ALL).expect("ping");
+            sep.send(2, &buf[..info.length]).expect("pong");
+        }
+    });
+    bounded("1000 recv_vec round trips", move || {
+        for i in 0..ROUNDS {
+            cep.send(1, &i.to_le_bytes()).expect("ping");
+            let (buf, _) = client.recv_vec(2, TAG_MASK_ALL).expect("pong");
+            assert_eq!(buf, i.to_le_bytes());
+        }
+        echo.join().expect("the echo thread");
+    });
+}
