@@ -62,9 +62,9 @@ enum Rdma {}
 type ReadPiece = RegisteredBuf;
 #[cfg(not(feature = "rdma"))]
 enum ReadPiece {}
-use crate::transport::{Conn, Link, Transport};
 #[cfg(feature = "rdma")]
-use crate::usermem::RegCache;
+use crate::transport::rdma::RegCache;
+use crate::transport::{Conn, Link, Transport};
 use crate::usermem::UserMem;
 
 /// The top bits of a READ's key are left free for the completion cookie's kind.
