@@ -10,6 +10,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::transport::ReadPiece;
+
 #[cfg(feature = "rdma")]
 use rdmx_conn::{Access, ProtectionDomain, RegisteredBuf};
 
@@ -243,11 +245,11 @@ impl UserMem {
         }
     }
 
-    #[cfg(feature = "rdma")]
     /// Writes off a range taken by [`UserMem::take_range`] that will never come back (its
     /// connection was destroyed with the READ posted): the buffer is no longer in flight for
     /// it, and can only be dropped.
     pub(crate) fn lose_piece(&mut self) {
+        #[cfg(feature = "rdma")]
         if let UserMem::Direct(p) | UserMem::Staged { region: p, .. } = self {
             if p.in_flight > 0 {
                 p.in_flight -= 1;
@@ -256,13 +258,15 @@ impl UserMem {
         }
     }
 
-    #[cfg(feature = "rdma")]
     /// Gives back a range taken by [`UserMem::take_range`].
-    pub(crate) fn put_back(&mut self, off: u64, buf: RegisteredBuf) {
+    pub(crate) fn put_back(&mut self, off: u64, piece: ReadPiece) {
+        #[cfg(feature = "rdma")]
         match self {
-            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.put_back(off, buf),
-            _ => drop(buf),
+            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.put_back(off, piece),
+            _ => drop(piece),
         }
+        #[cfg(not(feature = "rdma"))]
+        match piece {}
     }
 
     /// Ends the registration (deregisters, or returns the region to the cache), keeping the

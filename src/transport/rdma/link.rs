@@ -1,20 +1,27 @@
-//! An RDMA connection of a worker and its ordered queue of work to post.
+//! An RDMA connection of a worker: its ordered queue of work to post, and what the worker
+//! asks of it ([`TransportLink`]).
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
-use rdmx_conn::{Connection, MemoryWindow, RegisteredBuf, RemoteBuf};
-use rdmx_proto::ConnId;
+use rdmx_conn::{Access, CmEventKind, Connection, MemoryWindow, RegisteredBuf, RemoteBuf};
+use rdmx_proto::{ConnId, UserBufId};
 
-use super::{COOKIE_BIND, COOKIE_SEND};
+use super::{Rdma, COOKIE_BIND, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
+use crate::transport::{IfaceState, LinkEvent, PollScratch, ReadOp, Transport, TransportLink};
+use crate::usermem::UserMem;
 
 /// The largest frame sent inline (copied into the work request): what rdmx asks of the QP,
 /// held in the queue without an allocation.
-pub(crate) const INLINE_MAX: usize = 128;
+pub(super) const INLINE_MAX: usize = 128;
 
 /// Work waiting to be posted on a connection.
-pub(crate) enum Outgoing {
+pub(super) enum Outgoing {
     /// A frame small enough to be copied into the work request (its first `len` bytes).
     Inline { bytes: [u8; INLINE_MAX], len: u16 },
     /// A frame in a registered send buffer.
@@ -35,57 +42,57 @@ pub(crate) enum Outgoing {
 /// An RDMA connection of a worker, with its queue of work to post.
 pub(crate) struct RdmaLink {
     id: ConnId,
-    pub(crate) conn: Connection,
+    conn: Connection,
+    /// The worker's device resources (the PD its memory is registered with).
+    rdma: Arc<Rdma>,
     /// Work to post, in order (its capacity is kept: no allocation per message).
     queue: Mutex<VecDeque<Outgoing>>,
     in_flight: AtomicU32,
     depth: u32,
     /// Work whose post failed, for the worker to report as failed completions.
-    pub(crate) failures: Mutex<Vec<Outgoing>>,
+    failures: Mutex<Vec<Outgoing>>,
 }
 
 impl RdmaLink {
-    pub(crate) fn new(id: ConnId, conn: Connection, depth: u32) -> Self {
+    /// The link of the worker's connection `id` over `conn`, made with `rdma`'s QP settings.
+    pub(crate) fn new(id: ConnId, conn: Connection, rdma: Arc<Rdma>) -> Self {
         RdmaLink {
             id,
             conn,
+            depth: rdma.qp_config.send_depth,
+            rdma,
             queue: Mutex::new(VecDeque::new()),
             in_flight: AtomicU32::new(0),
-            depth,
             failures: Mutex::new(Vec::new()),
         }
     }
 
-    pub(crate) fn max_inline(&self) -> usize {
+    fn max_inline(&self) -> usize {
         self.conn.max_inline() as usize
     }
 
-    /// Queues work; call [`RdmaLink::flush`] after releasing the worker's state lock.
-    pub(crate) fn push(&self, item: Outgoing) {
+    /// Queues work; it is posted by the next [`TransportLink::flush`], after the worker's
+    /// state lock is released.
+    pub(super) fn push(&self, item: Outgoing) {
         self.queue.lock().push_back(item);
     }
 
     /// A posted work request completed.
-    pub(crate) fn completed(&self) {
+    fn completed(&self) {
         let _ = self
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
     }
 
-    /// Whether nothing is posted or waiting.
-    pub(crate) fn idle(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) == 0 && self.queue.lock().is_empty()
-    }
-
     /// Work requests posted and not completed.
-    pub(crate) fn in_flight(&self) -> u32 {
+    fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Acquire)
     }
 
     /// Posts queued work in order while the send queue has room. Returns whether a post
     /// failed (the failure is recorded in `failures` for the worker to report). `closing`
     /// says whether failures are expected (the connection is going away).
-    pub(crate) fn flush(&self, closing: bool) -> bool {
+    fn post(&self, closing: bool) -> bool {
         let mut stalled = self.queue.lock();
         let mut failed = false;
         loop {
@@ -164,5 +171,184 @@ impl RdmaLink {
             }
         }
         failed
+    }
+}
+
+impl TransportLink for RdmaLink {
+    fn transport(&self) -> Transport {
+        Transport::Rdma
+    }
+
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        self.conn.peer_addr()
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        self.conn.local_addr()
+    }
+
+    fn peer_private_data(&self) -> &[u8] {
+        self.conn.peer_private_data()
+    }
+
+    fn event_fd(&self) -> BorrowedFd<'_> {
+        self.conn.event_fd()
+    }
+
+    fn joined(&self, st: &mut IfaceState, out: &mut Vec<LinkEvent>) {
+        st.rdma.adopt(self.conn.qp_num(), self.id, out);
+    }
+
+    fn reaped(&self, st: &mut IfaceState) {
+        st.rdma.forget(self.id);
+    }
+
+    /// A frame up to the QP's inline limit is copied into the work request; a larger one
+    /// into a registered send buffer.
+    fn queue_frame(&self, st: &mut IfaceState, frame: &[u8], payload: &[u8]) -> Result<(), String> {
+        let total = frame.len() + payload.len();
+        let item = if total <= self.max_inline().min(INLINE_MAX) {
+            let mut bytes = [0u8; INLINE_MAX];
+            bytes[..frame.len()].copy_from_slice(frame);
+            bytes[frame.len()..total].copy_from_slice(payload);
+            Outgoing::Inline {
+                bytes,
+                len: total as u16,
+            }
+        } else {
+            let pool = &mut st.rdma.send_pool;
+            if total > pool.buf_len() {
+                return Err(format!("a {total}-byte frame exceeds the send buffers"));
+            }
+            let mut buf = pool
+                .take(&self.rdma.pd)
+                .map_err(|e| format!("no send buffer: {e}"))?;
+            buf[..frame.len()].copy_from_slice(frame);
+            buf[frame.len()..total].copy_from_slice(payload);
+            Outgoing::Frame { buf, len: total }
+        };
+        self.push(item);
+        Ok(())
+    }
+
+    /// The destination is registered (per operation or through the cache, as configured)
+    /// and the READ's range of it taken out until the READ completes.
+    fn start_read(
+        &self,
+        st: &mut IfaceState,
+        read: ReadOp,
+        mem: &mut UserMem,
+    ) -> Result<(), String> {
+        let st = &mut st.rdma;
+        mem.register(
+            st.mode,
+            &self.rdma.pd,
+            &mut st.rcache,
+            Access::LOCAL_WRITE,
+            true,
+        )?;
+        let target = mem
+            .take_range(read.offset, read.len)
+            .ok_or("the READ falls outside the receive buffer")?;
+        self.push(Outgoing::Read {
+            target,
+            len: read.len as usize,
+            remote: RemoteBuf {
+                addr: read.remote.addr,
+                len: read.len as u32,
+                rkey: read.remote.rkey,
+            },
+            cookie: COOKIE_READ | read.key,
+        });
+        Ok(())
+    }
+
+    /// Through a memory window bound to this QP where the device has them (see
+    /// [`super::Windows::expose`]).
+    fn expose(
+        &self,
+        st: &mut IfaceState,
+        buf: UserBufId,
+        mem: &mut UserMem,
+        len: u64,
+    ) -> Result<rdmx_proto::RemoteBuf, String> {
+        let st = &mut st.rdma;
+        st.windows
+            .expose(&self.rdma, st.mode, self, buf, mem, &mut st.rcache, len)
+    }
+
+    fn work_done(&self) {
+        self.completed();
+    }
+
+    fn close(&self) {
+        self.push(Outgoing::Disconnect);
+    }
+
+    fn take_failures(&self, st: &mut IfaceState, out: &mut Vec<LinkEvent>) {
+        let items: Vec<Outgoing> = std::mem::take(&mut *self.failures.lock());
+        let conn = self.id;
+        for item in items {
+            match item {
+                Outgoing::Frame { buf, .. } => {
+                    st.rdma.send_pool.give(buf);
+                    out.push(LinkEvent::SendFailed { conn });
+                }
+                Outgoing::Inline { .. } => out.push(LinkEvent::SendFailed { conn }),
+                Outgoing::Read { target, cookie, .. } => out.push(LinkEvent::ReadDone {
+                    key: cookie & !COOKIE_KIND,
+                    piece: Some(target),
+                    ok: false,
+                    posted: false,
+                }),
+                // The RTS behind it would announce a key that grants nothing.
+                Outgoing::Bind(_) => out.push(LinkEvent::Down {
+                    conn,
+                    reason: "cannot bind a memory window".to_string(),
+                    reads_lost: false,
+                }),
+                Outgoing::Disconnect => {}
+            }
+        }
+    }
+
+    fn flush(&self, closing: bool) -> bool {
+        self.post(closing)
+    }
+
+    fn idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0 && self.queue.lock().is_empty()
+    }
+
+    /// Reads the connection's rdmacm events, at housekeeping only.
+    fn poll(&self, housekeeping: bool, _: &mut PollScratch, out: &mut Vec<LinkEvent>) -> usize {
+        if !housekeeping {
+            return 0;
+        }
+        loop {
+            match self.conn.next_event(Some(Duration::ZERO)) {
+                Ok(Some(ev)) => match ev.kind {
+                    CmEventKind::DISCONNECTED | CmEventKind::DEVICE_REMOVAL => {
+                        let reason = if ev.kind == CmEventKind::DISCONNECTED {
+                            "the peer disconnected (rdmacm DISCONNECTED)"
+                        } else {
+                            "the RDMA device was removed"
+                        };
+                        out.push(LinkEvent::Down {
+                            conn: self.id,
+                            reason: reason.to_string(),
+                            reads_lost: false,
+                        });
+                    }
+                    other => log::debug!("{:?}: {}", self.id, other.name()),
+                },
+                Ok(None) => break,
+                Err(e) => {
+                    log::debug!("events of {:?}: {e}", self.id);
+                    break;
+                }
+            }
+        }
+        0
     }
 }

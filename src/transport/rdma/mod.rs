@@ -1,21 +1,29 @@
-//! The RDMA transport under a worker: one device's PD, CQ, SRQ and buffer pools, and the
-//! connections, each with an ordered queue of work to post.
+//! The RDMA transport under a worker: one device's PD, CQ, SRQ and buffer pools (this
+//! module; made on first use by [`RdmaIface`]), the state its connections share under the
+//! worker's protocol lock ([`RdmaState`]: send buffers, registration cache, memory windows),
+//! what its completions mean (`completions`), and the connections, each with an ordered
+//! queue of work to post ([`RdmaLink`]).
 //!
 //! Work for a connection is pushed (in protocol order, under the worker's state lock) onto
-//! its lock-free queue and posted later by whichever thread flushes the connection, holding
-//! only that connection's post lock — no worker-wide lock is held across a post. A connection
-//! never has more than `send_depth` work requests posted; the rest waits in its queue, so a
-//! full send queue is back-pressure, not an error.
+//! its queue and posted later by whichever thread flushes the connection, holding only that
+//! connection's post lock — no worker-wide lock is held across a post. A connection never
+//! has more than `send_depth` work requests posted; the rest waits in its queue, so a full
+//! send queue is back-pressure, not an error.
 
+mod completions;
+mod iface;
 mod link;
 mod pool;
 mod rcache;
 mod windows;
 
-pub(crate) use link::{Outgoing, RdmaLink, INLINE_MAX};
-pub(crate) use pool::SendPool;
+pub(crate) use iface::{RdmaIface, RdmaState};
+pub(crate) use link::RdmaLink;
 pub(crate) use rcache::RegCache;
-pub(crate) use windows::Windows;
+
+use link::{Outgoing, INLINE_MAX};
+use pool::SendPool;
+use windows::Windows;
 
 use rdmx_conn::{
     Access, CompletionQueue, Device, ProtectionDomain, QpConfig, RegisteredBuf, SharedReceiveQueue,
@@ -24,11 +32,13 @@ use rdmx_conn::{
 use crate::config::Config;
 use crate::error::{Error, Result};
 
-/// Cookie tags: the top two bits of a work request's cookie say what it was.
-pub(crate) const COOKIE_SEND: u64 = 1 << 62;
-pub(crate) const COOKIE_READ: u64 = 2 << 62;
-pub(crate) const COOKIE_BIND: u64 = 3 << 62;
-pub(crate) const COOKIE_KIND: u64 = 3 << 62;
+/// Cookie tags: the top two bits of a work request's cookie say what it was (a READ's key
+/// leaves them free: [`super::READ_KEY_MASK`]).
+const COOKIE_SEND: u64 = 1 << 62;
+const COOKIE_READ: u64 = 2 << 62;
+const COOKIE_BIND: u64 = 3 << 62;
+const COOKIE_KIND: u64 = 3 << 62;
+const _: () = assert!(COOKIE_KIND == !super::READ_KEY_MASK);
 
 /// One device's shared resources.
 pub(crate) struct Rdma {

@@ -64,6 +64,7 @@ impl Windows {
 
     /// Kills the window of `buf`, if it has one: true once it is dead (or there was none),
     /// false while a bind of it is still posted (try again after polling completions).
+    #[inline]
     pub(crate) fn invalidate(&mut self, buf: UserBufId) -> bool {
         match self.by_buf.remove(&buf) {
             None => true,
