@@ -10,11 +10,15 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::transport::ReadPiece;
+
 #[cfg(feature = "rdma")]
 use rdmx_conn::{Access, ProtectionDomain, RegisteredBuf};
 
 #[cfg(feature = "rdma")]
 use crate::config::RndvRegistration;
+#[cfg(feature = "rdma")]
+use crate::transport::rdma::RegCache;
 
 /// Pieces of one registered region, keyed by their offset in the user's buffer.
 #[cfg(feature = "rdma")]
@@ -241,11 +245,11 @@ impl UserMem {
         }
     }
 
-    #[cfg(feature = "rdma")]
     /// Writes off a range taken by [`UserMem::take_range`] that will never come back (its
     /// connection was destroyed with the READ posted): the buffer is no longer in flight for
     /// it, and can only be dropped.
     pub(crate) fn lose_piece(&mut self) {
+        #[cfg(feature = "rdma")]
         if let UserMem::Direct(p) | UserMem::Staged { region: p, .. } = self {
             if p.in_flight > 0 {
                 p.in_flight -= 1;
@@ -254,13 +258,15 @@ impl UserMem {
         }
     }
 
-    #[cfg(feature = "rdma")]
     /// Gives back a range taken by [`UserMem::take_range`].
-    pub(crate) fn put_back(&mut self, off: u64, buf: RegisteredBuf) {
+    pub(crate) fn put_back(&mut self, off: u64, piece: ReadPiece) {
+        #[cfg(feature = "rdma")]
         match self {
-            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.put_back(off, buf),
-            _ => drop(buf),
+            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.put_back(off, piece),
+            _ => drop(piece),
         }
+        #[cfg(not(feature = "rdma"))]
+        match piece {}
     }
 
     /// Ends the registration (deregisters, or returns the region to the cache), keeping the
@@ -348,73 +354,5 @@ impl UserMem {
             UserMem::Lent => true,
             _ => false,
         }
-    }
-}
-
-/// Registered regions kept for reuse, by power-of-two size class (64 KiB and up).
-///
-/// Regions are allocated and registered by the worker (never user memory), with local write
-/// and remote read, and stay registered while cached. At most `limit` bytes are kept; a
-/// region given back beyond that is deregistered.
-#[cfg(feature = "rdma")]
-pub(crate) struct RegCache {
-    /// Free regions by access and size class.
-    classes: BTreeMap<(Access, usize), Vec<RegisteredBuf>>,
-    cached: u64,
-    limit: u64,
-    /// Regions registered over the cache's life (for statistics).
-    pub(crate) registrations: u64,
-}
-
-#[cfg(feature = "rdma")]
-const MIN_CLASS: usize = 64 * 1024;
-
-#[cfg(feature = "rdma")]
-impl RegCache {
-    pub(crate) fn new(limit: u64) -> Self {
-        RegCache {
-            classes: BTreeMap::new(),
-            cached: 0,
-            limit,
-            registrations: 0,
-        }
-    }
-
-    fn class(len: usize) -> usize {
-        len.max(MIN_CLASS).next_power_of_two()
-    }
-
-    /// A region of at least `len` bytes with exactly `access`: send staging regions are
-    /// remotely readable and never written by the NIC, receive staging regions are written
-    /// by the NIC and never remotely readable, so the two are never mixed.
-    fn take(
-        &mut self,
-        pd: &ProtectionDomain,
-        len: usize,
-        access: Access,
-    ) -> Result<RegisteredBuf, rdmx_conn::Error> {
-        let class = Self::class(len);
-        let key = (access, class);
-        if let Some(buf) = self.classes.get_mut(&key).and_then(Vec::pop) {
-            self.cached -= class as u64;
-            return Ok(buf);
-        }
-        self.registrations += 1;
-        pd.register(class, access)
-    }
-
-    fn give(&mut self, buf: RegisteredBuf) {
-        let class = buf.len();
-        if !class.is_power_of_two() || self.cached + class as u64 > self.limit {
-            return; // dropped: deregistered
-        }
-        let access = buf.access();
-        self.cached += class as u64;
-        self.classes.entry((access, class)).or_default().push(buf);
-    }
-
-    /// Bytes currently cached.
-    pub(crate) fn cached_bytes(&self) -> u64 {
-        self.cached
     }
 }

@@ -1,24 +1,34 @@
 //! The transports under a worker, chosen per connection: how its connections move frames
-//! and rendezvous data, and what each does natively ([`Capabilities`]). One module each:
-//! `rdma` (rdmacm + verbs: SRQ, RDMA READ, memory windows) and `tcp` (over `rdmx-tcp`'s
-//! nonblocking sockets; a rendezvous READ becomes a request answered by the sender's
-//! progress engine streaming straight from the exposed buffer). The protocol engine above
-//! never learns which one a connection runs on: it sees frames, send completions and READ
-//! completions either way.
+//! and rendezvous data, and what each does natively ([`Capabilities`]).
+//!
+//! A connection's transport half is a [`TransportLink`]; the worker keeps each as a
+//! `Box<dyn TransportLink>` in the connection's [`Conn`], so one worker holds connections of
+//! several transports at once and one executor drives the protocol engine for all of them.
+//! One implementation per folder: `rdma` (rdmacm + verbs: SRQ, RDMA READ, memory windows)
+//! and `tcp` (over `rdmx-tcp`'s nonblocking sockets; a rendezvous READ becomes a request
+//! answered by the sender's link streaming straight from the exposed buffer). What a
+//! transport keeps for all of a worker's connections over it lives in [`Ifaces`] (used
+//! without the worker's protocol lock: RDMA's device resources, TCP's exposure table) and
+//! [`IfaceState`] (under the lock: RDMA's send buffers, registration cache and memory
+//! windows). The protocol engine above never learns which transport a connection runs on:
+//! it sees frames, send completions and READ completions either way, as [`LinkEvent`]s.
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use rdmx_proto::ConnId;
+use rdmx_proto::{ConnId, RemoteBuf, UserBufId};
 
+mod conn;
+mod ifaces;
 #[cfg(feature = "rdma")]
 pub(crate) mod rdma;
 pub(crate) mod tcp;
 
-#[cfg(feature = "rdma")]
-use rdma::RdmaLink;
+pub(crate) use conn::Conn;
+pub(crate) use ifaces::{Deferred, IfaceState, Ifaces, PollScratch};
+
+use crate::usermem::UserMem;
 
 /// A transport, as `RDMX_TRANSPORT` names it. A context may use several, in order of
 /// preference; each connection runs on one of them (see [`crate::Ep::transport`]).
@@ -116,139 +126,257 @@ impl Transport {
     }
 }
 
-/// A connection's transport half.
-// One per connection, inside its `Arc<Conn>`: the variants' sizes do not matter.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Link {
-    #[cfg(feature = "rdma")]
-    Rdma(RdmaLink),
-    Tcp(rdmx_tcp::Link),
-}
+/// A connection's transport half: what the worker's driver, executor and progress ask of a
+/// connection, whatever it runs on.
+///
+/// Methods taking an [`IfaceState`] run under the worker's protocol lock and get the
+/// transports' worker-wide state that lock guards; they only queue work. The others run
+/// without it, from any thread: [`flush`](TransportLink::flush) posts or writes what was
+/// queued, [`poll`](TransportLink::poll) reads the link's own fd.
+pub(crate) trait TransportLink: Send + Sync {
+    /// The transport the link runs on.
+    fn transport(&self) -> Transport;
 
-impl Link {
-    /// The private data the peer sent with its accept or connect.
-    pub(crate) fn peer_private_data(&self) -> &[u8] {
-        match self {
-            #[cfg(feature = "rdma")]
-            Link::Rdma(l) => l.conn.peer_private_data(),
-            Link::Tcp(l) => l.peer_private_data(),
-        }
-    }
-}
-
-/// A connection of a worker.
-pub(crate) struct Conn {
-    pub(crate) id: ConnId,
-    pub(crate) peer: Option<SocketAddr>,
-    pub(crate) local: Option<SocketAddr>,
-    pub(crate) link: Link,
-    /// Closed by either side: no new work, reaped once nothing is posted.
-    pub(crate) closing: AtomicBool,
-    /// Send requests on this connection not yet completed.
-    pub(crate) pending_sends: AtomicUsize,
-    /// Why the connection closed (the first reason recorded wins).
-    pub(crate) close_reason: parking_lot::Mutex<Option<String>>,
-    /// Whether the worker's readiness registry watches the link for room to write (a TCP
-    /// link with output a full socket buffer held back).
-    pub(crate) write_watched: AtomicBool,
-    /// Held while `write_watched` and the registration change together.
-    pub(crate) watch_lock: parking_lot::Mutex<()>,
-}
-
-impl Conn {
-    pub(crate) fn new(id: ConnId, link: Link) -> Self {
-        let (peer, local) = match &link {
-            #[cfg(feature = "rdma")]
-            Link::Rdma(l) => (l.conn.peer_addr(), l.conn.local_addr()),
-            Link::Tcp(l) => (l.peer_addr(), l.local_addr()),
-        };
-        Conn {
-            id,
-            peer,
-            local,
-            link,
-            closing: AtomicBool::new(false),
-            close_reason: parking_lot::Mutex::new(None),
-            pending_sends: AtomicUsize::new(0),
-            write_watched: AtomicBool::new(false),
-            watch_lock: parking_lot::Mutex::new(()),
-        }
+    /// What the link's transport does natively.
+    fn capabilities(&self) -> Capabilities {
+        self.transport().capabilities()
     }
 
-    /// The transport the connection runs on.
-    pub(crate) fn transport(&self) -> Transport {
-        match &self.link {
-            #[cfg(feature = "rdma")]
-            Link::Rdma(_) => Transport::Rdma,
-            Link::Tcp(_) => Transport::Tcp,
-        }
+    /// The peer's address.
+    fn peer_addr(&self) -> Option<SocketAddr>;
+
+    /// This side's address.
+    fn local_addr(&self) -> Option<SocketAddr>;
+
+    /// The private data the peer sent with its accept or connect (its handshake).
+    fn peer_private_data(&self) -> &[u8];
+
+    /// The fd that becomes readable when the link has news (rdmacm events; TCP data), and
+    /// writable when held-back output can go (TCP, while [`wants_write`]).
+    ///
+    /// [`wants_write`]: TransportLink::wants_write
+    fn event_fd(&self) -> BorrowedFd<'_>;
+
+    /// Whether the link's frames arrive on its [`event_fd`](TransportLink::event_fd): those
+    /// of a transport without a shared receive queue (TCP). Progress then reads the link
+    /// whenever it is readable. Otherwise they arrive on the worker's queue (RDMA's SRQ,
+    /// reported by [`IfaceState::completions`]) and the fd carries only connection events,
+    /// read at housekeeping.
+    fn frames_on_event_fd(&self) -> bool {
+        !self.capabilities().shared_receive_queue
     }
 
-    pub(crate) fn is_closing(&self) -> bool {
-        self.closing.load(Ordering::Acquire)
+    // ---- under the protocol lock
+
+    /// The worker took the link in: what it received before it was known (RDMA: frames on
+    /// its QP that arrived before the connection was added) is reported now.
+    fn joined(&self, st: &mut IfaceState, out: &mut Vec<LinkEvent>) {
+        let _ = (st, out);
     }
+
+    /// The worker forgets the link (it was reaped).
+    fn reaped(&self, st: &mut IfaceState) {
+        let _ = st;
+    }
+
+    /// Queues one frame whose body is `frame` (the protocol header) followed by `payload`;
+    /// it goes out at the next [`flush`](TransportLink::flush). An error means the frame
+    /// cannot be sent: the send fails.
+    fn queue_frame(&self, st: &mut IfaceState, frame: &[u8], payload: &[u8]) -> Result<(), String>;
+
+    /// Starts a rendezvous READ into `mem` (the user buffer `read.buf`); it is reported as
+    /// [`LinkEvent::ReadDone`] under `read.key`, whatever its outcome, unless this fails.
+    fn start_read(
+        &self,
+        st: &mut IfaceState,
+        read: ReadOp,
+        mem: &mut UserMem,
+    ) -> Result<(), String>;
+
+    /// Makes the first `len` bytes of the send buffer `buf` (`mem`) readable by this link's
+    /// peer alone, and names them for the peer's READ. The exposure ends with
+    /// [`IfaceState::release`], which concerns the buffer whichever link exposed it.
+    fn expose(
+        &self,
+        st: &mut IfaceState,
+        buf: UserBufId,
+        mem: &mut UserMem,
+        len: u64,
+    ) -> Result<RemoteBuf, String>;
+
+    /// A READ started on this link was reported: the link hands back what it held of the
+    /// destination `buf` once no READ into it is left (TCP: the buffer lent to it).
+    fn read_finished(&self, buf: UserBufId, mem: Option<&mut UserMem>) {
+        let _ = (buf, mem);
+    }
+
+    /// Work the link posted completed (RDMA: a send queue slot is free again).
+    fn work_done(&self) {}
+
+    /// Gives the buffer of a frame this link received back once the engine has read it (RDMA:
+    /// reposted on the SRQ after the lock is released; TCP: reused by the link).
+    fn give_back(&self, frame: RecvFrame, deferred: &mut Deferred) {
+        deferred.return_frame(frame);
+    }
+
+    /// Takes back every buffer lent to the link as a READ destination (the link failed or
+    /// is reaped): the READs into them are forgotten.
+    fn reclaim_lent(&self) -> Vec<(UserBufId, Vec<u8>)> {
+        Vec::new()
+    }
+
+    /// The connection is closing: disconnect once what is queued has gone out.
+    fn close(&self);
+
+    /// Reports the work whose post failed since the last call (RDMA; see
+    /// [`flush`](TransportLink::flush)).
+    fn take_failures(&self, st: &mut IfaceState, out: &mut Vec<LinkEvent>) {
+        let _ = (st, out);
+    }
+
+    // ---- without the protocol lock
 
     /// Posts or writes what is queued. True when something failed that the worker must
-    /// look at (RDMA: failed posts; TCP: the socket broke).
-    pub(crate) fn flush(&self) -> bool {
-        match &self.link {
-            #[cfg(feature = "rdma")]
-            Link::Rdma(l) => l.flush(self.is_closing()),
-            Link::Tcp(l) => match l.flush() {
-                Ok(all_written) => {
-                    // A closing connection is shut down once everything is written.
-                    if all_written && self.is_closing() {
-                        l.shutdown();
-                    }
-                    false
-                }
-                Err(e) => {
-                    if !self.is_closing() {
-                        log::warn!("writing to {:?}: {e}", self.peer);
-                    }
-                    true
-                }
-            },
-        }
-    }
+    /// look at ([`take_failures`](TransportLink::take_failures); TCP: the socket broke).
+    /// `closing` says whether the connection is closing (failures are expected then; TCP
+    /// shuts the socket down once everything is written).
+    fn flush(&self, closing: bool) -> bool;
 
     /// Whether output waits for room in the socket (TCP only: RDMA posts never wait).
-    pub(crate) fn wants_write(&self) -> bool {
-        self.tcp().is_some_and(|l| l.wants_write())
+    fn wants_write(&self) -> bool {
+        false
     }
 
     /// Whether nothing is posted or waiting to be written.
-    pub(crate) fn idle(&self) -> bool {
-        match &self.link {
-            #[cfg(feature = "rdma")]
-            Link::Rdma(l) => l.idle(),
-            Link::Tcp(l) => !l.wants_write(),
-        }
-    }
+    fn idle(&self) -> bool;
 
-    /// The fd that becomes readable when the connection has news (rdmacm events, or data).
-    pub(crate) fn event_fd(&self) -> BorrowedFd<'_> {
-        match &self.link {
-            #[cfg(feature = "rdma")]
-            Link::Rdma(l) => l.conn.event_fd(),
-            Link::Tcp(l) => l.fd(),
-        }
-    }
+    /// Reads what the link's fd reported (it was readable), appending what it means to
+    /// `out`. `housekeeping` says whether connection events are due (RDMA reads its rdmacm
+    /// events only then). Returns how many requests of the peer it answered by queueing
+    /// output as it read (TCP: READ requests), to be flushed.
+    fn poll(
+        &self,
+        housekeeping: bool,
+        scratch: &mut PollScratch,
+        out: &mut Vec<LinkEvent>,
+    ) -> usize;
+}
 
+/// A rendezvous READ to start: `len` bytes at `remote` into the user buffer `buf` at
+/// `offset`, reported under `key`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadOp {
+    /// The worker's name for the READ (its top two bits are clear: see [`READ_KEY_MASK`]).
+    pub(crate) key: u64,
+    /// Where the peer's data is, as its RTS named it.
+    pub(crate) remote: RemoteBuf,
+    /// Bytes to read.
+    pub(crate) len: u64,
+    /// The destination.
+    pub(crate) buf: UserBufId,
+    /// Where in the destination the data goes.
+    pub(crate) offset: u64,
+}
+
+/// READ keys leave the top two bits free (RDMA's completion cookies carry their kind there).
+pub(crate) const READ_KEY_MASK: u64 = !(3 << 62);
+
+/// The piece of a receive buffer a finished RDMA READ hands back (none without RDMA).
+#[cfg(feature = "rdma")]
+pub(crate) type ReadPiece = rdmx_conn::RegisteredBuf;
+/// The piece of a receive buffer a finished RDMA READ hands back (none without RDMA).
+#[cfg(not(feature = "rdma"))]
+pub(crate) enum ReadPiece {}
+
+/// A received frame's buffer, held while the engine's actions read it, then given back to
+/// where it came from ([`TransportLink::give_back`]).
+pub(crate) enum RecvFrame {
+    /// A receive buffer of the worker's SRQ and its index there: reposted once read.
     #[cfg(feature = "rdma")]
-    pub(crate) fn rdma(&self) -> Option<&RdmaLink> {
-        match &self.link {
-            #[cfg(feature = "rdma")]
-            Link::Rdma(l) => Some(l),
-            Link::Tcp(_) => None,
-        }
-    }
+    Srq {
+        /// The buffer.
+        buf: rdmx_conn::RegisteredBuf,
+        /// Its index on the SRQ (its work request's cookie).
+        index: u64,
+    },
+    /// A frame read from a byte stream (TCP): its link reuses the buffer.
+    Owned(Vec<u8>),
+}
 
-    pub(crate) fn tcp(&self) -> Option<&rdmx_tcp::Link> {
-        match &self.link {
-            Link::Tcp(l) => Some(l),
+impl RecvFrame {
+    /// The buffer's own index, if it has one (SRQ buffers); the worker numbers the others.
+    pub(crate) fn index(&self) -> Option<u64> {
+        match self {
             #[cfg(feature = "rdma")]
-            Link::Rdma(_) => None,
+            RecvFrame::Srq { index, .. } => Some(*index),
+            RecvFrame::Owned(_) => None,
         }
     }
+}
+
+impl std::ops::Deref for RecvFrame {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            #[cfg(feature = "rdma")]
+            RecvFrame::Srq { buf, .. } => buf,
+            RecvFrame::Owned(v) => v,
+        }
+    }
+}
+
+/// What a transport reports, for the worker to turn into engine inputs.
+pub(crate) enum LinkEvent {
+    /// A frame arrived on `conn`: the first `len` bytes of `frame`.
+    Frame {
+        /// The connection.
+        conn: ConnId,
+        /// Its buffer.
+        frame: RecvFrame,
+        /// The frame's length.
+        len: usize,
+    },
+    /// A send posted on `conn` completed; `error` says how it failed, if it did.
+    SendDone {
+        /// The connection.
+        conn: ConnId,
+        /// Why it failed.
+        error: Option<String>,
+    },
+    /// A send could not be posted on `conn`.
+    SendFailed {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Setting up an exposure on `conn` completed (RDMA: a memory window's bind): buffers
+    /// whose exposure could not end while it was posted may be released now.
+    Bound {
+        /// The connection.
+        conn: ConnId,
+        /// Why it failed, if it did.
+        error: Option<String>,
+    },
+    /// The READ `key` finished (`ok`: all its data landed), or could not be posted
+    /// (`posted` false); `piece` is what it held of the destination (RDMA).
+    ReadDone {
+        /// The READ's key ([`ReadOp::key`]).
+        key: u64,
+        /// The piece of the destination it held.
+        piece: Option<ReadPiece>,
+        /// Whether the data arrived.
+        ok: bool,
+        /// Whether it had been posted (its completion frees posted work).
+        posted: bool,
+    },
+    /// `conn` is lost (the peer disconnected, the link broke, or the peer broke the
+    /// protocol): its requests fail and it closes for `reason`. `reads_lost`: READs the link
+    /// owes are never reported (TCP); otherwise they complete as flushed (RDMA).
+    Down {
+        /// The connection.
+        conn: ConnId,
+        /// Why, as [`crate::Ep::close_reason`] gives it.
+        reason: String,
+        /// Whether the READs it owes are lost with it.
+        reads_lost: bool,
+    },
 }

@@ -1,4 +1,4 @@
-//! Closing connections, reaping them once drained, and dropping frames parked too long.
+//! Closing connections, reaping them once drained, and the transports' periodic care.
 
 use super::*;
 
@@ -8,18 +8,15 @@ impl Protocol {
         if !cs.closing.swap(true, Ordering::AcqRel) {
             out.news = true;
             // RDMA disconnects after what is queued is posted; TCP shuts the socket down
-            // once everything is written (Conn::flush).
-            #[cfg(feature = "rdma")]
-            if let Some(link) = cs.rdma() {
-                link.push(Outgoing::Disconnect);
-            }
+            // once everything is written (TransportLink::flush).
+            cs.link.close();
             out.flush(cs);
             self.closing.push((cs.id, crate::clock::coarse_now_ns()));
         }
     }
 
-    /// Destroys drained closing connections; reposts frames parked too long; retries
-    /// failed reposts.
+    /// Destroys drained closing connections; lets the transports look after what waits
+    /// (frames parked too long, failed reposts).
     pub(super) fn housekeeping(&mut self, out: &mut AfterUnlock) {
         let now = crate::clock::coarse_now_ns();
         let after =
@@ -35,8 +32,7 @@ impl Protocol {
                 }
                 self.reclaim_lent(&cs);
                 self.conns.remove(&id);
-                #[cfg(feature = "rdma")]
-                self.qp_map.retain(|_, c| *c != id);
+                cs.link.reaped(&mut self.ifaces);
                 self.reads_lost_with(id, out);
                 out.reaped.push(cs);
             } else {
@@ -44,25 +40,8 @@ impl Protocol {
             }
         }
         self.closing = keep;
-        #[cfg(feature = "rdma")]
-        self.drop_stale_parked(now, out);
+        self.ifaces.housekeeping(now, &mut out.deferred);
         // A destroyed QP dropped the binds still posted on it.
         self.release_held(out);
-    }
-
-    /// Reposts frames parked too long (from a QP never known), and failed reposts.
-    #[cfg(feature = "rdma")]
-    fn drop_stale_parked(&mut self, now: u64, out: &mut AfterUnlock) {
-        let after =
-            |since: u64, limit: Duration| now.saturating_sub(since) > limit.as_nanos() as u64;
-        let (old, fresh): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.parked)
-            .into_iter()
-            .partition(|p| after(p.since, PARK_TIMEOUT));
-        self.parked = fresh;
-        for p in old {
-            log::debug!("dropping a frame from unknown qp {}", p.qp);
-            out.reposts.push((p.buf, p.id));
-        }
-        out.reposts.extend(self.spare_recv.drain(..));
     }
 }

@@ -20,55 +20,12 @@ impl Driver {
         ConnId(self.next_conn.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// The worker's RDMA resources, once made (never in a TCP-only build).
-    pub(super) fn rdma_res(&self) -> Option<&Rdma> {
-        #[cfg(feature = "rdma")]
-        return self.rdma.get();
-        #[cfg(not(feature = "rdma"))]
-        None
-    }
-
-    /// The worker's resources, created on `device` if there are none yet.
-    #[cfg(feature = "rdma")]
-    pub(crate) fn rdma_on(&self, device: &Device) -> Result<&Rdma> {
-        if let Some(r) = self.rdma.get() {
-            return self.same_device(r, device);
-        }
-        let _guard = self.init.lock();
-        if let Some(r) = self.rdma.get() {
-            return self.same_device(r, device);
-        }
-        let (rdma, bufs) = Rdma::new(device, &self.cfg)?;
-        for (i, buf) in bufs.into_iter().enumerate() {
-            rdma.srq.post_recv(buf, i as u64).map_err(|(e, _)| e)?;
-        }
-        if let Some(fd) = rdma.cq.event_fd() {
-            self.registry
-                .add(fd, TOKEN_CQ, Interest::Read)
-                .map_err(|e| Error::os("epoll_ctl", e))?;
-        }
-        let _ = self.rdma.set(rdma);
-        Ok(self.rdma.get().expect("just set"))
-    }
-
-    #[cfg(feature = "rdma")]
-    pub(super) fn same_device<'a>(&self, r: &'a Rdma, device: &Device) -> Result<&'a Rdma> {
-        if &r.device == device {
-            Ok(r)
-        } else {
-            Err(Error::Invalid(format!(
-                "this worker runs on {}, not {}; use one worker per device",
-                r.device.name(),
-                device.name()
-            )))
-        }
-    }
-
     /// Registers an established connection the engine already knows as `id`.
-    pub(crate) fn add_conn(&self, id: ConnId, link: Link) -> Arc<Conn> {
+    pub(crate) fn add_conn(&self, id: ConnId, link: Box<dyn TransportLink>) -> Arc<Conn> {
         let cs = Arc::new(Conn::new(id, link));
-        if cs.tcp().is_some() {
-            self.tcp_links.fetch_add(1, Ordering::AcqRel);
+        self.links.fetch_add(1, Ordering::AcqRel);
+        if cs.link.frames_on_event_fd() {
+            self.fd_links.fetch_add(1, Ordering::AcqRel);
         }
         if let Err(e) = self
             .registry
@@ -77,38 +34,17 @@ impl Driver {
             log::warn!("cannot watch {id:?}'s connection events: {e}");
         }
         self.conn_list.write().insert(id.0, cs.clone());
-        self.with_protocol(|st| {
+        self.with_protocol_out(|st, out| {
             st.conns.insert(id, cs.clone());
-            #[cfg(feature = "rdma")]
-            st.adopt_parked(&cs);
+            // What arrived for it before it was known is delivered now.
+            let mut early = Vec::new();
+            cs.link.joined(&mut st.ifaces, &mut early);
+            for ev in early {
+                st.on_link_event(ev, out);
+            }
         });
         log::debug!("{id:?} up with {:?}", cs.peer);
         cs
-    }
-}
-
-impl Protocol {
-    /// Frames that arrived on `cs`'s QP before it was known are delivered now.
-    #[cfg(feature = "rdma")]
-    fn adopt_parked(&mut self, cs: &Conn) {
-        let st = self;
-        let id = cs.id;
-        {
-            let Some(qp) = cs.rdma().map(|l| l.conn.qp_num()) else {
-                return;
-            };
-            st.qp_map.insert(qp, id);
-            let parked: Vec<Parked> = {
-                let (mine, rest) = std::mem::take(&mut st.parked)
-                    .into_iter()
-                    .partition(|p| p.qp == qp);
-                st.parked = rest;
-                mine
-            };
-            for p in parked {
-                st.deliver(id, p.id, p.buf, p.len);
-            }
-        }
     }
 }
 
@@ -206,10 +142,18 @@ impl Driver {
     /// Runs `f` on the protocol state, then the actions it caused, under the state lock;
     /// then posts what they queued, after releasing it.
     pub(super) fn with_protocol<R>(&self, f: impl FnOnce(&mut Protocol) -> R) -> R {
+        self.with_protocol_out(|st, _| f(st))
+    }
+
+    /// [`Driver::with_protocol`] for an `f` that leaves work for after the lock itself.
+    pub(super) fn with_protocol_out<R>(
+        &self,
+        f: impl FnOnce(&mut Protocol, &mut AfterUnlock) -> R,
+    ) -> R {
         let mut out = AfterUnlock::default();
         let result = {
             let mut st = self.state.lock();
-            let result = f(&mut st);
+            let result = f(&mut st, &mut out);
             self.run(&mut st, &mut out);
             result
         };
@@ -218,19 +162,15 @@ impl Driver {
     }
 
     pub(super) fn run(&self, st: &mut Protocol, out: &mut AfterUnlock) {
-        st.run_actions(self.rdma_res(), self.rndv, out);
+        st.run_actions(out);
         let arrivals = st.engine.unexpected_arrivals();
         if arrivals != st.arrivals_seen {
             // Threads waiting to probe (recv_vec) wait for exactly this.
             st.arrivals_seen = arrivals;
             out.news = true;
         }
-        #[cfg(feature = "rdma")]
-        let parked = !st.parked.is_empty();
-        #[cfg(not(feature = "rdma"))]
-        let parked = false;
         self.housekeeping_pending.store(
-            !st.closing.is_empty() || parked || !st.held.is_empty(),
+            !st.closing.is_empty() || st.ifaces.waiting() || !st.held.is_empty(),
             Ordering::Release,
         );
         self.next_timer.store(
@@ -239,8 +179,8 @@ impl Driver {
         );
     }
 
-    /// Posts or writes what `cs` has queued, and keeps the registry watching a TCP link
-    /// for room to write exactly while output waits for it.
+    /// Posts or writes what `cs` has queued, and keeps the registry watching its link for
+    /// room to write exactly while output waits for it (TCP).
     pub(super) fn flush_conn(&self, cs: &Conn) {
         if cs.flush() {
             self.failures_pending.store(true, Ordering::Release);
@@ -275,19 +215,10 @@ impl Driver {
         for cs in &out.flush {
             self.flush_conn(cs);
         }
-        #[cfg(feature = "rdma")]
-        if !out.reposts.is_empty() {
-            if let Some(rdma) = self.rdma.get() {
-                let mut failed = Vec::new();
-                for (buf, id) in out.reposts {
-                    if let Err((e, buf)) = rdma.srq.post_recv(buf, id) {
-                        log::error!("reposting receive buffer {id}: {e}");
-                        failed.push((buf, id));
-                    }
-                }
-                if !failed.is_empty() {
-                    self.state.lock().spare_recv.extend(failed);
-                }
+        if !out.deferred.is_empty() {
+            let failed = self.ifaces.run_deferred(out.deferred);
+            if !failed.is_empty() {
+                self.state.lock().ifaces.retry(failed);
             }
         }
         if !out.reaped.is_empty() {
@@ -295,8 +226,9 @@ impl Driver {
             for cs in &out.reaped {
                 let _ = self.registry.remove(cs.event_fd());
                 list.remove(&cs.id.0);
-                if cs.tcp().is_some() {
-                    self.tcp_links.fetch_sub(1, Ordering::AcqRel);
+                self.links.fetch_sub(1, Ordering::AcqRel);
+                if cs.link.frames_on_event_fd() {
+                    self.fd_links.fetch_sub(1, Ordering::AcqRel);
                 }
             }
         }

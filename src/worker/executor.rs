@@ -34,36 +34,16 @@ impl Protocol {
             .unwrap_or_default()
     }
 
-    pub(super) fn run_actions(
-        &mut self,
-        rdma: Option<&Rdma>,
-        mode: RndvRegistration,
-        out: &mut AfterUnlock,
-    ) {
+    pub(super) fn run_actions(&mut self, out: &mut AfterUnlock) {
         while let Some(action) = self.engine.poll_action() {
             match action {
                 Action::SendFrame {
                     conn,
                     frame,
                     payload,
-                } => self.send_frame(rdma, conn, frame.as_bytes(), payload, out),
+                } => self.send_frame(conn, frame.as_bytes(), payload, out),
                 Action::ExposeSendBuffer { request, buf, len } => {
-                    let conn = self.reqs.get(&request).and_then(|p| p.conn.clone());
-                    let exposed = match (rdma, conn) {
-                        (_, None) => Err("the send's connection is gone".to_string()),
-                        // Without zero-copy GET the sender streams the data on request.
-                        (_, Some(cs)) if !cs.transport().capabilities().zero_copy_get => {
-                            match self.user_bufs.get_mut(&buf) {
-                                Some(mem) => self.exposed.expose(cs.id, mem),
-                                None => Err("the send buffer is gone".to_string()),
-                            }
-                        }
-                        #[cfg(feature = "rdma")]
-                        (Some(r), Some(cs)) => self.expose_rdma(r, mode, &cs, buf, len, out),
-                        #[cfg(not(feature = "rdma"))]
-                        (Some(r), Some(_)) => match *r {},
-                        (None, Some(_)) => Err("no RDMA resources".to_string()),
-                    };
+                    let exposed = self.expose(request, buf, len, out);
                     match exposed {
                         Ok(remote) => self.engine.handle_send_buffer_exposed(request, remote),
                         Err(e) => {
@@ -85,9 +65,14 @@ impl Protocol {
                     dst,
                     dst_offset,
                 } => {
-                    if let Err(e) =
-                        self.post_read(rdma, mode, conn, request, remote, len, dst, dst_offset, out)
-                    {
+                    let read = ReadOp {
+                        key: self.next_read,
+                        remote,
+                        len,
+                        buf: dst,
+                        offset: dst_offset,
+                    };
+                    if let Err(e) = self.post_read(conn, request, read, out) {
                         log::warn!("cannot read {len} bytes on {conn:?}: {e}");
                         self.engine.handle_read_complete(request, dst_offset, false);
                     }
@@ -100,7 +85,7 @@ impl Protocol {
                     dst_offset,
                 } => {
                     let copied = match (self.recv_held.get(&src.0), self.user_bufs.get_mut(&dst)) {
-                        (Some(b), Some(mem)) => b
+                        (Some((b, _)), Some(mem)) => b
                             .get(src_offset..src_offset + len)
                             .is_some_and(|data| mem.write_at(dst_offset, data)),
                         _ => false,
@@ -122,16 +107,11 @@ impl Protocol {
                         log::error!("copy of {} bytes into {dst:?} out of range", data.len());
                     }
                 }
-                Action::RepostRecv { buf } => match self.recv_held.remove(&buf.0) {
-                    #[cfg(feature = "rdma")]
-                    Some(RecvBuf::Rdma(b)) => out.reposts.push((b, buf.0)),
-                    Some(RecvBuf::Tcp(bytes, conn)) => {
-                        if let Some(link) = self.conns.get(&conn).and_then(|c| c.tcp()) {
-                            link.recycle(bytes);
-                        }
+                Action::RepostRecv { buf } => {
+                    if let Some((frame, conn)) = self.recv_held.remove(&buf.0) {
+                        self.give_back(frame, conn, out);
                     }
-                    None => {}
-                },
+                }
                 Action::Complete(c) => self.complete(c, out),
                 Action::CloseConnection { conn, reason } => {
                     let why = match &reason {
@@ -158,30 +138,29 @@ impl Protocol {
         // the driver or the engine, so put it back rather than lose SRQ depth.
         if !self.recv_held.is_empty() {
             log::error!("receive buffers were not reposted");
-            #[cfg(feature = "rdma")]
-            out.reposts.extend(
-                self.recv_held
-                    .drain()
-                    .into_iter()
-                    .filter_map(|(id, b)| match b {
-                        RecvBuf::Rdma(b) => Some((b, id)),
-                        RecvBuf::Tcp(..) => None,
-                    }),
-            );
-            #[cfg(not(feature = "rdma"))]
-            drop(self.recv_held.drain());
+            for (_, (frame, _)) in self.recv_held.drain() {
+                out.deferred.return_frame(frame);
+            }
+        }
+    }
+
+    /// Gives a received frame's buffer back to where it came from (its link, or without it,
+    /// the worker's receive queue).
+    pub(super) fn give_back(&mut self, frame: RecvFrame, conn: ConnId, out: &mut AfterUnlock) {
+        match self.conns.get(&conn) {
+            Some(cs) => cs.link.give_back(frame, &mut out.deferred),
+            None => out.deferred.return_frame(frame),
         }
     }
 
     pub(super) fn send_frame(
         &mut self,
-        rdma: Option<&Rdma>,
         conn: ConnId,
         frame: &[u8],
         payload: Option<rdmx_proto::PayloadRef>,
         out: &mut AfterUnlock,
     ) {
-        let Some(cs) = self.conns.get(&conn).cloned() else {
+        let Some(cs) = self.conns.get(&conn) else {
             log::debug!("frame for closed {conn:?} dropped");
             return;
         };
@@ -199,168 +178,73 @@ impl Protocol {
             },
             None => &[],
         };
-        let link = match &cs.link {
-            Link::Tcp(link) => {
-                link.queue_frame(frame, data);
-                out.flush(&cs);
-                return;
+        match cs.link.queue_frame(&mut self.ifaces, frame, data) {
+            Ok(()) => out.flush(cs),
+            Err(e) => {
+                log::error!("{conn:?}: {e}");
+                self.engine.handle_send_complete(conn, false);
             }
-            #[cfg(feature = "rdma")]
-            Link::Rdma(link) => link,
-        };
-        #[cfg(not(feature = "rdma"))]
-        let _ = (link, rdma);
-        #[cfg(feature = "rdma")]
-        {
-            let total = frame.len() + data.len();
-            let item = if total <= link.max_inline().min(INLINE_MAX) {
-                let mut bytes = [0u8; INLINE_MAX];
-                bytes[..frame.len()].copy_from_slice(frame);
-                bytes[frame.len()..total].copy_from_slice(data);
-                Outgoing::Inline {
-                    bytes,
-                    len: total as u16,
-                }
-            } else {
-                let Some(rdma) = rdma else { return };
-                if total > self.send_pool.buf_len() {
-                    log::error!("a {total}-byte frame exceeds the send buffers");
-                    return;
-                }
-                let mut buf = match self.send_pool.take(&rdma.pd) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        log::error!("no send buffer: {e}");
-                        self.engine.handle_send_complete(conn, false);
-                        return;
-                    }
-                };
-                buf[..frame.len()].copy_from_slice(frame);
-                buf[frame.len()..total].copy_from_slice(data);
-                Outgoing::Frame { buf, len: total }
-            };
-            link.push(item);
-            out.flush(&cs);
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Exposes `len` bytes of the send buffer `buf` to the peer of the send `request`, for
+    /// its READ.
+    fn expose(
+        &mut self,
+        request: RequestId,
+        buf: UserBufId,
+        len: u64,
+        out: &mut AfterUnlock,
+    ) -> Result<RemoteBuf, String> {
+        let cs = self
+            .reqs
+            .get(&request)
+            .and_then(|p| p.conn.as_ref())
+            .ok_or("the send's connection is gone")?;
+        let mem = self
+            .user_bufs
+            .get_mut(&buf)
+            .ok_or("the send buffer is gone")?;
+        let remote = cs.link.expose(&mut self.ifaces, buf, mem, len)?;
+        out.flush(cs);
+        Ok(remote)
+    }
+
+    /// Starts `read` on `conn` for the receive `request`.
     pub(super) fn post_read(
         &mut self,
-        rdma: Option<&Rdma>,
-        mode: RndvRegistration,
         conn: ConnId,
         request: RequestId,
-        remote: RemoteBuf,
-        len: u64,
-        dst: UserBufId,
-        dst_offset: u64,
+        read: ReadOp,
         out: &mut AfterUnlock,
     ) -> Result<(), String> {
-        let cs = self
-            .conns
-            .get(&conn)
-            .cloned()
-            .ok_or("the connection is closed")?;
-        let key = self.next_read;
-        if let Link::Tcp(link) = &cs.link {
-            // Lend the destination to the link, which writes the READ data straight into it.
-            let mem = self
-                .user_bufs
-                .get_mut(&dst)
-                .ok_or("the receive buffer is gone")?;
-            if let UserMem::Plain(vec) = std::mem::replace(mem, UserMem::Lent) {
-                link.lend(dst.0, vec);
-            }
-            if let Err(e) = link.expect_read(key, dst.0, dst_offset as usize, len as usize) {
-                if let Some(vec) = link.reclaim(dst.0) {
-                    *mem = UserMem::Plain(vec);
-                }
-                return Err(e.to_string());
-            }
-            link.queue_read_request(key, remote.addr, remote.rkey, len);
-        }
-        self.next_read = (self.next_read + 1) & !READ_KEY_KIND;
+        let cs = self.conns.get(&conn).ok_or("the connection is closed")?;
+        let mem = self
+            .user_bufs
+            .get_mut(&read.buf)
+            .ok_or("the receive buffer is gone")?;
+        cs.link.start_read(&mut self.ifaces, read, mem)?;
+        self.next_read = (self.next_read + 1) & READ_KEY_MASK;
         self.reads.insert(
-            key,
+            read.key,
             ReadCtx {
                 conn,
                 request,
-                buf: dst,
-                off: dst_offset,
+                buf: read.buf,
+                off: read.offset,
             },
         );
-        let link = match &cs.link {
-            Link::Tcp(_) => {
-                out.flush(&cs);
-                return Ok(());
-            }
-            #[cfg(feature = "rdma")]
-            Link::Rdma(link) => link,
-        };
-        #[cfg(not(feature = "rdma"))]
-        {
-            let _ = (link, rdma, mode);
-            Ok(())
-        }
-        #[cfg(feature = "rdma")]
-        {
-            let rdma = rdma.ok_or("no RDMA resources")?;
-            let mem = self
-                .user_bufs
-                .get_mut(&dst)
-                .ok_or("the receive buffer is gone")?;
-            if let Err(e) =
-                mem.register(mode, &rdma.pd, &mut self.rcache, Access::LOCAL_WRITE, true)
-            {
-                self.reads.remove(&key);
-                return Err(e);
-            }
-            let Some(target) = mem.take_range(dst_offset, len) else {
-                self.reads.remove(&key);
-                return Err("the READ falls outside the receive buffer".into());
-            };
-            link.push(Outgoing::Read {
-                target,
-                len: len as usize,
-                remote: rdmx_conn::RemoteBuf {
-                    addr: remote.addr,
-                    len: len as u32,
-                    rkey: remote.rkey,
-                },
-                cookie: COOKIE_READ | key,
-            });
-            out.flush(&cs);
-            Ok(())
-        }
+        out.flush(cs);
+        Ok(())
     }
 
     /// Ends a buffer's exposure or registration (copying `copy_back` bytes back from a
-    /// staged receive), leaving it plain memory when nothing else holds it.
-    ///
-    /// The buffer's memory window goes first: it kills the rkey, and neither the buffer nor
-    /// a staging region may be reused while a window over it could still be bound. False when
-    /// the window cannot be invalidated yet (its bind is still posted): then nothing is
-    /// released, and the caller must try again once completions were polled.
+    /// staged receive), leaving it plain memory when nothing else holds it. False when its
+    /// exposure cannot end yet (see [`IfaceState::release`]): then nothing is released, and
+    /// the caller must try again once completions were polled.
     pub(super) fn release(&mut self, buf: UserBufId, copy_back: u64) -> bool {
-        #[cfg(feature = "rdma")]
-        if !self.windows.invalidate(buf) {
-            return false;
-        }
-        let Some(mem) = self.user_bufs.get_mut(&buf) else {
-            return true;
-        };
-        if let Some(key) = mem.exposure_key() {
-            self.exposed.withdraw(key);
-        }
-        #[cfg(feature = "rdma")]
-        mem.unregister(&mut self.rcache, copy_back);
-        #[cfg(not(feature = "rdma"))]
-        {
-            let _ = copy_back;
-            mem.unexpose();
-        }
-        true
+        self.ifaces
+            .release(buf, self.user_bufs.get_mut(&buf), copy_back)
     }
 
     /// Retries what waited for a window to die (see [`Protocol::release`]).
@@ -376,68 +260,6 @@ impl Protocol {
                 self.hand_back(p, c, out);
             }
         }
-    }
-
-    /// RDMA: exposes a send buffer to the peer of `cs` (see [`Windows::expose`]).
-    #[cfg(feature = "rdma")]
-    pub(super) fn expose_rdma(
-        &mut self,
-        rdma: &Rdma,
-        mode: RndvRegistration,
-        cs: &Arc<Conn>,
-        buf: UserBufId,
-        len: u64,
-        out: &mut AfterUnlock,
-    ) -> Result<RemoteBuf, String> {
-        let link = cs.rdma().ok_or("not an RDMA connection")?;
-        let mem = self
-            .user_bufs
-            .get_mut(&buf)
-            .ok_or("the send buffer is gone")?;
-        let remote = self
-            .windows
-            .expose(rdma, mode, link, buf, mem, &mut self.rcache, len)?;
-        out.flush(cs);
-        Ok(remote)
-    }
-
-    /// TCP: exposes a send buffer to READ requests arriving on `conn`, under a fresh random
-    /// key; addresses are offsets into the buffer.
-    /// TCP: answers a peer's READ request (see [`crate::transport::tcp`]).
-    pub(super) fn answer_read(
-        &mut self,
-        cs: &Arc<Conn>,
-        read_id: u64,
-        (addr, rkey, len): (u64, u32, u64),
-        out: &mut AfterUnlock,
-    ) {
-        let Some(link) = cs.tcp() else { return };
-        match self.exposed.answer(cs.id, addr, rkey, len) {
-            Answer::Data { data, offset, len } => {
-                link.queue_read_data(read_id, true, Some((data, offset, len)))
-            }
-            Answer::Refused => {
-                log::debug!("{:?}: READ request for bytes not exposed", cs.id);
-                link.queue_read_data(read_id, false, None);
-            }
-            Answer::OtherEndpoint => {
-                log::warn!(
-                    "{:?}: {:?} asked to READ a buffer exposed to another endpoint",
-                    cs.id,
-                    cs.peer
-                );
-                link.queue_read_data(read_id, false, None);
-                out.flush(cs);
-                self.tcp_down(
-                    cs,
-                    "protocol error: READ request for a buffer exposed to another endpoint"
-                        .to_string(),
-                    out,
-                );
-                return;
-            }
-        }
-        out.flush(cs);
     }
 
     pub(super) fn complete(&mut self, c: rdmx_proto::Completion, out: &mut AfterUnlock) {

@@ -28,64 +28,38 @@ use tables::{HeldFrames, RequestMap, UserBufs};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-#[cfg(feature = "rdma")]
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 #[cfg(feature = "rdma")]
-use rdmx_conn::{
-    Access, AddrInfo, CmEvent, CmEventKind, Device, RegisteredBuf, Side, WcStatus, WorkKind,
-};
+use rdmx_conn::{AddrInfo, Device, Side};
 use rdmx_proto::{
     Action, CloseReason, ConnId, Engine, Handshake, ProbeInfo, RecvBufId, RemoteBuf, RequestId,
-    RequestKind, Status, Tag, UserBufId, HEADER_LEN,
+    RequestKind, Status, Tag, UserBufId,
 };
 use smallvec::SmallVec;
 
-use crate::config::{Config, RndvRegistration, WaitMode};
+use crate::config::{Config, WaitMode};
 use crate::context::Context;
 use crate::ep::{Ep, Listener};
 use crate::error::{rejected, Error, Result};
 use crate::readiness::{Interest, Ready, Registry, Waker};
 use crate::request::{Describe, Outcome, Request};
-#[cfg(feature = "rdma")]
-use crate::transport::rdma::{
-    Outgoing, Rdma, RdmaLink, SendPool, Windows, COOKIE_KIND, COOKIE_READ, COOKIE_SEND, INLINE_MAX,
+use crate::transport::{
+    Conn, Deferred, IfaceState, Ifaces, LinkEvent, PollScratch, ReadOp, ReadPiece, RecvFrame,
+    Transport, TransportLink, READ_KEY_MASK,
 };
-use crate::transport::tcp::{Answer, Exposures};
-/// A TCP-only build has no RDMA resources: this names their absence.
-#[cfg(not(feature = "rdma"))]
-enum Rdma {}
-/// The piece of a receive buffer a finished RDMA READ hands back (none without RDMA).
-#[cfg(feature = "rdma")]
-type ReadPiece = RegisteredBuf;
-#[cfg(not(feature = "rdma"))]
-enum ReadPiece {}
-use crate::transport::{Conn, Link, Transport};
-#[cfg(feature = "rdma")]
-use crate::usermem::RegCache;
 use crate::usermem::UserMem;
 
-/// The top bits of a READ's key are left free for the completion cookie's kind.
-#[cfg(feature = "rdma")]
-const READ_KEY_KIND: u64 = COOKIE_KIND;
-#[cfg(not(feature = "rdma"))]
-const READ_KEY_KIND: u64 = 3 << 62;
-
 const TOKEN_WAKER: u64 = 0;
-#[cfg(feature = "rdma")]
-const TOKEN_CQ: u64 = 1;
-/// A connection's channel fd is registered as `TOKEN_CONN + its ConnId`.
+/// A connection's channel fd is registered as `TOKEN_CONN + its ConnId`; the tokens between
+/// `TOKEN_WAKER` and it are the transports' worker-wide fds ([`Ifaces::ready`]).
 const TOKEN_CONN: u64 = 1 << 32;
 /// How often a progressing worker checks its connections' rdmacm events (and looks after
 /// closing connections).
 const CM_CHECK_INTERVAL: Duration = Duration::from_millis(5);
 /// How long a closing connection may take to drain before it is destroyed anyway.
 const REAP_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a frame from a QP not (yet) known is kept before its buffer is reposted.
-#[cfg(feature = "rdma")]
-const PARK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A worker: the progress engine of rdmx, like UCP's worker.
 ///
@@ -161,15 +135,16 @@ pub struct RecvInfo {
 pub(crate) struct Driver {
     pub(crate) cfg: Config,
     mode: WaitMode,
-    rndv: RndvRegistration,
     /// The transports this worker uses, in order of preference.
     pub(crate) transports: Vec<Transport>,
-    /// Open TCP links (progress reads sockets only when there are some).
-    tcp_links: AtomicUsize,
+    /// Open links whose frames arrive on their own fd (progress reads the connections'
+    /// readiness at every call only when there are some).
+    fd_links: AtomicUsize,
+    /// Open links.
+    links: AtomicUsize,
     state: Mutex<Protocol>,
-    #[cfg(feature = "rdma")]
-    rdma: OnceLock<Rdma>,
-    init: Mutex<()>,
+    /// The transports' worker-wide parts used without the protocol lock.
+    ifaces: Ifaces,
     /// The connections by id, readable without the protocol lock (readiness names them).
     conn_list: RwLock<HashMap<u64, Arc<Conn>>>,
     /// Held by the thread progressing; its buffers are reused call after call.
@@ -190,14 +165,13 @@ pub(crate) struct Driver {
 }
 
 /// What a progress call reuses, so that it allocates nothing when there is nothing new.
-#[derive(Default)]
 struct Scratch {
-    #[cfg(feature = "rdma")]
-    wcs: Vec<rdmx_conn::Completion>,
     ready: Vec<Ready>,
-    /// What TCP links reported, in order.
-    tcp_events: Vec<(Arc<Conn>, rdmx_tcp::Event)>,
-    events: Vec<rdmx_tcp::Event>,
+    /// What the worker-wide completion queues reported, in order.
+    completions: Vec<LinkEvent>,
+    /// What the links reported, in order.
+    events: Vec<LinkEvent>,
+    transport: PollScratch,
 }
 
 struct Tracked {
@@ -214,38 +188,9 @@ struct ReadCtx {
     off: u64,
 }
 
-/// A received frame's buffer, held while the engine's actions use it.
-enum RecvBuf {
-    /// An SRQ buffer, reposted afterwards.
-    #[cfg(feature = "rdma")]
-    Rdma(RegisteredBuf),
-    /// A frame read from a TCP link, handed back to it afterwards for reuse.
-    Tcp(Vec<u8>, ConnId),
-}
-
-impl std::ops::Deref for RecvBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            #[cfg(feature = "rdma")]
-            RecvBuf::Rdma(b) => b,
-            RecvBuf::Tcp(v, _) => v,
-        }
-    }
-}
-
-/// TCP frames get receive-buffer ids from here up (SRQ buffers use their index).
-const TCP_FRAME_IDS: u64 = 1 << 48;
-
-#[cfg(feature = "rdma")]
-struct Parked {
-    qp: u32,
-    id: u64,
-    buf: RegisteredBuf,
-    len: usize,
-    /// When it was parked (coarse clock, ns).
-    since: u64,
-}
+/// Frames without an index of their own (TCP) get receive-buffer ids from here up (SRQ
+/// buffers use their index).
+const FRAME_IDS: u64 = 1 << 48;
 
 struct Protocol {
     engine: Engine,
@@ -254,34 +199,22 @@ struct Protocol {
     reqs: RequestMap<Tracked>,
     /// The requests the handles name, and their outcomes.
     requests: RequestTable,
-    recv_held: HeldFrames<RecvBuf>,
-    next_tcp_frame: u64,
-    /// TCP: the send buffers exposed to READ requests.
-    exposed: Exposures,
-    #[cfg(feature = "rdma")]
-    /// RDMA: the memory window through which each exposed send buffer is read.
-    windows: Windows,
+    /// Received frames the engine's actions still read, with their connection.
+    recv_held: HeldFrames<(RecvFrame, ConnId)>,
+    next_frame: u64,
+    /// The transports' worker-wide state under this lock.
+    ifaces: IfaceState,
     /// Buffers whose window could not be invalidated yet (a bind of it is still posted),
     /// with the completion of their request if it is done: released, and the completion
     /// handed out, once the window is dead.
     held: Vec<(UserBufId, Option<(Tracked, rdmx_proto::Completion)>)>,
     /// The engine's unexpected arrivals as of the last wake-up.
     arrivals_seen: u64,
-    #[cfg(feature = "rdma")]
-    parked: Vec<Parked>,
     conns: HashMap<ConnId, Arc<Conn>>,
-    #[cfg(feature = "rdma")]
-    qp_map: HashMap<u32, ConnId>,
     reads: HashMap<u64, ReadCtx>,
     next_read: u64,
-    #[cfg(feature = "rdma")]
-    send_pool: SendPool,
-    #[cfg(feature = "rdma")]
-    rcache: RegCache,
     /// Closing connections and when they started closing (coarse clock, ns).
     closing: Vec<(ConnId, u64)>,
-    #[cfg(feature = "rdma")]
-    spare_recv: Vec<(RegisteredBuf, u64)>,
 }
 
 /// Work to do after releasing the state lock.
@@ -289,8 +222,8 @@ struct Protocol {
 struct AfterUnlock {
     /// Connections with output to post or write.
     flush: SmallVec<[Arc<Conn>; 2]>,
-    #[cfg(feature = "rdma")]
-    reposts: SmallVec<[(RegisteredBuf, u64); 2]>,
+    /// Transport work (reposting receive buffers).
+    deferred: Deferred,
     reaped: Vec<Arc<Conn>>,
     /// News a blocked thread may be waiting for (a message arrived unexpected, a send's
     /// work completed, a connection started closing): wake the threads waiting for news.
@@ -311,8 +244,7 @@ impl Worker {
     pub(crate) fn new(ctx: &Context) -> Result<Worker> {
         let cfg = ctx.config().clone();
         let engine = Engine::new(cfg.proto()?);
-        let frame_len =
-            (cfg.recv_buf_size() as usize).max(cfg.eager_threshold() as usize + HEADER_LEN);
+        let ifaces = Ifaces::new();
         let registry = Registry::new().map_err(|e| Error::os("epoll_create1", e))?;
         let waker = Waker::new().map_err(|e| Error::os("eventfd", e))?;
         registry
@@ -320,47 +252,32 @@ impl Worker {
             .map_err(|e| Error::os("epoll_ctl", e))?;
         let driver = Arc::new(Driver {
             mode: cfg.wait_mode(),
-            rndv: cfg.rndv_registration(),
             transports: ctx.transports().to_vec(),
-            tcp_links: AtomicUsize::new(0),
+            fd_links: AtomicUsize::new(0),
+            links: AtomicUsize::new(0),
             state: Mutex::new(Protocol {
                 engine,
                 user_bufs: UserBufs::default(),
                 orphans: HashSet::default(),
                 reqs: RequestMap::default(),
                 requests: RequestTable::default(),
-                recv_held: HeldFrames::new(TCP_FRAME_IDS),
-                next_tcp_frame: TCP_FRAME_IDS,
-                exposed: Exposures::new(),
-                #[cfg(feature = "rdma")]
-                windows: Windows::default(),
+                recv_held: HeldFrames::new(FRAME_IDS),
+                next_frame: FRAME_IDS,
+                ifaces: ifaces.state(&cfg),
                 held: Vec::new(),
                 arrivals_seen: 0,
-                #[cfg(feature = "rdma")]
-                parked: Vec::new(),
                 conns: HashMap::default(),
-                #[cfg(feature = "rdma")]
-                qp_map: HashMap::default(),
                 reads: HashMap::default(),
                 next_read: 0,
-                #[cfg(feature = "rdma")]
-                send_pool: SendPool::new(frame_len, cfg.send_bufs() as usize),
-                #[cfg(feature = "rdma")]
-                rcache: RegCache::new(cfg.rcache_bytes()),
                 closing: Vec::new(),
-                #[cfg(feature = "rdma")]
-                spare_recv: Vec::new(),
             }),
-            #[cfg(feature = "rdma")]
-            rdma: OnceLock::new(),
-            init: Mutex::new(()),
+            ifaces,
             conn_list: RwLock::new(HashMap::default()),
             progress_lock: Mutex::new(Scratch {
-                #[cfg(feature = "rdma")]
-                wcs: Vec::with_capacity(64),
                 ready: Vec::with_capacity(64),
-                tcp_events: Vec::new(),
+                completions: Vec::new(),
                 events: Vec::new(),
+                transport: PollScratch::new(),
             }),
             waiter: Mutex::new(()),
             registry,
@@ -593,25 +510,15 @@ impl Worker {
     pub fn stats(&self) -> WorkerStats {
         let sh = &self.driver;
         let st = sh.state.lock();
-        #[cfg(feature = "rdma")]
-        let (device, recv_buffer_bytes, send_buffer_bytes, rcache_bytes, rcache_registrations) = (
-            sh.rdma.get().map(|r| r.device.name()),
-            sh.rdma.get().map_or(0, |r| r.recv_bytes),
-            st.send_pool.bytes,
-            st.rcache.cached_bytes(),
-            st.rcache.registrations,
-        );
-        #[cfg(not(feature = "rdma"))]
-        let (device, recv_buffer_bytes, send_buffer_bytes, rcache_bytes, rcache_registrations) =
-            (None, 0, 0, 0, 0);
+        let usage = sh.ifaces.usage(&st.ifaces);
         WorkerStats {
-            device,
+            device: usage.device,
             eps: st.conns.len(),
             srq_depth: sh.cfg.srq_depth(),
-            recv_buffer_bytes,
-            send_buffer_bytes,
-            rcache_bytes,
-            rcache_registrations,
+            recv_buffer_bytes: usage.recv_buffer_bytes,
+            send_buffer_bytes: usage.send_buffer_bytes,
+            rcache_bytes: usage.rcache_bytes,
+            rcache_registrations: usage.rcache_registrations,
             pending_requests: st.engine.pending_requests(),
             unexpected_messages: st.engine.unexpected_len(),
             user_buffers: st.user_bufs.len(),

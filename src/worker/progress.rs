@@ -19,28 +19,18 @@ impl Driver {
             return 0;
         };
         let Scratch {
-            #[cfg(feature = "rdma")]
-            wcs,
             ready,
-            tcp_events,
+            completions,
             events,
+            transport,
         } = &mut *scratch;
-        let rdma = self.rdma_res();
-        #[cfg(feature = "rdma")]
-        {
-            wcs.clear();
-            if let Some(r) = rdma {
-                if let Err(e) = r.cq.poll(wcs, 64) {
-                    log::error!("{e}");
-                }
-            }
-        }
+        let polled = self.ifaces.poll(transport);
         let now = self.now_ns();
-        #[cfg(feature = "rdma")]
-        let mut cm_events: Vec<(ConnId, CmEvent)> = Vec::new();
         let housekeeping = self.cm_check_due(now);
-        let tcp = self.tcp_links.load(Ordering::Acquire) > 0;
-        if tcp || (housekeeping && rdma.is_some()) {
+        let fd_links = self.fd_links.load(Ordering::Acquire) > 0;
+        // READ requests the links answered as they read (no event for them).
+        let mut answered = 0;
+        if fd_links || (housekeeping && self.links.load(Ordering::Acquire) > 0) {
             // One epoll_wait says which links have input (TCP data, rdmacm events) or room
             // for output they hold back: only those are read or written.
             if let Err(e) = self.registry.wait(ready, Some(Duration::ZERO)) {
@@ -51,71 +41,44 @@ impl Driver {
                 let Some(cs) = conns.get(&(r.token - TOKEN_CONN)) else {
                     continue;
                 };
-                match &cs.link {
-                    #[cfg(feature = "rdma")]
-                    Link::Rdma(link) if housekeeping && r.readable => loop {
-                        match link.conn.next_event(Some(Duration::ZERO)) {
-                            Ok(Some(ev)) => cm_events.push((cs.id, ev)),
-                            Ok(None) => break,
-                            Err(e) => {
-                                log::debug!("events of {:?}: {e}", cs.id);
-                                break;
-                            }
-                        }
-                    },
-                    #[cfg(feature = "rdma")]
-                    Link::Rdma(_) => {}
-                    Link::Tcp(link) => {
-                        if r.writable {
-                            self.flush_conn(cs);
-                        }
-                        if !r.readable {
-                            continue;
-                        }
-                        events.clear();
-                        if let Err(e) = link.poll(events) {
-                            events.push(rdmx_tcp::Event::Closed {
-                                reason: e.to_string(),
-                            });
-                        }
-                        tcp_events.extend(events.drain(..).map(|ev| (cs.clone(), ev)));
-                    }
+                if r.writable {
+                    self.flush_conn(cs);
+                }
+                if !r.readable {
+                    continue;
+                }
+                let queued = cs.link.poll(housekeeping, transport, events);
+                if queued > 0 {
+                    // It queued output while reading (answers to READ requests).
+                    answered += queued;
+                    self.flush_conn(cs);
                 }
             }
         }
         let timer_due = now >= self.next_timer.load(Ordering::Acquire);
         let failures = self.failures_pending.swap(false, Ordering::AcqRel);
-        #[cfg(feature = "rdma")]
-        let rdma_work = wcs.len() + cm_events.len();
-        #[cfg(not(feature = "rdma"))]
-        let rdma_work = 0;
-        if rdma_work == 0 && tcp_events.is_empty() && !timer_due && !failures && !housekeeping {
+        let work = polled + events.len() + answered;
+        if work == 0 && !timer_due && !failures && !housekeeping {
             return 0;
         }
-        let work = rdma_work + tcp_events.len();
         let mut out = AfterUnlock::default();
         {
             let mut st = self.state.lock();
-            #[cfg(feature = "rdma")]
-            {
-                for wc in wcs.drain(..) {
-                    st.on_completion(wc, &mut out);
-                }
-                for (id, ev) in cm_events {
-                    st.on_cm_event(id, ev, &mut out);
-                }
+            let recv_buf_size = st.engine.config().recv_buf_size;
+            st.ifaces
+                .completions(transport, recv_buf_size, &mut out.deferred, completions);
+            for ev in completions.drain(..) {
+                st.on_link_event(ev, &mut out);
             }
-            for (cs, ev) in tcp_events.drain(..) {
-                st.on_tcp_event(&cs, ev, &mut out);
+            for ev in events.drain(..) {
+                st.on_link_event(ev, &mut out);
             }
-            #[cfg(feature = "rdma")]
             if failures {
                 let list: Vec<Arc<Conn>> = st.conns.values().cloned().collect();
                 for cs in list {
-                    let Some(link) = cs.rdma() else { continue };
-                    let items: Vec<Outgoing> = std::mem::take(&mut *link.failures.lock());
-                    for item in items {
-                        st.on_post_failure(&cs, item, &mut out);
+                    cs.link.take_failures(&mut st.ifaces, completions);
+                    for ev in completions.drain(..) {
+                        st.on_link_event(ev, &mut out);
                     }
                 }
             }
@@ -138,10 +101,7 @@ impl Driver {
         if n > 0 {
             return Ok(n);
         }
-        #[cfg(feature = "rdma")]
-        if let Some(r) = self.rdma.get() {
-            r.cq.request_notify()?;
-        }
+        self.ifaces.arm()?;
         let n = self.progress();
         if n > 0 {
             return Ok(n);
@@ -167,12 +127,7 @@ impl Driver {
         for r in ready {
             match r.token {
                 TOKEN_WAKER => self.waker.drain(),
-                #[cfg(feature = "rdma")]
-                TOKEN_CQ => {
-                    if let Some(r) = self.rdma.get() {
-                        r.cq.take_events()?;
-                    }
-                }
+                token if token < TOKEN_CONN => self.ifaces.ready(token)?,
                 _ => self.cm_due.store(true, Ordering::Release),
             }
         }

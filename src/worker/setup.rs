@@ -2,6 +2,8 @@
 
 use super::*;
 use crate::ep::{reject_with, RawRequest};
+#[cfg(feature = "rdma")]
+use crate::transport::rdma::{Rdma, RdmaLink};
 
 impl Worker {
     /// Listens at `addr` (`"host:port"`; port 0 picks a free port, see
@@ -47,7 +49,7 @@ impl Worker {
             Some(device) => {
                 self.driver.rdma_on(&device)?;
             }
-            None if self.driver.rdma.get().is_some() => {}
+            None if self.driver.ifaces.rdma.get().is_some() => {}
             None => {
                 return Err(Error::Invalid(format!(
                     "{addr} is not on an RDMA device; listen on a device's address or set \
@@ -86,11 +88,11 @@ impl Worker {
         let handshake = sh.local_handshake(transport);
         let timeout = sh.cfg.connect_timeout();
         let id = sh.new_conn_id();
-        let link = match transport {
+        let link: Box<dyn TransportLink> = match transport {
             Transport::Tcp => {
                 let link = rdmx_tcp::connect(addr, &handshake, timeout)
                     .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
-                Link::Tcp(link)
+                Box::new(sh.ifaces.tcp.link(id, link))
             }
             Transport::Rdma | Transport::Auto => sh.rdma_connect(id, addr, &handshake, timeout)?,
         };
@@ -130,18 +132,21 @@ impl Worker {
             return Err(reject_with(req, e));
         }
         let ours = sh.local_handshake(transport);
+        let tcp = |link| -> Box<dyn TransportLink> { Box::new(sh.ifaces.tcp.link(id, link)) };
         #[cfg(feature = "rdma")]
         let link = match (req, rdma) {
             (RawRequest::Rdma(r), Some(rdma)) => r
                 .accept(&rdma.qp_config, &ours, sh.cfg.connect_timeout())
-                .map(|conn| Link::Rdma(RdmaLink::new(id, conn, rdma.qp_config.send_depth)))
+                .map(|conn| -> Box<dyn TransportLink> {
+                    Box::new(RdmaLink::new(id, conn, rdma.clone()))
+                })
                 .map_err(Error::from),
-            (RawRequest::Tcp(r), _) => r.accept(&ours).map(Link::Tcp).map_err(Error::from),
+            (RawRequest::Tcp(r), _) => r.accept(&ours).map(tcp).map_err(Error::from),
             (RawRequest::Rdma(_), None) => Err(Error::Invalid("no RDMA resources".into())),
         };
         #[cfg(not(feature = "rdma"))]
         let link = match req {
-            RawRequest::Tcp(r) => r.accept(&ours).map(Link::Tcp).map_err(Error::from),
+            RawRequest::Tcp(r) => r.accept(&ours).map(tcp).map_err(Error::from),
         };
         match link {
             Ok(link) => Ok(Ep::new(self.clone(), sh.add_conn(id, link))),
@@ -162,23 +167,31 @@ impl Driver {
         addr: &str,
         handshake: &[u8],
         timeout: Duration,
-    ) -> Result<Link> {
+    ) -> Result<Box<dyn TransportLink>> {
         let dst = AddrInfo::resolve(addr, Side::Active)?;
-        let rdma = match self.rdma.get() {
+        let rdma = match self.ifaces.rdma.get() {
             Some(r) => r,
             None => self.rdma_on(&Device::for_route(&dst)?)?,
         };
         let conn = rdmx_conn::connect(&dst, &rdma.qp_config, handshake, timeout)
             .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
-        Ok(Link::Rdma(RdmaLink::new(
-            id,
-            conn,
-            rdma.qp_config.send_depth,
-        )))
+        Ok(Box::new(RdmaLink::new(id, conn, rdma.clone())))
+    }
+
+    /// The worker's RDMA resources, created on `device` if there are none yet.
+    #[cfg(feature = "rdma")]
+    pub(crate) fn rdma_on(&self, device: &Device) -> Result<&Arc<Rdma>> {
+        self.ifaces.rdma.on(device, &self.cfg, &self.registry)
     }
 
     #[cfg(not(feature = "rdma"))]
-    fn rdma_connect(&self, _: ConnId, addr: &str, _: &[u8], _: Duration) -> Result<Link> {
+    fn rdma_connect(
+        &self,
+        _: ConnId,
+        addr: &str,
+        _: &[u8],
+        _: Duration,
+    ) -> Result<Box<dyn TransportLink>> {
         Err(Error::Invalid(format!(
             "cannot connect to {addr} over RDMA: this build of rdmx has no RDMA support"
         )))

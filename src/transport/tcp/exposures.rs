@@ -3,12 +3,12 @@
 //! A sender exposes a rendezvous buffer under a fresh random key (from a CSPRNG seeded by the
 //! OS, so one key tells nothing about another), bound to the one connection its RTS went out
 //! on; addresses are offsets into the buffer. The receiver's READ request names the key, and
-//! the sender's progress engine answers it by streaming straight from the buffer (the link
-//! holds clones of its `Arc` while writing, no staging copy). A request naming a key
+//! the sender's link answers it as progress reads it, by streaming straight from the buffer
+//! (the link holds clones of its `Arc` while writing, no staging copy). A request naming a key
 //! exposed to another connection is a protocol error for the connection that sent it; an
 //! unknown key (e.g. of a send cancelled meanwhile) or a range past the buffer is answered
 //! with a failure. The receiver's side — a destination buffer lent to its link, READ data
-//! written straight into it — lives in `rdmx-tcp`'s link.
+//! written straight into it — lives in `rdmx-tcp`'s link (see [`super::TcpLink`]).
 
 use std::sync::Arc;
 

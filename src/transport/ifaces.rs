@@ -1,0 +1,234 @@
+//! What each transport keeps for all of a worker's connections over it, like UCX's
+//! interfaces: [`Ifaces`] is used without the worker's protocol lock (RDMA's device
+//! resources, TCP's exposure table), [`IfaceState`] under it (RDMA's send buffers,
+//! registration cache, memory windows and frames from QPs not yet known). Both hold one part
+//! per transport, which only that transport's code looks into.
+
+#[cfg(feature = "rdma")]
+use smallvec::SmallVec;
+
+use rdmx_proto::UserBufId;
+
+#[cfg(feature = "rdma")]
+use super::rdma;
+use super::{tcp, LinkEvent, RecvFrame};
+use crate::config::Config;
+use crate::error::Result;
+use crate::usermem::UserMem;
+
+/// The transports' worker-wide parts used without the protocol lock.
+pub(crate) struct Ifaces {
+    /// RDMA: one device's PD, CQ (with its completion channel) and SRQ, made on first use.
+    #[cfg(feature = "rdma")]
+    pub(crate) rdma: rdma::RdmaIface,
+    /// TCP: the send buffers exposed to READ requests.
+    pub(crate) tcp: tcp::TcpIface,
+}
+
+impl Ifaces {
+    pub(crate) fn new() -> Self {
+        Ifaces {
+            #[cfg(feature = "rdma")]
+            rdma: rdma::RdmaIface::default(),
+            tcp: tcp::TcpIface::new(),
+        }
+    }
+
+    /// The part of the transports' state kept under the protocol lock.
+    pub(crate) fn state(&self, cfg: &Config) -> IfaceState {
+        IfaceState {
+            #[cfg(feature = "rdma")]
+            rdma: rdma::RdmaState::new(cfg),
+            tcp: self.tcp.state(),
+        }
+    }
+
+    /// Polls the worker-wide completion queues (RDMA's CQ) into `scratch`, for
+    /// [`IfaceState::completions`] under the lock; returns how many completions it found.
+    #[inline]
+    pub(crate) fn poll(&self, scratch: &mut PollScratch) -> usize {
+        #[cfg(feature = "rdma")]
+        return self.rdma.poll(&mut scratch.wcs);
+        #[cfg(not(feature = "rdma"))]
+        0
+    }
+
+    /// Before sleeping on the registry: asks for a wake-up on the next completion (RDMA).
+    pub(crate) fn arm(&self) -> Result<()> {
+        #[cfg(feature = "rdma")]
+        self.rdma.arm()?;
+        Ok(())
+    }
+
+    /// A readiness token of a worker-wide fd (below the connections' tokens) was reported:
+    /// takes what it signalled (RDMA: the completion channel's events).
+    pub(crate) fn ready(&self, token: u64) -> Result<()> {
+        #[cfg(feature = "rdma")]
+        self.rdma.ready(token)?;
+        let _ = token;
+        Ok(())
+    }
+
+    /// Runs what a locked section deferred until after the lock (RDMA: reposting receive
+    /// buffers); returns what failed, for [`IfaceState::retry`].
+    pub(crate) fn run_deferred(&self, deferred: Deferred) -> Deferred {
+        #[cfg(feature = "rdma")]
+        return self.rdma.run_deferred(deferred);
+        #[cfg(not(feature = "rdma"))]
+        deferred
+    }
+
+    /// Resource figures for [`crate::WorkerStats`].
+    pub(crate) fn usage(&self, st: &IfaceState) -> Usage {
+        #[cfg(feature = "rdma")]
+        return self.rdma.usage(&st.rdma);
+        #[cfg(not(feature = "rdma"))]
+        Usage::default()
+    }
+}
+
+/// The transports' worker-wide state kept under the protocol lock.
+pub(crate) struct IfaceState {
+    /// RDMA: send buffers, the registration cache, memory windows, frames from unknown QPs.
+    #[cfg(feature = "rdma")]
+    pub(crate) rdma: rdma::RdmaState,
+    /// TCP: the exposure table, to withdraw exposures.
+    pub(crate) tcp: tcp::TcpState,
+}
+
+impl IfaceState {
+    /// Turns what [`Ifaces::poll`] found into events (RDMA: work completions), deferring
+    /// what must wait for the lock's release. `recv_buf_size` is the receive buffers' size,
+    /// for errors.
+    #[inline]
+    pub(crate) fn completions(
+        &mut self,
+        scratch: &mut PollScratch,
+        recv_buf_size: u32,
+        deferred: &mut Deferred,
+        out: &mut Vec<LinkEvent>,
+    ) {
+        #[cfg(feature = "rdma")]
+        self.rdma
+            .completions(&mut scratch.wcs, recv_buf_size, deferred, out);
+        let _ = (scratch, recv_buf_size, deferred, out);
+    }
+
+    /// Ends every transport's hold on the user buffer `buf` (`mem`, if it is still there):
+    /// its exposure (TCP key, RDMA memory window) and registration (copying `copy_back`
+    /// bytes back from a staged receive), leaving it plain memory when nothing else holds
+    /// it.
+    ///
+    /// The buffer's memory window goes first: it kills the rkey, and neither the buffer nor
+    /// a staging region may be reused while a window over it could still be bound. False
+    /// when the window cannot be invalidated yet (its bind is still posted): then nothing is
+    /// released, and the caller must try again after a [`LinkEvent::Bound`] or
+    /// housekeeping.
+    #[inline]
+    pub(crate) fn release(
+        &mut self,
+        buf: UserBufId,
+        mem: Option<&mut UserMem>,
+        copy_back: u64,
+    ) -> bool {
+        #[cfg(feature = "rdma")]
+        if !self.rdma.withdraw(buf) {
+            return false;
+        }
+        let _ = buf;
+        let Some(mem) = mem else {
+            return true;
+        };
+        self.tcp.withdraw(mem);
+        #[cfg(feature = "rdma")]
+        self.rdma.unregister(mem, copy_back);
+        let _ = copy_back;
+        true
+    }
+
+    /// Periodic care (RDMA: frames parked too long from a QP never known are reposted, and
+    /// failed reposts retried), deferring what must wait for the lock's release.
+    pub(crate) fn housekeeping(&mut self, now: u64, deferred: &mut Deferred) {
+        #[cfg(feature = "rdma")]
+        self.rdma.housekeeping(now, deferred);
+        let _ = (now, deferred);
+    }
+
+    /// Keeps what [`Ifaces::run_deferred`] could not do, for the next housekeeping.
+    pub(crate) fn retry(&mut self, failed: Deferred) {
+        #[cfg(feature = "rdma")]
+        self.rdma.retry(failed);
+        let _ = failed;
+    }
+
+    /// Whether something waits for housekeeping (RDMA: parked frames).
+    pub(crate) fn waiting(&self) -> bool {
+        #[cfg(feature = "rdma")]
+        return self.rdma.waiting();
+        #[cfg(not(feature = "rdma"))]
+        false
+    }
+}
+
+/// Transport work a locked section leaves for after the lock's release.
+#[derive(Default)]
+pub(crate) struct Deferred {
+    /// SRQ receive buffers to repost, with their index.
+    #[cfg(feature = "rdma")]
+    pub(crate) reposts: SmallVec<[(rdmx_conn::RegisteredBuf, u64); 2]>,
+}
+
+impl Deferred {
+    /// Gives a frame's buffer back without its link (the link is gone, or the frame was
+    /// never handed over): an SRQ buffer is reposted, a stream's buffer dropped.
+    pub(crate) fn return_frame(&mut self, frame: RecvFrame) {
+        match frame {
+            #[cfg(feature = "rdma")]
+            RecvFrame::Srq { buf, index } => self.reposts.push((buf, index)),
+            RecvFrame::Owned(_) => {}
+        }
+    }
+
+    /// Whether there is nothing to do.
+    pub(crate) fn is_empty(&self) -> bool {
+        #[cfg(feature = "rdma")]
+        return self.reposts.is_empty();
+        #[cfg(not(feature = "rdma"))]
+        true
+    }
+}
+
+/// What a progress call reuses for the transports, so that it allocates nothing when there
+/// is nothing new.
+pub(crate) struct PollScratch {
+    /// RDMA: work completions polled from the CQ.
+    #[cfg(feature = "rdma")]
+    pub(crate) wcs: Vec<rdmx_conn::Completion>,
+    /// TCP: what a link's input meant, before it becomes [`LinkEvent`]s.
+    pub(crate) tcp: Vec<rdmx_tcp::Event>,
+}
+
+impl PollScratch {
+    pub(crate) fn new() -> Self {
+        PollScratch {
+            #[cfg(feature = "rdma")]
+            wcs: Vec::with_capacity(64),
+            tcp: Vec::new(),
+        }
+    }
+}
+
+/// Resource figures of the transports (zero where a transport is not in use).
+#[derive(Debug, Default)]
+pub(crate) struct Usage {
+    /// The RDMA device, once chosen.
+    pub(crate) device: Option<String>,
+    /// Bytes of receive buffers on the SRQ.
+    pub(crate) recv_buffer_bytes: u64,
+    /// Bytes registered for send buffers.
+    pub(crate) send_buffer_bytes: u64,
+    /// Bytes held by the registration cache.
+    pub(crate) rcache_bytes: u64,
+    /// Regions the registration cache registered so far.
+    pub(crate) rcache_registrations: u64,
+}

@@ -1,0 +1,140 @@
+//! What the RDMA transport's work completions mean, as [`LinkEvent`]s: frames received on
+//! the SRQ (kept aside while their QP is not known yet), sends, memory window binds and READs
+//! finished.
+
+use rdmx_conn::{Completion, WcStatus, WorkKind};
+use rdmx_proto::ConnId;
+
+use super::iface::Parked;
+use super::{RdmaState, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
+use crate::transport::{Deferred, LinkEvent, RecvFrame};
+
+impl RdmaState {
+    /// Turns the work completions in `wcs` (drained) into events, in order. `recv_buf_size`
+    /// names the receive buffers' size in errors; failed receives' buffers are reposted
+    /// through `deferred`.
+    #[inline]
+    pub(crate) fn completions(
+        &mut self,
+        wcs: &mut Vec<Completion>,
+        recv_buf_size: u32,
+        deferred: &mut Deferred,
+        out: &mut Vec<LinkEvent>,
+    ) {
+        if wcs.is_empty() {
+            return;
+        }
+        for wc in wcs.drain(..) {
+            self.completion(wc, recv_buf_size, deferred, out);
+        }
+    }
+
+    fn completion(
+        &mut self,
+        wc: Completion,
+        recv_buf_size: u32,
+        deferred: &mut Deferred,
+        out: &mut Vec<LinkEvent>,
+    ) {
+        let ok = wc.status.is_success();
+        let conn = ConnId(wc.cookie & !COOKIE_KIND);
+        match (wc.kind, wc.cookie & COOKIE_KIND) {
+            (WorkKind::Recv, _) => {
+                let Some(buf) = wc.buffer else { return };
+                let index = wc.cookie;
+                if !ok {
+                    if wc.status != WcStatus::FLUSHED {
+                        deferred.reposts.push((buf, index));
+                        // The QP is in the error state now: the connection is lost, typically
+                        // because the peer sent more than a receive buffer holds.
+                        let why = format!(
+                            "a receive failed ({}): the peer sent a frame larger than the \
+                             {recv_buf_size}-byte receive buffer, or the connection broke",
+                            wc.status.description(),
+                        );
+                        log::warn!("{why}");
+                        if let Some(&conn) = self.qp_map.get(&wc.qp_num) {
+                            out.push(LinkEvent::Down {
+                                conn,
+                                reason: why,
+                                reads_lost: false,
+                            });
+                        }
+                    }
+                    return;
+                }
+                let len = wc.byte_len as usize;
+                match self.qp_map.get(&wc.qp_num) {
+                    Some(&conn) => out.push(LinkEvent::Frame {
+                        conn,
+                        frame: RecvFrame::Srq { buf, index },
+                        len,
+                    }),
+                    None => self.parked.push(Parked {
+                        qp: wc.qp_num,
+                        index,
+                        buf,
+                        len,
+                        since: crate::clock::coarse_now_ns(),
+                    }),
+                }
+            }
+            (_, COOKIE_SEND) => {
+                if let Some(buf) = wc.buffer {
+                    self.send_pool.give(buf);
+                }
+                out.push(LinkEvent::SendDone {
+                    conn,
+                    error: (!ok).then(|| wc.status.description()),
+                });
+            }
+            (WorkKind::Bind, _) => out.push(LinkEvent::Bound {
+                conn,
+                error: (!ok).then(|| {
+                    format!(
+                        "binding a memory window failed: {}",
+                        wc.status.description()
+                    )
+                }),
+            }),
+            (_, COOKIE_READ) => {
+                if !ok {
+                    log::debug!("RDMA READ failed: {}", wc.status.description());
+                }
+                out.push(LinkEvent::ReadDone {
+                    key: wc.cookie & !COOKIE_KIND,
+                    piece: wc.buffer,
+                    ok,
+                    posted: true,
+                });
+            }
+            _ => log::debug!("completion with unknown cookie {:#x}", wc.cookie),
+        }
+    }
+
+    /// The QP `qp` is `conn`'s from now on: the frames that arrived on it before are
+    /// delivered.
+    pub(super) fn adopt(&mut self, qp: u32, conn: ConnId, out: &mut Vec<LinkEvent>) {
+        self.qp_map.insert(qp, conn);
+        if self.parked.is_empty() {
+            return;
+        }
+        let (mine, rest): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|p| p.qp == qp);
+        self.parked = rest;
+        out.extend(mine.into_iter().map(|p| LinkEvent::Frame {
+            conn,
+            frame: RecvFrame::Srq {
+                buf: p.buf,
+                index: p.index,
+            },
+            len: p.len,
+        }));
+    }
+
+    /// `conn` is gone: its QP is forgotten.
+    pub(super) fn forget(&mut self, conn: ConnId) {
+        self.qp_map.retain(|_, c| *c != conn);
+    }
+}

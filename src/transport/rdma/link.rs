@@ -1,0 +1,354 @@
+//! An RDMA connection of a worker: its ordered queue of work to post, and what the worker
+//! asks of it ([`TransportLink`]).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rdmx_conn::{Access, CmEventKind, Connection, MemoryWindow, RegisteredBuf, RemoteBuf};
+use rdmx_proto::{ConnId, UserBufId};
+
+use super::{Rdma, COOKIE_BIND, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
+use crate::transport::{IfaceState, LinkEvent, PollScratch, ReadOp, Transport, TransportLink};
+use crate::usermem::UserMem;
+
+/// The largest frame sent inline (copied into the work request): what rdmx asks of the QP,
+/// held in the queue without an allocation.
+pub(super) const INLINE_MAX: usize = 128;
+
+/// Work waiting to be posted on a connection.
+pub(super) enum Outgoing {
+    /// A frame small enough to be copied into the work request (its first `len` bytes).
+    Inline { bytes: [u8; INLINE_MAX], len: u16 },
+    /// A frame in a registered send buffer.
+    Frame { buf: RegisteredBuf, len: usize },
+    /// An RDMA READ into a piece of a user buffer.
+    Read {
+        target: RegisteredBuf,
+        len: usize,
+        remote: RemoteBuf,
+        cookie: u64,
+    },
+    /// Bind a memory window on the connection's QP (before the RTS that announces it).
+    Bind(MemoryWindow),
+    /// Disconnect once everything before it is posted.
+    Disconnect,
+}
+
+/// An RDMA connection of a worker, with its queue of work to post.
+pub(crate) struct RdmaLink {
+    id: ConnId,
+    conn: Connection,
+    /// The worker's device resources (the PD its memory is registered with).
+    rdma: Arc<Rdma>,
+    /// Work to post, in order (its capacity is kept: no allocation per message).
+    queue: Mutex<VecDeque<Outgoing>>,
+    in_flight: AtomicU32,
+    depth: u32,
+    /// Work whose post failed, for the worker to report as failed completions.
+    failures: Mutex<Vec<Outgoing>>,
+}
+
+impl RdmaLink {
+    /// The link of the worker's connection `id` over `conn`, made with `rdma`'s QP settings.
+    pub(crate) fn new(id: ConnId, conn: Connection, rdma: Arc<Rdma>) -> Self {
+        RdmaLink {
+            id,
+            conn,
+            depth: rdma.qp_config.send_depth,
+            rdma,
+            queue: Mutex::new(VecDeque::new()),
+            in_flight: AtomicU32::new(0),
+            failures: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn max_inline(&self) -> usize {
+        self.conn.max_inline() as usize
+    }
+
+    /// Queues work; it is posted by the next [`TransportLink::flush`], after the worker's
+    /// state lock is released.
+    pub(super) fn push(&self, item: Outgoing) {
+        self.queue.lock().push_back(item);
+    }
+
+    /// A posted work request completed.
+    fn completed(&self) {
+        let _ = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// Work requests posted and not completed.
+    fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Posts queued work in order while the send queue has room. Returns whether a post
+    /// failed (the failure is recorded in `failures` for the worker to report). `closing`
+    /// says whether failures are expected (the connection is going away).
+    fn post(&self, closing: bool) -> bool {
+        let mut stalled = self.queue.lock();
+        let mut failed = false;
+        loop {
+            let Some(item) = stalled.pop_front() else {
+                break;
+            };
+            if let Outgoing::Disconnect = item {
+                if let Err(e) = self.conn.disconnect() {
+                    log::debug!("disconnect of {:?}: {e}", self.id);
+                }
+                continue;
+            }
+            if self.in_flight.load(Ordering::Acquire) >= self.depth {
+                stalled.push_front(item);
+                break;
+            }
+            self.in_flight.fetch_add(1, Ordering::AcqRel);
+            let cookie_send = COOKIE_SEND | self.id.0;
+            let result = match item {
+                Outgoing::Inline { bytes, len } => {
+                    match self
+                        .conn
+                        .post_send_inline(&bytes[..len as usize], cookie_send)
+                    {
+                        Ok(()) => Ok(()),
+                        Err(e) => Err((e, Outgoing::Inline { bytes, len })),
+                    }
+                }
+                Outgoing::Frame { buf, len } => self
+                    .conn
+                    .post_send(buf, len, cookie_send)
+                    .map_err(|(e, buf)| (e, Outgoing::Frame { buf, len })),
+                Outgoing::Read {
+                    target,
+                    len,
+                    remote,
+                    cookie,
+                } => self
+                    .conn
+                    .post_read(target, len, remote, cookie)
+                    .map_err(|(e, target)| {
+                        (
+                            e,
+                            Outgoing::Read {
+                                target,
+                                len,
+                                remote,
+                                cookie,
+                            },
+                        )
+                    }),
+                Outgoing::Bind(window) => {
+                    match self.conn.post_bind(&window, COOKIE_BIND | self.id.0) {
+                        Ok(()) => Ok(()),
+                        Err(e) => Err((e, Outgoing::Bind(window))),
+                    }
+                }
+                Outgoing::Disconnect => unreachable!("handled above"),
+            };
+            if let Err((e, item)) = result {
+                self.completed();
+                if e.is_queue_full() && self.in_flight() > 0 {
+                    // The provider's queue is smaller than we thought: wait for completions.
+                    log::debug!(
+                        "send queue of {:?} full; retrying after completions",
+                        self.id
+                    );
+                    stalled.push_front(item);
+                    break;
+                }
+                if !closing {
+                    log::warn!("posting on {:?} failed: {e}", self.id);
+                }
+                self.failures.lock().push(item);
+                failed = true;
+            }
+        }
+        failed
+    }
+}
+
+impl TransportLink for RdmaLink {
+    fn transport(&self) -> Transport {
+        Transport::Rdma
+    }
+
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        self.conn.peer_addr()
+    }
+
+    fn local_addr(&self) -> Option<SocketAddr> {
+        self.conn.local_addr()
+    }
+
+    fn peer_private_data(&self) -> &[u8] {
+        self.conn.peer_private_data()
+    }
+
+    fn event_fd(&self) -> BorrowedFd<'_> {
+        self.conn.event_fd()
+    }
+
+    fn joined(&self, st: &mut IfaceState, out: &mut Vec<LinkEvent>) {
+        st.rdma.adopt(self.conn.qp_num(), self.id, out);
+    }
+
+    fn reaped(&self, st: &mut IfaceState) {
+        st.rdma.forget(self.id);
+    }
+
+    /// A frame up to the QP's inline limit is copied into the work request; a larger one
+    /// into a registered send buffer.
+    fn queue_frame(&self, st: &mut IfaceState, frame: &[u8], payload: &[u8]) -> Result<(), String> {
+        let total = frame.len() + payload.len();
+        let item = if total <= self.max_inline().min(INLINE_MAX) {
+            let mut bytes = [0u8; INLINE_MAX];
+            bytes[..frame.len()].copy_from_slice(frame);
+            bytes[frame.len()..total].copy_from_slice(payload);
+            Outgoing::Inline {
+                bytes,
+                len: total as u16,
+            }
+        } else {
+            let pool = &mut st.rdma.send_pool;
+            if total > pool.buf_len() {
+                return Err(format!("a {total}-byte frame exceeds the send buffers"));
+            }
+            let mut buf = pool
+                .take(&self.rdma.pd)
+                .map_err(|e| format!("no send buffer: {e}"))?;
+            buf[..frame.len()].copy_from_slice(frame);
+            buf[frame.len()..total].copy_from_slice(payload);
+            Outgoing::Frame { buf, len: total }
+        };
+        self.push(item);
+        Ok(())
+    }
+
+    /// The destination is registered (per operation or through the cache, as configured)
+    /// and the READ's range of it taken out until the READ completes.
+    fn start_read(
+        &self,
+        st: &mut IfaceState,
+        read: ReadOp,
+        mem: &mut UserMem,
+    ) -> Result<(), String> {
+        let st = &mut st.rdma;
+        mem.register(
+            st.mode,
+            &self.rdma.pd,
+            &mut st.rcache,
+            Access::LOCAL_WRITE,
+            true,
+        )?;
+        let target = mem
+            .take_range(read.offset, read.len)
+            .ok_or("the READ falls outside the receive buffer")?;
+        self.push(Outgoing::Read {
+            target,
+            len: read.len as usize,
+            remote: RemoteBuf {
+                addr: read.remote.addr,
+                len: read.len as u32,
+                rkey: read.remote.rkey,
+            },
+            cookie: COOKIE_READ | read.key,
+        });
+        Ok(())
+    }
+
+    /// Through a memory window bound to this QP where the device has them (see
+    /// [`super::Windows::expose`]).
+    fn expose(
+        &self,
+        st: &mut IfaceState,
+        buf: UserBufId,
+        mem: &mut UserMem,
+        len: u64,
+    ) -> Result<rdmx_proto::RemoteBuf, String> {
+        let st = &mut st.rdma;
+        st.windows
+            .expose(&self.rdma, st.mode, self, buf, mem, &mut st.rcache, len)
+    }
+
+    fn work_done(&self) {
+        self.completed();
+    }
+
+    fn close(&self) {
+        self.push(Outgoing::Disconnect);
+    }
+
+    fn take_failures(&self, st: &mut IfaceState, out: &mut Vec<LinkEvent>) {
+        let items: Vec<Outgoing> = std::mem::take(&mut *self.failures.lock());
+        let conn = self.id;
+        for item in items {
+            match item {
+                Outgoing::Frame { buf, .. } => {
+                    st.rdma.send_pool.give(buf);
+                    out.push(LinkEvent::SendFailed { conn });
+                }
+                Outgoing::Inline { .. } => out.push(LinkEvent::SendFailed { conn }),
+                Outgoing::Read { target, cookie, .. } => out.push(LinkEvent::ReadDone {
+                    key: cookie & !COOKIE_KIND,
+                    piece: Some(target),
+                    ok: false,
+                    posted: false,
+                }),
+                // The RTS behind it would announce a key that grants nothing.
+                Outgoing::Bind(_) => out.push(LinkEvent::Down {
+                    conn,
+                    reason: "cannot bind a memory window".to_string(),
+                    reads_lost: false,
+                }),
+                Outgoing::Disconnect => {}
+            }
+        }
+    }
+
+    fn flush(&self, closing: bool) -> bool {
+        self.post(closing)
+    }
+
+    fn idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0 && self.queue.lock().is_empty()
+    }
+
+    /// Reads the connection's rdmacm events, at housekeeping only.
+    fn poll(&self, housekeeping: bool, _: &mut PollScratch, out: &mut Vec<LinkEvent>) -> usize {
+        if !housekeeping {
+            return 0;
+        }
+        loop {
+            match self.conn.next_event(Some(Duration::ZERO)) {
+                Ok(Some(ev)) => match ev.kind {
+                    CmEventKind::DISCONNECTED | CmEventKind::DEVICE_REMOVAL => {
+                        let reason = if ev.kind == CmEventKind::DISCONNECTED {
+                            "the peer disconnected (rdmacm DISCONNECTED)"
+                        } else {
+                            "the RDMA device was removed"
+                        };
+                        out.push(LinkEvent::Down {
+                            conn: self.id,
+                            reason: reason.to_string(),
+                            reads_lost: false,
+                        });
+                    }
+                    other => log::debug!("{:?}: {}", self.id, other.name()),
+                },
+                Ok(None) => break,
+                Err(e) => {
+                    log::debug!("events of {:?}: {e}", self.id);
+                    break;
+                }
+            }
+        }
+        0
+    }
+}

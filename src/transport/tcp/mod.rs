@@ -1,0 +1,62 @@
+//! The TCP transport: connections over `rdmx-tcp`'s nonblocking sockets ([`TcpLink`]), and
+//! what stands in for RDMA READ over a byte stream: the exposure table (`exposures`) a
+//! sender's links answer READ requests from, and the receiver's destination buffers lent to
+//! its link.
+
+mod exposures;
+mod link;
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rdmx_proto::ConnId;
+
+use exposures::{Answer, Exposures};
+pub(crate) use link::TcpLink;
+
+use crate::usermem::UserMem;
+
+/// The TCP transport's worker-wide part: the send buffers exposed to READ requests, which
+/// every TCP link of the worker answers from (under the table's own short lock, without the
+/// worker's protocol lock).
+pub(crate) struct TcpIface {
+    exposures: Arc<Mutex<Exposures>>,
+}
+
+impl TcpIface {
+    pub(crate) fn new() -> Self {
+        TcpIface {
+            exposures: Arc::new(Mutex::new(Exposures::new())),
+        }
+    }
+
+    /// The worker's part under its protocol lock.
+    pub(crate) fn state(&self) -> TcpState {
+        TcpState {
+            exposures: self.exposures.clone(),
+        }
+    }
+
+    /// The link of the worker's connection `id` over `link`.
+    pub(crate) fn link(&self, id: ConnId, link: rdmx_tcp::Link) -> TcpLink {
+        TcpLink::new(id, link, self.exposures.clone())
+    }
+}
+
+/// What the worker's TCP connections share under its protocol lock: the exposure table, to
+/// withdraw exposures.
+pub(crate) struct TcpState {
+    exposures: Arc<Mutex<Exposures>>,
+}
+
+impl TcpState {
+    /// Ends `mem`'s exposure, if it has one: later READ requests for it are refused, and it
+    /// is plain memory again.
+    #[inline]
+    pub(crate) fn withdraw(&mut self, mem: &mut UserMem) {
+        if let Some(key) = mem.exposure_key() {
+            self.exposures.lock().withdraw(key);
+            mem.unexpose();
+        }
+    }
+}
