@@ -17,14 +17,14 @@ impl Protocol {
         conn: Option<&Arc<Conn>>,
     ) {
         self.requests.set_id(slot, id);
-        self.reqs.insert(
-            id,
-            Tracked {
-                buf,
-                slot,
-                conn: conn.cloned(),
-            },
-        );
+        let tracked = Tracked {
+            buf,
+            slot,
+            conn: conn.cloned(),
+        };
+        if !self.reqs.insert(id, tracked) {
+            log::error!("{id:?} names no slot of the engine: not tracked");
+        }
     }
 
     pub(super) fn take_buf(&mut self, id: UserBufId) -> Vec<u8> {
@@ -107,11 +107,6 @@ impl Protocol {
                         log::error!("copy of {} bytes into {dst:?} out of range", data.len());
                     }
                 }
-                Action::RepostRecv { buf } => {
-                    if let Some((frame, conn)) = self.recv_held.remove(&buf.0) {
-                        self.give_back(frame, conn, out);
-                    }
-                }
                 Action::Complete(c) => self.complete(c, out),
                 Action::CloseConnection { conn, reason } => {
                     let why = match &reason {
@@ -134,14 +129,14 @@ impl Protocol {
                 }
             }
         }
-        // Every frame's buffer is reposted by the engine at once; anything left is a bug in
-        // the driver or the engine, so put it back rather than lose SRQ depth.
-        if !self.recv_held.is_empty() {
-            log::error!("receive buffers were not reposted");
-            for (_, (frame, _)) in self.recv_held.drain() {
-                out.deferred.return_frame(frame);
-            }
-        }
+        // The engine keeps nothing of a frame once the actions it queued ran: every frame
+        // goes back to its link (an SRQ repost, or a buffer for the next TCP frame).
+        let conns = &self.conns;
+        self.recv_held
+            .drain(|_, (frame, conn)| match conns.get(&conn) {
+                Some(cs) => cs.link.give_back(frame, &mut out.deferred),
+                None => out.deferred.return_frame(frame),
+            });
     }
 
     /// Gives a received frame's buffer back to where it came from (its link, or without it,

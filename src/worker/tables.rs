@@ -44,76 +44,61 @@ impl UserBufs {
     }
 }
 
-/// Per-request state by the engine's request id.
+/// Per-request state by the engine's request id, in an array by the engine's slot index.
+/// (Sends the engine completed as it made them have no slot and are never tracked: see
+/// [`RequestId::is_immediate`].)
 pub(super) struct RequestMap<T> {
     /// By the engine's slot index (checked against the whole id).
     slots: Vec<Option<(RequestId, T)>>,
-    /// Requests the engine completed as it made them (no slot): at most a few at a time.
-    immediate: Vec<(RequestId, T)>,
 }
 
 impl<T> Default for RequestMap<T> {
     fn default() -> Self {
-        RequestMap {
-            slots: Vec::new(),
-            immediate: Vec::new(),
-        }
+        RequestMap { slots: Vec::new() }
     }
 }
 
 impl<T> RequestMap<T> {
     /// Tracks `value` under `id` (the engine never hands out an id that is still alive).
-    pub(super) fn insert(&mut self, id: RequestId, value: T) {
-        match id.index() {
-            Some(i) => {
-                if self.slots.len() <= i {
-                    self.slots.resize_with(i + 1, || None);
-                }
-                self.slots[i] = Some((id, value));
-            }
-            None => self.immediate.push((id, value)),
+    /// False, tracking nothing, for an id that names no slot.
+    pub(super) fn insert(&mut self, id: RequestId, value: T) -> bool {
+        let Some(i) = id.index() else {
+            return false;
+        };
+        if self.slots.len() <= i {
+            self.slots.resize_with(i + 1, || None);
         }
+        self.slots[i] = Some((id, value));
+        true
     }
 
     pub(super) fn get(&self, id: &RequestId) -> Option<&T> {
-        match id.index() {
-            Some(i) => match self.slots.get(i) {
-                Some(Some((have, v))) if have == id => Some(v),
-                _ => None,
-            },
-            None => self
-                .immediate
-                .iter()
-                .find(|(have, _)| have == id)
-                .map(|e| &e.1),
+        match self.slots.get(id.index()?) {
+            Some(Some((have, v))) if have == id => Some(v),
+            _ => None,
         }
     }
 
     pub(super) fn remove(&mut self, id: &RequestId) -> Option<T> {
-        match id.index() {
-            Some(i) => match self.slots.get_mut(i) {
-                Some(entry @ Some(_)) if entry.as_ref().is_some_and(|(have, _)| have == id) => {
-                    entry.take().map(|(_, v)| v)
-                }
-                _ => None,
-            },
-            None => {
-                let pos = self.immediate.iter().position(|(have, _)| have == id)?;
-                Some(self.immediate.swap_remove(pos).1)
+        match self.slots.get_mut(id.index()?) {
+            Some(entry @ Some(_)) if entry.as_ref().is_some_and(|(have, _)| have == id) => {
+                entry.take().map(|(_, v)| v)
             }
+            _ => None,
         }
     }
 }
 
 /// Received frames held while the engine's actions read them, by receive-buffer id: SRQ
-/// buffers by their index (below `dense`), others (TCP frames, numbered upwards) in a short
-/// list — the engine hands every frame back within the locked section that delivered it.
+/// buffers by their index (below `dense_limit`), others (TCP frames, numbered upwards) in a
+/// short list. The engine keeps nothing of a frame once the actions it queued ran, so every
+/// frame goes back within the locked section that delivered it ([`HeldFrames::drain`]).
 pub(super) struct HeldFrames<T> {
     dense: Vec<Option<T>>,
     dense_limit: u64,
+    /// The ids held in `dense`, so that draining visits only those.
+    dense_ids: Vec<u64>,
     other: Vec<(u64, T)>,
-    /// Frames held in `dense`.
-    dense_held: usize,
 }
 
 impl<T> HeldFrames<T> {
@@ -122,8 +107,8 @@ impl<T> HeldFrames<T> {
         HeldFrames {
             dense: Vec::new(),
             dense_limit,
+            dense_ids: Vec::new(),
             other: Vec::new(),
-            dense_held: 0,
         }
     }
 
@@ -134,7 +119,7 @@ impl<T> HeldFrames<T> {
                 self.dense.resize_with(i + 1, || None);
             }
             if self.dense[i].replace(value).is_none() {
-                self.dense_held += 1;
+                self.dense_ids.push(id);
             }
         } else {
             // (Frame ids above the dense range are numbered upwards, never reused.)
@@ -150,32 +135,16 @@ impl<T> HeldFrames<T> {
         }
     }
 
-    pub(super) fn remove(&mut self, id: &u64) -> Option<T> {
-        if *id < self.dense_limit {
-            let taken = self.dense.get_mut(*id as usize).and_then(Option::take);
-            self.dense_held -= usize::from(taken.is_some());
-            taken
-        } else {
-            let pos = self.other.iter().position(|(have, _)| have == id)?;
-            Some(self.other.swap_remove(pos).1)
+    /// Takes every held frame out, with its id, visiting only those held.
+    pub(super) fn drain(&mut self, mut f: impl FnMut(u64, T)) {
+        for id in self.dense_ids.drain(..) {
+            if let Some(v) = self.dense.get_mut(id as usize).and_then(Option::take) {
+                f(id, v);
+            }
         }
-    }
-
-    /// Takes every held frame out (with its id).
-    pub(super) fn drain(&mut self) -> Vec<(u64, T)> {
-        let mut all: Vec<(u64, T)> = self
-            .dense
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, v)| v.take().map(|v| (i as u64, v)))
-            .collect();
-        self.dense_held = 0;
-        all.append(&mut self.other);
-        all
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        self.other.is_empty() && self.dense_held == 0
+        for (id, v) in self.other.drain(..) {
+            f(id, v);
+        }
     }
 }
 
@@ -203,17 +172,18 @@ mod tests {
         let mut h = HeldFrames::new(100);
         h.insert(3, "srq 3");
         h.insert(1 << 48, "tcp 0");
-        h.insert((1 << 48) + 1, "tcp 1");
+        h.insert(7, "srq 7");
         assert_eq!(h.get(&3), Some(&"srq 3"));
         assert_eq!(h.get(&4), None);
         assert_eq!(h.get(&(1 << 48)), Some(&"tcp 0"));
-        assert_eq!(h.remove(&(1 << 48)), Some("tcp 0"));
-        assert_eq!(h.remove(&(1 << 48)), None);
-        assert!(!h.is_empty());
-        let mut left = h.drain();
-        left.sort();
-        assert_eq!(left, vec![(3, "srq 3"), ((1 << 48) + 1, "tcp 1")]);
-        assert!(h.is_empty());
+        let mut all = Vec::new();
+        h.drain(|id, v| all.push((id, v)));
+        assert_eq!(all, vec![(3, "srq 3"), (7, "srq 7"), (1 << 48, "tcp 0")]);
+        let mut again = Vec::new();
+        h.drain(|id, v| again.push((id, v)));
+        assert!(again.is_empty() && h.get(&3).is_none());
+        h.insert(3, "srq 3 again");
+        assert_eq!(h.get(&3), Some(&"srq 3 again"));
     }
 
     #[test]
@@ -223,15 +193,15 @@ mod tests {
         let r1 = RequestId(1);
         let r1_again = RequestId((1 << 32) | 1);
         let imm = RequestId((1 << 63) | 5);
-        m.insert(r1, "one");
-        m.insert(imm, "now");
+        assert!(m.insert(r1, "one"));
+        assert!(!m.insert(imm, "now"), "an immediate id names no slot");
         assert_eq!(m.get(&r1), Some(&"one"));
         assert_eq!(m.get(&r1_again), None, "another generation of the slot");
-        assert_eq!(m.get(&imm), Some(&"now"));
+        assert_eq!(m.get(&imm), None);
         assert_eq!(m.remove(&r1_again), None);
         assert_eq!(m.remove(&r1), Some("one"));
-        assert_eq!(m.remove(&imm), Some("now"));
-        assert_eq!((m.get(&r1), m.get(&imm)), (None, None));
+        assert_eq!(m.remove(&imm), None);
+        assert_eq!(m.get(&r1), None);
         m.insert(r1_again, "again");
         assert_eq!(m.get(&r1_again), Some(&"again"));
         assert_eq!(m.get(&RequestId(0)), None);

@@ -14,11 +14,15 @@
 //! * **Eager** — a message of at most the connection's eager limit
 //!   (`min(Config::eager_threshold, peer recv_buf_size − 40)`) travels in one EAGER frame;
 //!   the driver appends the payload to the header ([`Action::SendFrame`]) and the send
-//!   request completes right after that action (the data has been copied, as in UCP).
-//!   At the receiver, a matching posted receive gets an [`Action::CopyFromRecvBuf`];
-//!   otherwise the payload is copied into the engine's unexpected queue. Either way the
-//!   SRQ buffer is reposted at once ([`Action::RepostRecv`]), so a slow application never
-//!   starves the SRQ. A later matching receive gets an [`Action::CopyToUser`].
+//!   request completes right after that action (the data has been copied, as in UCP). A
+//!   send that goes out as it is made completes without an [`Action::Complete`]: its id says
+//!   so ([`RequestId::is_immediate`]) and the driver completes it once it executed the
+//!   frame. At the receiver, a matching posted receive gets an
+//!   [`Action::CopyFromRecvBuf`]; otherwise the payload is copied into the engine's
+//!   unexpected queue. Either way the engine never keeps the SRQ buffer: it is the driver's
+//!   to repost once the actions that [`Engine::handle_frame`] queued are executed, so a slow
+//!   application never starves the SRQ. A later matching receive gets an
+//!   [`Action::CopyToUser`].
 //! * **Rendezvous** — larger messages: the engine asks the driver to expose the send
 //!   buffer ([`Action::ExposeSendBuffer`] → [`Engine::handle_send_buffer_exposed`]), then
 //!   sends RTS(addr, len, rkey, request id). When a receive matches, the receiver issues
@@ -127,6 +131,14 @@ impl RequestId {
     /// id. `None` for an id no slot holds: a send that completed as it was made.
     pub fn index(self) -> Option<usize> {
         requests::index_of(self)
+    }
+
+    /// Whether this names a send that completed as it was made: [`Engine::tag_send`] put its
+    /// frame in the action queue and the engine reports no [`Action::Complete`] for it — the
+    /// driver completes it (status [`Status::Ok`], the send's length and tag) once it has
+    /// executed the actions that call queued. Never true of any other request.
+    pub fn is_immediate(self) -> bool {
+        self.0 & requests::IMMEDIATE != 0
     }
 }
 

@@ -133,7 +133,7 @@ pub enum Action {
         dst_offset: u64,
     },
     /// Copy `len` bytes at `src_offset` of SRQ buffer `src` into `dst` at `dst_offset`.
-    /// Always precedes the `RepostRecv` of `src`.
+    /// `src` is the buffer of the frame being handled (see [`Engine::handle_frame`](super::Engine::handle_frame)).
     CopyFromRecvBuf {
         /// SRQ buffer.
         src: RecvBufId,
@@ -154,11 +154,6 @@ pub enum Action {
         dst_offset: u64,
         /// The bytes.
         data: Vec<u8>,
-    },
-    /// Repost SRQ buffer `buf`.
-    RepostRecv {
-        /// SRQ buffer.
-        buf: RecvBufId,
     },
     /// Complete a user request.
     Complete(Completion),

@@ -3,12 +3,12 @@
 use super::*;
 
 impl Engine {
-    /// A frame arrived in SRQ buffer `buf` on `conn`. The buffer is always handed back
-    /// through [`Action::RepostRecv`] (after any copy out of it). A malformed frame or a
-    /// protocol violation closes only this connection.
+    /// A frame arrived in SRQ buffer `buf` on `conn`. The engine keeps nothing of the buffer:
+    /// once the driver has executed the actions this call queued (an
+    /// [`Action::CopyFromRecvBuf`] out of it among them), it may repost or reuse it. A
+    /// malformed frame or a protocol violation closes only this connection.
     pub fn handle_frame(&mut self, conn_id: ConnId, buf: RecvBufId, bytes: &[u8]) {
         let result = self.process_frame(conn_id, buf, bytes);
-        self.actions.push_back(Action::RepostRecv { buf });
         match result {
             Ok(true) => self.flush(conn_id),
             Ok(false) => {}

@@ -6,7 +6,10 @@ use super::*;
 impl Engine {
     /// Starts a tag send of the first `len` bytes of `buf`. Messages of at most the
     /// connection's eager limit go eager (completed once the driver copied them); larger
-    /// ones use rendezvous (an [`Action::ExposeSendBuffer`] is emitted first).
+    /// ones use rendezvous (an [`Action::ExposeSendBuffer`] is emitted first). An eager send
+    /// with nothing queued ahead of it and credit to spare goes out at once and gets an id
+    /// for which [`RequestId::is_immediate`] holds: the driver completes it itself, and no
+    /// [`Action::Complete`] follows.
     pub fn tag_send(
         &mut self,
         conn: ConnId,
@@ -34,14 +37,8 @@ impl Engine {
                 Some(PayloadRef { buf, len }),
                 &mut self.actions,
             );
-            self.actions.push_back(Action::Complete(Completion {
-                request: id,
-                kind: RequestKind::Send,
-                status: Status::Ok,
-                length: len,
-                tag,
-                conn: Some(conn),
-            }));
+            // No Complete: the id says the send is done once its frame is (see
+            // `RequestId::is_immediate`).
             return Ok(id);
         }
         let phase = if eager {

@@ -146,6 +146,23 @@ impl Sim {
             .tag_send(conn(j), tag, buf, len)
             .unwrap();
         self.pump(i);
+        if r.is_immediate() {
+            // Sent as it was made: the driver completes it once the frame is out.
+            let p = &mut self.peers[i];
+            let c = Completion {
+                request: r,
+                kind: RequestKind::Send,
+                status: Status::Ok,
+                length: len,
+                tag,
+                conn: Some(conn(j)),
+            };
+            assert!(
+                p.completions.insert(r, c).is_none(),
+                "request completed twice"
+            );
+            p.completion_order.push(r);
+        }
         r
     }
 
@@ -283,14 +300,6 @@ impl Sim {
                     let d = self.peers[i].mem.get_mut(&dst).unwrap();
                     d[dst_offset as usize..dst_offset as usize + data.len()].copy_from_slice(&data);
                 }
-                Action::RepostRecv { buf } => {
-                    let p = &mut self.peers[i];
-                    assert!(
-                        p.recv_bufs.remove(&buf).is_some(),
-                        "repost of a free buffer"
-                    );
-                    p.srq_free.push(buf);
-                }
                 Action::Complete(c) => {
                     let p = &mut self.peers[i];
                     assert!(
@@ -358,6 +367,13 @@ impl Sim {
             self.frames_delivered += 1;
             p.engine.handle_frame(conn(a), buf, &bytes);
             self.pump(b);
+            // The engine keeps nothing of the buffer once its actions are executed.
+            let p = &mut self.peers[b];
+            assert!(
+                p.recv_bufs.remove(&buf).is_some(),
+                "repost of a free buffer"
+            );
+            p.srq_free.push(buf);
         } else {
             let op = self.reads.get_mut(&(a, b)).unwrap().pop_front().unwrap();
             let ok = self.do_read(a, b, &op);
