@@ -371,6 +371,8 @@ impl Config {
     pub fn eager_threshold_for(&self, transport: Transport) -> u64 {
         match (transport, self.eager_threshold.source) {
             (Transport::Tcp, Source::Default) => TCP_EAGER_THRESHOLD,
+            #[cfg(test)]
+            (Transport::Memory, Source::Default) => TCP_EAGER_THRESHOLD,
             _ => self.eager_threshold.value,
         }
     }
@@ -380,6 +382,8 @@ impl Config {
     pub fn recv_buf_size_for(&self, transport: Transport) -> u32 {
         match (transport, self.recv_buf_size.source) {
             (Transport::Tcp, Source::Default) => TCP_RECV_BUF_SIZE,
+            #[cfg(test)]
+            (Transport::Memory, Source::Default) => TCP_RECV_BUF_SIZE,
             _ => self.recv_buf_size.value,
         }
     }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use rdmx_proto::{RequestKind, Status, Tag};
 
 use crate::error::{Error, Result};
-use crate::worker::{Slot, WaitFor, Worker};
+use crate::worker::{RequestKey, WaitFor, Worker};
 
 /// What a request ended with.
 pub(crate) struct Outcome {
@@ -60,7 +60,7 @@ pub struct Done {
 #[must_use = "a request does nothing visible unless waited for; dropping it cancels a receive"]
 pub struct Request {
     /// Its slot in the worker's request table.
-    pub(crate) slot: Slot,
+    pub(crate) slot: RequestKey,
     pub(crate) what: Describe,
     pub(crate) worker: Worker,
     /// The outcome was taken (the slot is the table's again).
@@ -68,7 +68,7 @@ pub struct Request {
 }
 
 impl Request {
-    pub(crate) fn new(worker: &Worker, slot: Slot, what: Describe) -> Request {
+    pub(crate) fn new(worker: &Worker, slot: RequestKey, what: Describe) -> Request {
         Request {
             slot,
             what,

@@ -1,6 +1,6 @@
 //! What each transport keeps for all of a worker's connections over it, like UCX's
 //! interfaces: [`Ifaces`] is used without the worker's protocol lock (RDMA's device
-//! resources, TCP's exposure table), [`IfaceState`] under it (RDMA's send buffers,
+//! resources, TCP's exposure table), [`LockedIfaces`] under it (RDMA's send buffers,
 //! registration cache, memory windows and frames from QPs not yet known). Both hold one part
 //! per transport, which only that transport's code looks into.
 
@@ -35,16 +35,16 @@ impl Ifaces {
     }
 
     /// The part of the transports' state kept under the protocol lock.
-    pub(crate) fn state(&self, cfg: &Config) -> IfaceState {
-        IfaceState {
+    pub(crate) fn locked(&self, cfg: &Config) -> LockedIfaces {
+        LockedIfaces {
             #[cfg(feature = "rdma")]
-            rdma: rdma::RdmaState::new(cfg),
-            tcp: self.tcp.state(),
+            rdma: rdma::RdmaLockedIface::new(cfg),
+            tcp: self.tcp.locked(),
         }
     }
 
     /// Polls the worker-wide completion queues (RDMA's CQ) into `scratch`, for
-    /// [`IfaceState::completions`] under the lock; returns how many completions it found.
+    /// [`LockedIfaces::completions`] under the lock; returns how many completions it found.
     #[inline]
     pub(crate) fn poll(&self, scratch: &mut PollScratch) -> usize {
         #[cfg(feature = "rdma")]
@@ -70,7 +70,7 @@ impl Ifaces {
     }
 
     /// Runs what a locked section deferred until after the lock (RDMA: reposting receive
-    /// buffers); returns what failed, for [`IfaceState::retry`].
+    /// buffers); returns what failed, for [`LockedIfaces::retry`].
     pub(crate) fn run_deferred(&self, deferred: Deferred) -> Deferred {
         #[cfg(feature = "rdma")]
         return self.rdma.run_deferred(deferred);
@@ -79,7 +79,7 @@ impl Ifaces {
     }
 
     /// Resource figures for [`crate::WorkerStats`].
-    pub(crate) fn usage(&self, st: &IfaceState) -> Usage {
+    pub(crate) fn usage(&self, st: &LockedIfaces) -> Usage {
         #[cfg(feature = "rdma")]
         return self.rdma.usage(&st.rdma);
         #[cfg(not(feature = "rdma"))]
@@ -88,15 +88,15 @@ impl Ifaces {
 }
 
 /// The transports' worker-wide state kept under the protocol lock.
-pub(crate) struct IfaceState {
+pub(crate) struct LockedIfaces {
     /// RDMA: send buffers, the registration cache, memory windows, frames from unknown QPs.
     #[cfg(feature = "rdma")]
-    pub(crate) rdma: rdma::RdmaState,
+    pub(crate) rdma: rdma::RdmaLockedIface,
     /// TCP: the exposure table, to withdraw exposures.
-    pub(crate) tcp: tcp::TcpState,
+    pub(crate) tcp: tcp::TcpLockedIface,
 }
 
-impl IfaceState {
+impl LockedIfaces {
     /// Turns what [`Ifaces::poll`] found into events (RDMA: work completions), deferring
     /// what must wait for the lock's release. `recv_buf_size` is the receive buffers' size,
     /// for errors.

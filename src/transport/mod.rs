@@ -9,7 +9,7 @@
 //! answered by the sender's link streaming straight from the exposed buffer). What a
 //! transport keeps for all of a worker's connections over it lives in [`Ifaces`] (used
 //! without the worker's protocol lock: RDMA's device resources, TCP's exposure table) and
-//! [`IfaceState`] (under the lock: RDMA's send buffers, registration cache and memory
+//! [`LockedIfaces`] (under the lock: RDMA's send buffers, registration cache and memory
 //! windows). The protocol engine above never learns which transport a connection runs on:
 //! it sees frames, send completions and READ completions either way, as [`LinkEvent`]s.
 
@@ -21,12 +21,14 @@ use rdmx_proto::{ConnId, RemoteBuf, UserBufId};
 
 mod conn;
 mod ifaces;
+#[cfg(test)]
+pub(crate) mod memory;
 #[cfg(feature = "rdma")]
 pub(crate) mod rdma;
 pub(crate) mod tcp;
 
 pub(crate) use conn::Conn;
-pub(crate) use ifaces::{Deferred, IfaceState, Ifaces, PollScratch};
+pub(crate) use ifaces::{Deferred, Ifaces, LockedIfaces, PollScratch};
 
 use crate::usermem::UserMem;
 
@@ -40,6 +42,10 @@ pub enum Transport {
     Rdma,
     /// TCP sockets, with the same API and semantics.
     Tcp,
+    /// Tests only: two workers of one process joined by in-memory queues (see
+    /// `transport::memory`), with TCP's capabilities.
+    #[cfg(test)]
+    Memory,
 }
 
 impl Transport {
@@ -79,6 +85,8 @@ impl fmt::Display for Transport {
             Transport::Auto => "auto",
             Transport::Rdma => "rdma",
             Transport::Tcp => "tcp",
+            #[cfg(test)]
+            Transport::Memory => "memory",
         })
     }
 }
@@ -110,6 +118,8 @@ impl Transport {
                 zero_copy_put: true,
                 event_fd: true,
             },
+            #[cfg(test)]
+            Transport::Memory => Transport::Tcp.capabilities(),
             Transport::Tcp => Capabilities {
                 shared_receive_queue: false,
                 zero_copy_get: false,
@@ -129,7 +139,7 @@ impl Transport {
 /// A connection's transport half: what the worker's driver, executor and progress ask of a
 /// connection, whatever it runs on.
 ///
-/// Methods taking an [`IfaceState`] run under the worker's protocol lock and get the
+/// Methods taking an [`LockedIfaces`] run under the worker's protocol lock and get the
 /// transports' worker-wide state that lock guards; they only queue work. The others run
 /// without it, from any thread: [`flush`](TransportLink::flush) posts or writes what was
 /// queued, [`poll`](TransportLink::poll) reads the link's own fd.
@@ -160,7 +170,7 @@ pub(crate) trait TransportLink: Send + Sync {
     /// Whether the link's frames arrive on its [`event_fd`](TransportLink::event_fd): those
     /// of a transport without a shared receive queue (TCP). Progress then reads the link
     /// whenever it is readable. Otherwise they arrive on the worker's queue (RDMA's SRQ,
-    /// reported by [`IfaceState::completions`]) and the fd carries only connection events,
+    /// reported by [`LockedIfaces::completions`]) and the fd carries only connection events,
     /// read at housekeeping.
     fn frames_on_event_fd(&self) -> bool {
         !self.capabilities().shared_receive_queue
@@ -170,35 +180,40 @@ pub(crate) trait TransportLink: Send + Sync {
 
     /// The worker took the link in: what it received before it was known (RDMA: frames on
     /// its QP that arrived before the connection was added) is reported now.
-    fn joined(&self, st: &mut IfaceState, out: &mut Vec<LinkEvent>) {
+    fn joined(&self, st: &mut LockedIfaces, out: &mut Vec<LinkEvent>) {
         let _ = (st, out);
     }
 
     /// The worker forgets the link (it was reaped).
-    fn reaped(&self, st: &mut IfaceState) {
+    fn reaped(&self, st: &mut LockedIfaces) {
         let _ = st;
     }
 
     /// Queues one frame whose body is `frame` (the protocol header) followed by `payload`;
     /// it goes out at the next [`flush`](TransportLink::flush). An error means the frame
     /// cannot be sent: the send fails.
-    fn queue_frame(&self, st: &mut IfaceState, frame: &[u8], payload: &[u8]) -> Result<(), String>;
+    fn queue_frame(
+        &self,
+        st: &mut LockedIfaces,
+        frame: &[u8],
+        payload: &[u8],
+    ) -> Result<(), String>;
 
     /// Starts a rendezvous READ into `mem` (the user buffer `read.buf`); it is reported as
     /// [`LinkEvent::ReadDone`] under `read.key`, whatever its outcome, unless this fails.
     fn start_read(
         &self,
-        st: &mut IfaceState,
+        st: &mut LockedIfaces,
         read: ReadOp,
         mem: &mut UserMem,
     ) -> Result<(), String>;
 
     /// Makes the first `len` bytes of the send buffer `buf` (`mem`) readable by this link's
     /// peer alone, and names them for the peer's READ. The exposure ends with
-    /// [`IfaceState::release`], which concerns the buffer whichever link exposed it.
+    /// [`LockedIfaces::release`], which concerns the buffer whichever link exposed it.
     fn expose(
         &self,
-        st: &mut IfaceState,
+        st: &mut LockedIfaces,
         buf: UserBufId,
         mem: &mut UserMem,
         len: u64,
@@ -230,7 +245,7 @@ pub(crate) trait TransportLink: Send + Sync {
 
     /// Reports the work whose post failed since the last call (RDMA; see
     /// [`flush`](TransportLink::flush)).
-    fn take_failures(&self, st: &mut IfaceState, out: &mut Vec<LinkEvent>) {
+    fn take_failures(&self, st: &mut LockedIfaces, out: &mut Vec<LinkEvent>) {
         let _ = (st, out);
     }
 

@@ -127,7 +127,7 @@ impl Driver {
     }
 
     /// Asks the engine to cancel the request in `slot`, if it is still pending.
-    pub(crate) fn cancel(&self, slot: &Slot) -> bool {
+    pub(crate) fn cancel(&self, slot: &RequestKey) -> bool {
         self.with_protocol(|st| {
             st.requests
                 .pending_id(slot)
@@ -136,12 +136,12 @@ impl Driver {
     }
 
     /// A completed request's outcome (once), freeing its slot.
-    pub(crate) fn take_outcome(&self, slot: &Slot) -> Option<Outcome> {
+    pub(crate) fn take_outcome(&self, slot: &RequestKey) -> Option<Outcome> {
         self.state.lock().requests.take(slot)
     }
 
     /// The handle of the request in `slot` is gone.
-    pub(crate) fn abandon(&self, slot: &Slot) {
+    pub(crate) fn abandon(&self, slot: &RequestKey) {
         let outcome = self.state.lock().requests.abandon(slot);
         // Its buffer is freed here, outside the lock.
         drop(outcome);

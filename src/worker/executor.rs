@@ -235,7 +235,7 @@ impl Protocol {
 
     /// Ends a buffer's exposure or registration (copying `copy_back` bytes back from a
     /// staged receive), leaving it plain memory when nothing else holds it. False when its
-    /// exposure cannot end yet (see [`IfaceState::release`]): then nothing is released, and
+    /// exposure cannot end yet (see [`LockedIfaces::release`]): then nothing is released, and
     /// the caller must try again once completions were polled.
     pub(super) fn release(&mut self, buf: UserBufId, copy_back: u64) -> bool {
         self.ifaces

@@ -13,14 +13,16 @@ mod closing;
 mod driver;
 mod events;
 mod executor;
+#[cfg(test)]
+mod in_memory_tests;
 mod progress;
 mod requests;
 mod setup;
 mod sleepers;
 mod tables;
 
+pub(crate) use requests::RequestKey;
 use requests::RequestTable;
-pub(crate) use requests::Slot;
 use sleepers::Sleepers;
 pub(crate) use sleepers::WaitFor;
 use tables::{HeldFrames, RequestMap, UserBufs};
@@ -46,7 +48,7 @@ use crate::error::{rejected, Error, Result};
 use crate::readiness::{Interest, Ready, Registry, Waker};
 use crate::request::{Describe, Outcome, Request};
 use crate::transport::{
-    Conn, Deferred, IfaceState, Ifaces, LinkEvent, PollScratch, ReadOp, ReadPiece, RecvFrame,
+    Conn, Deferred, Ifaces, LinkEvent, LockedIfaces, PollScratch, ReadOp, ReadPiece, RecvFrame,
     Transport, TransportLink, READ_KEY_MASK,
 };
 use crate::usermem::UserMem;
@@ -203,7 +205,7 @@ struct Protocol {
     recv_held: HeldFrames<(RecvFrame, ConnId)>,
     next_frame: u64,
     /// The transports' worker-wide state under this lock.
-    ifaces: IfaceState,
+    ifaces: LockedIfaces,
     /// Buffers whose window could not be invalidated yet (a bind of it is still posted),
     /// with the completion of their request if it is done: released, and the completion
     /// handed out, once the window is dead.
@@ -263,7 +265,7 @@ impl Worker {
                 requests: RequestTable::default(),
                 recv_held: HeldFrames::new(FRAME_IDS),
                 next_frame: FRAME_IDS,
-                ifaces: ifaces.state(&cfg),
+                ifaces: ifaces.locked(&cfg),
                 held: Vec::new(),
                 arrivals_seen: 0,
                 conns: HashMap::default(),

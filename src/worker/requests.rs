@@ -17,15 +17,15 @@ const BLOCK: usize = 64;
 /// Done flags of [`BLOCK`] consecutive slots: `(generation << 1) | done`.
 pub(crate) struct DoneFlags([AtomicU64; BLOCK]);
 
-/// What a request's handle holds to find its slot: the block of its done flag, its index
-/// and the generation it was opened in.
-pub(crate) struct Slot {
+/// What a request's handle holds to find its entry in the table: the block of its done flag,
+/// its index and the generation it was opened in.
+pub(crate) struct RequestKey {
     flags: Arc<DoneFlags>,
     pub(crate) index: u32,
     pub(crate) generation: u64,
 }
 
-impl Slot {
+impl RequestKey {
     /// Whether the request completed (no lock taken).
     pub(crate) fn is_done(&self) -> bool {
         self.flags.0[self.index as usize % BLOCK].load(Ordering::SeqCst)
@@ -52,7 +52,7 @@ pub(crate) struct RequestTable {
 
 impl RequestTable {
     /// A slot for a new request, not done.
-    pub(crate) fn open(&mut self) -> Slot {
+    pub(crate) fn open(&mut self) -> RequestKey {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -81,7 +81,7 @@ impl RequestTable {
         e.open = true;
         let flags = self.blocks[index as usize / BLOCK].clone();
         flags.0[index as usize % BLOCK].store(e.generation << 1, Ordering::SeqCst);
-        Slot {
+        RequestKey {
             flags,
             index,
             generation: e.generation,
@@ -102,7 +102,7 @@ impl RequestTable {
     }
 
     /// The engine's id of a request not yet done.
-    pub(crate) fn pending_id(&mut self, slot: &Slot) -> Option<RequestId> {
+    pub(crate) fn pending_id(&mut self, slot: &RequestKey) -> Option<RequestId> {
         self.entry(slot.index, slot.generation)
             .filter(|e| e.outcome.is_none())
             .and_then(|e| e.id)
@@ -127,7 +127,7 @@ impl RequestTable {
     }
 
     /// Takes a completed request's outcome and frees its slot.
-    pub(crate) fn take(&mut self, slot: &Slot) -> Option<Outcome> {
+    pub(crate) fn take(&mut self, slot: &RequestKey) -> Option<Outcome> {
         let e = self.entry(slot.index, slot.generation)?;
         let outcome = e.outcome.take()?;
         e.open = false;
@@ -137,7 +137,7 @@ impl RequestTable {
 
     /// The handle of `slot` is gone: a completed request's slot is freed (its outcome
     /// returned to be dropped); a pending one is freed when it completes.
-    pub(crate) fn abandon(&mut self, slot: &Slot) -> Option<Outcome> {
+    pub(crate) fn abandon(&mut self, slot: &RequestKey) -> Option<Outcome> {
         let index = slot.index;
         let e = self.entry(index, slot.generation)?;
         match e.outcome.take() {
@@ -200,7 +200,7 @@ mod tests {
     #[test]
     fn many_slots_span_blocks() {
         let mut t = RequestTable::default();
-        let slots: Vec<Slot> = (0..200).map(|_| t.open()).collect();
+        let slots: Vec<RequestKey> = (0..200).map(|_| t.open()).collect();
         for s in slots.iter().step_by(3) {
             t.finish(s.index, outcome(0));
         }

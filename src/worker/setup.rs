@@ -95,6 +95,12 @@ impl Worker {
                 Box::new(sh.ifaces.tcp.link(id, link))
             }
             Transport::Rdma | Transport::Auto => sh.rdma_connect(id, addr, &handshake, timeout)?,
+            #[cfg(test)]
+            Transport::Memory => {
+                return Err(Error::Invalid(
+                    "in-memory connections are made with Worker::connect_in_memory".into(),
+                ))
+            }
         };
         sh.admit(
             id,
@@ -155,6 +161,40 @@ impl Worker {
                 Err(e)
             }
         }
+    }
+}
+
+#[cfg(test)]
+impl Worker {
+    /// Tests: connects this worker to `peer` (another worker of this process) through the
+    /// in-memory transport, by the same admission path as connect and accept; returns this
+    /// side's endpoint, the peer's, and the cable between them.
+    pub(crate) fn connect_in_memory(
+        &self,
+        peer: &Worker,
+    ) -> Result<(Ep, Ep, crate::transport::memory::Cable)> {
+        let (a, b) = (&self.driver, &peer.driver);
+        let (ida, idb) = (a.new_conn_id(), b.new_conn_id());
+        let (hsa, hsb) = (
+            a.local_handshake(Transport::Memory),
+            b.local_handshake(Transport::Memory),
+        );
+        a.admit(ida, Transport::Memory, &hsb, "the in-memory peer")?;
+        if let Err(e) = b.admit(idb, Transport::Memory, &hsa, "the in-memory peer") {
+            a.engine_down(ida);
+            return Err(e);
+        }
+        let (la, lb, cable) = crate::transport::memory::pair(
+            (ida, idb),
+            (hsb, hsa),
+            (a.ifaces.tcp.exposure_table(), b.ifaces.tcp.exposure_table()),
+        )
+        .map_err(|e| Error::Invalid(format!("in-memory link: {e}")))?;
+        Ok((
+            Ep::new(self.clone(), a.add_conn(ida, Box::new(la))),
+            Ep::new(peer.clone(), b.add_conn(idb, Box::new(lb))),
+            cable,
+        ))
     }
 }
 

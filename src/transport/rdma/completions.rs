@@ -6,10 +6,10 @@ use rdmx_conn::{Completion, WcStatus, WorkKind};
 use rdmx_proto::ConnId;
 
 use super::iface::Parked;
-use super::{RdmaState, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
+use super::{RdmaLockedIface, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
 use crate::transport::{Deferred, LinkEvent, RecvFrame};
 
-impl RdmaState {
+impl RdmaLockedIface {
     /// Turns the work completions in `wcs` (drained) into events, in order. `recv_buf_size`
     /// names the receive buffers' size in errors; failed receives' buffers are reposted
     /// through `deferred`.

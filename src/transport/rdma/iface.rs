@@ -1,6 +1,6 @@
 //! The RDMA transport's worker-wide parts: the device resources, made on first use and used
 //! without the worker's protocol lock ([`RdmaIface`]), and what its connections share under
-//! that lock ([`RdmaState`]).
+//! that lock ([`RdmaLockedIface`]).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -107,7 +107,7 @@ impl RdmaIface {
     }
 
     /// Resource figures.
-    pub(crate) fn usage(&self, st: &RdmaState) -> Usage {
+    pub(crate) fn usage(&self, st: &RdmaLockedIface) -> Usage {
         let res = self.res.get();
         Usage {
             device: res.map(|r| r.device.name()),
@@ -142,7 +142,7 @@ pub(super) struct Parked {
 }
 
 /// What the worker's RDMA connections share under its protocol lock.
-pub(crate) struct RdmaState {
+pub(crate) struct RdmaLockedIface {
     /// Registered send buffers for frames too large to go inline.
     pub(super) send_pool: SendPool,
     /// Registered regions that stage rendezvous buffers.
@@ -159,11 +159,11 @@ pub(crate) struct RdmaState {
     spare_recv: Vec<(RegisteredBuf, u64)>,
 }
 
-impl RdmaState {
+impl RdmaLockedIface {
     pub(crate) fn new(cfg: &Config) -> Self {
         let frame_len =
             (cfg.recv_buf_size() as usize).max(cfg.eager_threshold() as usize + HEADER_LEN);
-        RdmaState {
+        RdmaLockedIface {
             send_pool: SendPool::new(frame_len, cfg.send_bufs() as usize),
             rcache: RegCache::new(cfg.rcache_bytes()),
             windows: Windows::default(),

@@ -13,7 +13,7 @@ use rdmx_conn::{Access, CmEventKind, Connection, MemoryWindow, RegisteredBuf, Re
 use rdmx_proto::{ConnId, UserBufId};
 
 use super::{Rdma, COOKIE_BIND, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
-use crate::transport::{IfaceState, LinkEvent, PollScratch, ReadOp, Transport, TransportLink};
+use crate::transport::{LinkEvent, LockedIfaces, PollScratch, ReadOp, Transport, TransportLink};
 use crate::usermem::UserMem;
 
 /// The largest frame sent inline (copied into the work request): what rdmx asks of the QP,
@@ -195,17 +195,22 @@ impl TransportLink for RdmaLink {
         self.conn.event_fd()
     }
 
-    fn joined(&self, st: &mut IfaceState, out: &mut Vec<LinkEvent>) {
+    fn joined(&self, st: &mut LockedIfaces, out: &mut Vec<LinkEvent>) {
         st.rdma.adopt(self.conn.qp_num(), self.id, out);
     }
 
-    fn reaped(&self, st: &mut IfaceState) {
+    fn reaped(&self, st: &mut LockedIfaces) {
         st.rdma.forget(self.id);
     }
 
     /// A frame up to the QP's inline limit is copied into the work request; a larger one
     /// into a registered send buffer.
-    fn queue_frame(&self, st: &mut IfaceState, frame: &[u8], payload: &[u8]) -> Result<(), String> {
+    fn queue_frame(
+        &self,
+        st: &mut LockedIfaces,
+        frame: &[u8],
+        payload: &[u8],
+    ) -> Result<(), String> {
         let total = frame.len() + payload.len();
         let item = if total <= self.max_inline().min(INLINE_MAX) {
             let mut bytes = [0u8; INLINE_MAX];
@@ -235,7 +240,7 @@ impl TransportLink for RdmaLink {
     /// and the READ's range of it taken out until the READ completes.
     fn start_read(
         &self,
-        st: &mut IfaceState,
+        st: &mut LockedIfaces,
         read: ReadOp,
         mem: &mut UserMem,
     ) -> Result<(), String> {
@@ -267,7 +272,7 @@ impl TransportLink for RdmaLink {
     /// [`super::Windows::expose`]).
     fn expose(
         &self,
-        st: &mut IfaceState,
+        st: &mut LockedIfaces,
         buf: UserBufId,
         mem: &mut UserMem,
         len: u64,
@@ -285,7 +290,7 @@ impl TransportLink for RdmaLink {
         self.push(Outgoing::Disconnect);
     }
 
-    fn take_failures(&self, st: &mut IfaceState, out: &mut Vec<LinkEvent>) {
+    fn take_failures(&self, st: &mut LockedIfaces, out: &mut Vec<LinkEvent>) {
         let items: Vec<Outgoing> = std::mem::take(&mut *self.failures.lock());
         let conn = self.id;
         for item in items {

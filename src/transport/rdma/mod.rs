@@ -1,6 +1,6 @@
 //! The RDMA transport under a worker: one device's PD, CQ, SRQ and buffer pools (this
 //! module; made on first use by [`RdmaIface`]), the state its connections share under the
-//! worker's protocol lock ([`RdmaState`]: send buffers, registration cache, memory windows),
+//! worker's protocol lock ([`RdmaLockedIface`]: send buffers, registration cache, memory windows),
 //! what its completions mean (`completions`), and the connections, each with an ordered
 //! queue of work to post ([`RdmaLink`]).
 //!
@@ -17,7 +17,7 @@ mod pool;
 mod rcache;
 mod windows;
 
-pub(crate) use iface::{RdmaIface, RdmaState};
+pub(crate) use iface::{RdmaIface, RdmaLockedIface};
 pub(crate) use link::RdmaLink;
 pub(crate) use rcache::RegCache;
 

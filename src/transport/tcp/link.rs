@@ -12,7 +12,7 @@ use rdmx_tcp::Event;
 
 use super::{Answer, Exposures};
 use crate::transport::{
-    Deferred, IfaceState, LinkEvent, PollScratch, ReadOp, RecvFrame, Transport, TransportLink,
+    Deferred, LinkEvent, LockedIfaces, PollScratch, ReadOp, RecvFrame, Transport, TransportLink,
 };
 use crate::usermem::UserMem;
 
@@ -92,7 +92,12 @@ impl TransportLink for TcpLink {
         self.link.fd()
     }
 
-    fn queue_frame(&self, _: &mut IfaceState, frame: &[u8], payload: &[u8]) -> Result<(), String> {
+    fn queue_frame(
+        &self,
+        _: &mut LockedIfaces,
+        frame: &[u8],
+        payload: &[u8],
+    ) -> Result<(), String> {
         self.link.queue_frame(frame, payload);
         Ok(())
     }
@@ -101,7 +106,7 @@ impl TransportLink for TcpLink {
     /// and a READ request goes to the peer.
     fn start_read(
         &self,
-        _: &mut IfaceState,
+        _: &mut LockedIfaces,
         read: ReadOp,
         mem: &mut UserMem,
     ) -> Result<(), String> {
@@ -127,7 +132,7 @@ impl TransportLink for TcpLink {
     /// buffer.
     fn expose(
         &self,
-        _: &mut IfaceState,
+        _: &mut LockedIfaces,
         _: UserBufId,
         mem: &mut UserMem,
         _: u64,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rdmx_proto::ConnId;
 
-use exposures::{Answer, Exposures};
+pub(crate) use exposures::{Answer, Exposures};
 pub(crate) use link::TcpLink;
 
 use crate::usermem::UserMem;
@@ -31,8 +31,8 @@ impl TcpIface {
     }
 
     /// The worker's part under its protocol lock.
-    pub(crate) fn state(&self) -> TcpState {
-        TcpState {
+    pub(crate) fn locked(&self) -> TcpLockedIface {
+        TcpLockedIface {
             exposures: self.exposures.clone(),
         }
     }
@@ -41,15 +41,21 @@ impl TcpIface {
     pub(crate) fn link(&self, id: ConnId, link: rdmx_tcp::Link) -> TcpLink {
         TcpLink::new(id, link, self.exposures.clone())
     }
+
+    /// The worker's exposure table (the in-memory test transport answers READs from it too).
+    #[cfg(test)]
+    pub(crate) fn exposure_table(&self) -> Arc<Mutex<Exposures>> {
+        self.exposures.clone()
+    }
 }
 
 /// What the worker's TCP connections share under its protocol lock: the exposure table, to
 /// withdraw exposures.
-pub(crate) struct TcpState {
+pub(crate) struct TcpLockedIface {
     exposures: Arc<Mutex<Exposures>>,
 }
 
-impl TcpState {
+impl TcpLockedIface {
     /// Ends `mem`'s exposure, if it has one: later READ requests for it are refused, and it
     /// is plain memory again.
     #[inline]

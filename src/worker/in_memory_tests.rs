@@ -1,0 +1,125 @@
+//! Deterministic tests of the worker's real driver, executor and protocol engine over the
+//! in-memory transport: one thread makes every call and steps both workers' progress, so
+//! each run does the same thing in the same order — no socket, no device, no timing.
+
+use super::*;
+use crate::transport::memory::Cable;
+use crate::{Context, Ep, Request, Status, TAG_MASK_ALL};
+
+fn workers() -> (Worker, Worker) {
+    let ctx = Context::builder()
+        .transport(Transport::Tcp)
+        .build()
+        .expect("context");
+    (ctx.worker().expect("worker"), ctx.worker().expect("worker"))
+}
+
+fn connected() -> (Worker, Ep, Worker, Ep, Cable) {
+    let (a, b) = workers();
+    let (ea, eb, cable) = a.connect_in_memory(&b).expect("in-memory connection");
+    (a, ea, b, eb, cable)
+}
+
+/// Steps both workers' progress until `done`; a bounded number of steps, never a clock.
+fn step_until(a: &Worker, b: &Worker, done: impl Fn() -> bool) {
+    for _ in 0..100_000 {
+        if done() {
+            return;
+        }
+        a.progress();
+        b.progress();
+    }
+    panic!("no progress after 100 000 steps of both workers");
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+fn finished(a: &Worker, b: &Worker, r: Request) -> crate::Result<crate::Done> {
+    step_until(a, b, || r.is_done());
+    r.wait()
+}
+
+#[test]
+fn messages_of_every_size_cross_the_real_executor_both_ways() {
+    let (a, ea, b, eb, _cable) = connected();
+    assert_eq!(
+        (ea.transport(), eb.transport()),
+        (Transport::Memory, Transport::Memory)
+    );
+    let limit = ea.eager_limit().expect("connected") as usize;
+    for (k, len) in [0, 1, 64, limit, limit + 1, 1 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        for expected in [true, false] {
+            for (from, to, ep, seed) in [(&a, &b, &ea, 1u8), (&b, &a, &eb, 2u8)] {
+                let tag = (k as u64) << 8 | u64::from(seed);
+                let data = pattern(len, seed ^ k as u8);
+                let recv = expected.then(|| to.tag_recv(tag, TAG_MASK_ALL, vec![0; len]));
+                let send = ep.tag_send(tag, data.clone());
+                let recv = recv.unwrap_or_else(|| {
+                    // Unexpected: the message arrives before its receive is posted.
+                    step_until(from, to, || to.probe(tag, TAG_MASK_ALL).is_some());
+                    to.tag_recv(tag, TAG_MASK_ALL, vec![0; len])
+                });
+                let got = finished(from, to, recv).expect("received");
+                assert_eq!((got.length, got.tag), (len, tag));
+                assert!(
+                    got.buf == data,
+                    "{len} B, expected {expected}: bytes differ"
+                );
+                let sent = finished(from, to, send).expect("sent");
+                assert_eq!(sent.length, len);
+            }
+        }
+    }
+    assert_eq!(a.stats().pending_requests, 0);
+    assert_eq!(b.stats().pending_requests, 0);
+}
+
+#[test]
+fn truncation_and_cancel_through_the_executor() {
+    let (a, ea, b, _eb, _cable) = connected();
+    let limit = ea.eager_limit().expect("connected") as usize;
+    for len in [16, limit + 100] {
+        let recv = b.tag_recv(7, TAG_MASK_ALL, vec![0; 8]);
+        let send = ea.tag_send(7, pattern(len, 3));
+        let err = finished(&a, &b, recv).expect_err("the receive is too small");
+        assert_eq!(err.status(), Some(Status::Truncated), "{err}");
+        let sent = finished(&a, &b, send);
+        if len > limit {
+            assert!(sent.is_err(), "a rendezvous send learns of the truncation");
+        } else {
+            assert!(sent.is_ok(), "an eager send completed as it was made");
+        }
+    }
+    let never = b.tag_recv(99, TAG_MASK_ALL, vec![0; 8]);
+    assert!(never.cancel());
+    let err = finished(&a, &b, never).expect_err("cancelled");
+    assert_eq!(err.status(), Some(Status::Cancelled), "{err}");
+}
+
+#[test]
+fn a_cut_cable_fails_the_pending_send_and_closes_both_endpoints() {
+    let (a, ea, b, eb, cable) = connected();
+    let limit = ea.eager_limit().expect("connected") as usize;
+    // A rendezvous send waits for the receiver, which never posts its receive.
+    let send = ea.tag_send(5, pattern(limit + 1, 9));
+    step_until(&a, &b, || b.probe(5, TAG_MASK_ALL).is_some());
+    cable.cut();
+    let err = finished(&a, &b, send).expect_err("the connection is gone");
+    assert_eq!(err.status(), Some(Status::ConnectionClosed), "{err}");
+    step_until(&a, &b, || !ea.is_connected() && !eb.is_connected());
+    let why = ea.close_reason().expect("a reason");
+    assert!(why.contains("cut"), "{why}");
+    // The workers go on: a new connection between them works.
+    let (ea2, _eb2, _c2) = a.connect_in_memory(&b).expect("a second connection");
+    let recv = b.tag_recv(6, TAG_MASK_ALL, vec![0; 3]);
+    let send = ea2.tag_send(6, vec![1, 2, 3]);
+    assert_eq!(finished(&a, &b, recv).expect("received").buf, [1, 2, 3]);
+    finished(&a, &b, send).expect("sent");
+}
