@@ -14,6 +14,8 @@ mod driver;
 mod events;
 mod executor;
 #[cfg(test)]
+mod in_memory_fabric_tests;
+#[cfg(test)]
 mod in_memory_tests;
 mod progress;
 mod requests;
