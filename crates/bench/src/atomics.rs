@@ -99,7 +99,11 @@ pub fn per_trip(program: &Path, short: &Counts, long: &Counts, trips: u64) -> Re
             "atomics: the runs must differ in round trips".into(),
         ));
     }
-    let program_name = program.to_string_lossy();
+    // Callgrind names objects by absolute path.
+    let program = std::fs::canonicalize(program).map_err(|source| Error::Io {
+        file: program.to_path_buf(),
+        source,
+    })?;
     let objects: Vec<&String> = {
         let mut o: Vec<&String> = long.keys().map(|(ob, _)| ob).collect();
         o.sort();
@@ -125,7 +129,7 @@ pub fn per_trip(program: &Path, short: &Counts, long: &Counts, trips: u64) -> Re
             let d = i128::from(long.get(&key).copied().unwrap_or(0))
                 - i128::from(short.get(&key).copied().unwrap_or(0));
             total += d;
-            if object.as_str() == program_name {
+            if Path::new(object) == program {
                 own += d;
             }
         }
