@@ -67,11 +67,16 @@ impl Driver {
             let recv_buf_size = st.engine.config().recv_buf_size;
             st.ifaces
                 .completions(transport, recv_buf_size, &mut out.deferred, completions);
-            for ev in completions.drain(..) {
-                st.on_link_event(ev, &mut out);
+            // (Draining an empty list is not free: each is checked first.)
+            if !completions.is_empty() {
+                for ev in completions.drain(..) {
+                    st.on_link_event(ev, &mut out);
+                }
             }
-            for ev in events.drain(..) {
-                st.on_link_event(ev, &mut out);
+            if !events.is_empty() {
+                for ev in events.drain(..) {
+                    st.on_link_event(ev, &mut out);
+                }
             }
             if failures {
                 let list: Vec<Arc<Conn>> = st.conns.values().cloned().collect();

@@ -137,6 +137,9 @@ impl<T> HeldFrames<T> {
 
     /// Takes every held frame out, with its id, visiting only those held.
     pub(super) fn drain(&mut self, mut f: impl FnMut(u64, T)) {
+        if self.dense_ids.is_empty() && self.other.is_empty() {
+            return;
+        }
         for id in self.dense_ids.drain(..) {
             if let Some(v) = self.dense.get_mut(id as usize).and_then(Option::take) {
                 f(id, v);
