@@ -136,10 +136,16 @@ impl<T> HeldFrames<T> {
     }
 
     /// Takes every held frame out, with its id, visiting only those held.
-    pub(super) fn drain(&mut self, mut f: impl FnMut(u64, T)) {
-        if self.dense_ids.is_empty() && self.other.is_empty() {
-            return;
+    #[inline]
+    pub(super) fn drain(&mut self, f: impl FnMut(u64, T)) {
+        // Most calls find nothing held: that check stays in the caller.
+        if !self.dense_ids.is_empty() || !self.other.is_empty() {
+            self.drain_held(f);
         }
+    }
+
+    #[inline(never)]
+    fn drain_held(&mut self, mut f: impl FnMut(u64, T)) {
         for id in self.dense_ids.drain(..) {
             if let Some(v) = self.dense.get_mut(id as usize).and_then(Option::take) {
                 f(id, v);
