@@ -82,6 +82,13 @@ pub(crate) struct Cable {
 }
 
 impl Cable {
+    /// Delivers `bytes` as a frame to side `to` (0: the worker that connected, 1: its peer),
+    /// as if the other side had sent it: what a buggy or hostile peer could send.
+    pub(crate) fn inject(&self, to: usize, bytes: Vec<u8>) {
+        self.wire.inbox[to].lock().push_back(Message::Frame(bytes));
+        ring(&self.wire.bell[to]);
+    }
+
     /// Cuts the connection as a pulled cable would: queued and later messages are lost, and
     /// both sides report the link down at their next progress.
     pub(crate) fn cut(&self) {

@@ -123,3 +123,59 @@ fn a_cut_cable_fails_the_pending_send_and_closes_both_endpoints() {
     assert_eq!(finished(&a, &b, recv).expect("received").buf, [1, 2, 3]);
     finished(&a, &b, send).expect("sent");
 }
+
+#[test]
+fn credits_pace_a_sender_far_ahead_of_its_receiver() {
+    let (a, ea, b, _eb, _cable) = connected();
+    // Far more messages than the receiver's credits (64 by default): the engine queues
+    // them behind the credits and the receiver's grants release them, in order.
+    let n = 500u64;
+    let sends: Vec<Request> = (0..n)
+        .map(|i| ea.tag_send(i, pattern(100, i as u8)))
+        .collect();
+    for _ in 0..1000 {
+        a.progress();
+        b.progress();
+    }
+    let recvs: Vec<Request> = (0..n).map(|_| b.tag_recv(0, 0, vec![0; 100])).collect();
+    for (i, r) in recvs.into_iter().enumerate() {
+        let got = finished(&a, &b, r).expect("received");
+        assert_eq!(
+            got.tag, i as u64,
+            "messages of one connection arrive in order"
+        );
+        assert!(got.buf == pattern(100, i as u8));
+    }
+    for s in sends {
+        finished(&a, &b, s).expect("sent");
+    }
+    assert_eq!(a.stats().pending_requests, 0);
+    assert_eq!(b.stats().pending_requests, 0);
+}
+
+#[test]
+fn a_malformed_frame_closes_only_its_endpoint() {
+    let ctx = Context::builder()
+        .transport(Transport::Tcp)
+        .build()
+        .expect("context");
+    let (a, b, c) = (
+        ctx.worker().expect("worker"),
+        ctx.worker().expect("worker"),
+        ctx.worker().expect("worker"),
+    );
+    let (_ab, ba, cable) = a.connect_in_memory(&b).expect("a to b");
+    let (cb, bc, _cable2) = c.connect_in_memory(&b).expect("c to b");
+    // Side 1 of the first cable is b: it gets garbage "from a".
+    cable.inject(1, vec![0xEE; 64]);
+    step_until(&a, &b, || !ba.is_connected());
+    let why = ba.close_reason().expect("a reason");
+    assert!(why.contains("protocol error"), "{why}");
+    // b's other endpoint is untouched.
+    assert!(bc.is_connected());
+    let recv = b.tag_recv(3, TAG_MASK_ALL, vec![0; 4]);
+    let send = cb.tag_send(3, vec![4, 3, 2, 1]);
+    step_until(&b, &c, || recv.is_done() && send.is_done());
+    assert_eq!(recv.wait().expect("received").buf, [4, 3, 2, 1]);
+    send.wait().expect("sent");
+}
