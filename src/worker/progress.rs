@@ -96,7 +96,7 @@ impl Driver {
             self.run(&mut st, &mut out);
         }
         drop(scratch);
-        self.finish(out);
+        self.finish(&mut out);
         work
     }
 
