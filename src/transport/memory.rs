@@ -139,16 +139,7 @@ impl MemoryLink {
         let (data, down) = match answer {
             Answer::Data { data, offset, len } => (Some(data[offset..offset + len].to_vec()), None),
             Answer::Refused => (None, None),
-            Answer::OtherEndpoint => (
-                None,
-                Some(LinkEvent::Down {
-                    conn: self.id,
-                    reason: "protocol error: READ request for a buffer exposed to another \
-                             endpoint"
-                        .to_string(),
-                    reads_lost: true,
-                }),
-            ),
+            Answer::OtherEndpoint => (None, Some(super::tcp::foreign_read_down(self.id))),
         };
         self.outgoing
             .lock()

@@ -59,7 +59,7 @@ impl Protocol {
     /// straight back.
     fn deliver(&mut self, conn: ConnId, frame: RecvFrame, len: usize, out: &mut AfterUnlock) {
         if self.conns.get(&conn).map_or(true, |cs| cs.is_closing()) {
-            self.give_back(frame, conn, out);
+            super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
             return;
         }
         let id = frame.index().unwrap_or_else(|| {

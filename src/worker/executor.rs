@@ -133,19 +133,7 @@ impl Protocol {
         // goes back to its link (an SRQ repost, or a buffer for the next TCP frame).
         let conns = &self.conns;
         self.recv_held
-            .drain(|_, (frame, conn)| match conns.get(&conn) {
-                Some(cs) => cs.link.give_back(frame, &mut out.deferred),
-                None => out.deferred.return_frame(frame),
-            });
-    }
-
-    /// Gives a received frame's buffer back to where it came from (its link, or without it,
-    /// the worker's receive queue).
-    pub(super) fn give_back(&mut self, frame: RecvFrame, conn: ConnId, out: &mut AfterUnlock) {
-        match self.conns.get(&conn) {
-            Some(cs) => cs.link.give_back(frame, &mut out.deferred),
-            None => out.deferred.return_frame(frame),
-        }
+            .drain(|_, (frame, conn)| give_back(conns, frame, conn, &mut out.deferred));
     }
 
     pub(super) fn send_frame(
@@ -307,5 +295,19 @@ impl Protocol {
         if self.requests.finish(p.slot, outcome).is_none() {
             out.completed.push(p.slot);
         }
+    }
+}
+
+/// Gives a received frame's buffer back to where it came from: the link of `conn`, or
+/// without it, the worker's receive queue.
+pub(super) fn give_back(
+    conns: &HashMap<ConnId, Arc<Conn>>,
+    frame: RecvFrame,
+    conn: ConnId,
+    deferred: &mut Deferred,
+) {
+    match conns.get(&conn) {
+        Some(cs) => cs.link.give_back(frame, deferred),
+        None => deferred.return_frame(frame),
     }
 }

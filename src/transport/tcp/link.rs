@@ -59,13 +59,7 @@ impl TcpLink {
                     self.link.peer_addr()
                 );
                 self.link.queue_read_data(read_id, false, None);
-                out.push(LinkEvent::Down {
-                    conn: self.id,
-                    reason: "protocol error: READ request for a buffer exposed to another \
-                             endpoint"
-                        .to_string(),
-                    reads_lost: true,
-                });
+                out.push(super::foreign_read_down(self.id));
             }
         }
     }

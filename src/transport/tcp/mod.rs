@@ -14,6 +14,16 @@ use rdmx_proto::ConnId;
 pub(crate) use exposures::{Answer, Exposures};
 pub(crate) use link::TcpLink;
 
+/// What takes `conn` down when its peer asks to READ a buffer exposed to another endpoint
+/// ([`Answer::OtherEndpoint`]): a protocol error, and the READs it owes are never reported.
+pub(crate) fn foreign_read_down(conn: ConnId) -> crate::transport::LinkEvent {
+    crate::transport::LinkEvent::Down {
+        conn,
+        reason: "protocol error: READ request for a buffer exposed to another endpoint".to_string(),
+        reads_lost: true,
+    }
+}
+
 use crate::usermem::UserMem;
 
 /// The TCP transport's worker-wide part: the send buffers exposed to READ requests, which
