@@ -6,12 +6,15 @@
 //! tag_perf --client HOST:PORT -t lat|bw -s BYTES -n ITERS [-w WINDOW]
 //! ```
 //!
-//! `lat`: ping-pong, the client prints the half round trip. `bw`: the client sends windows of
-//! `WINDOW` messages, the server acknowledges each window; the client prints MB/s (2^20
-//! bytes, as `ucx_perftest` counts).
+//! `lat`: ping-pong, the client prints the half round trip. `bw`: a sliding window, as
+//! `ucx_perftest`'s stream test runs it: the client keeps up to `WINDOW` sends outstanding
+//! (waiting for the oldest before it starts another), the server keeps `WINDOW` receives
+//! posted (reposting each as it completes), and one acknowledgement after the last message
+//! ends the run; the client prints MB/s (2^20 bytes, as `ucx_perftest` counts).
 //! The last line is machine-readable: `RESULT lat_us=…` or `RESULT bw_mbs=…`.
 //! The transport is `RDMX_TRANSPORT` (auto by default).
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use rdmx::{Context, TAG_MASK_ALL};
@@ -54,17 +57,18 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let test: Test = worker.recv_obj(SETUP, TAG_MASK_ALL)?;
         let mut buf = vec![0u8; test.size];
         if test.bw {
-            let mut bufs: Vec<Vec<u8>> = (0..test.window).map(|_| vec![0; test.size]).collect();
-            for _ in 0..test.iters.div_ceil(test.window) {
-                let reqs: Vec<_> = bufs
-                    .drain(..)
-                    .map(|b| worker.tag_recv(DATA, TAG_MASK_ALL, b))
-                    .collect();
-                for r in reqs {
-                    bufs.push(r.wait()?.buf);
+            let mut posted: VecDeque<_> = (0..test.window.min(test.iters))
+                .map(|_| worker.tag_recv(DATA, TAG_MASK_ALL, vec![0; test.size]))
+                .collect();
+            let mut started = posted.len();
+            while let Some(r) = posted.pop_front() {
+                let buf = r.wait()?.buf;
+                if started < test.iters {
+                    posted.push_back(worker.tag_recv(DATA, TAG_MASK_ALL, buf));
+                    started += 1;
                 }
-                ep.send(ACK, &[])?;
             }
+            ep.send(ACK, &[])?;
         } else {
             for _ in 0..test.iters {
                 buf = worker.tag_recv(DATA, TAG_MASK_ALL, buf).wait()?.buf;
@@ -89,23 +93,26 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut buf = vec![1u8; test.size];
     let start = Instant::now();
     if test.bw {
-        let windows = test.iters.div_ceil(test.window);
-        let mut bufs: Vec<Vec<u8>> = (0..test.window).map(|_| vec![1; test.size]).collect();
-        for _ in 0..windows {
-            let reqs: Vec<_> = bufs.drain(..).map(|b| ep.tag_send(DATA, b)).collect();
-            for r in reqs {
-                bufs.push(r.wait()?.buf);
-            }
-            worker.tag_recv(ACK, TAG_MASK_ALL, Vec::new()).wait()?;
+        let mut spare: Vec<Vec<u8>> = (0..test.window).map(|_| vec![1; test.size]).collect();
+        let mut sends = VecDeque::with_capacity(test.window);
+        for _ in 0..test.iters {
+            let buf = match spare.pop() {
+                Some(buf) => buf,
+                None => {
+                    let oldest: rdmx::Request = sends.pop_front().ok_or("empty window")?;
+                    oldest.wait()?.buf
+                }
+            };
+            sends.push_back(ep.tag_send(DATA, buf));
         }
-        let bytes = (windows * test.window * test.size) as f64;
+        for s in sends {
+            s.wait()?;
+        }
+        worker.tag_recv(ACK, TAG_MASK_ALL, Vec::new()).wait()?;
+        let bytes = (test.iters * test.size) as f64;
         // MB = 2^20 bytes, as ucx_perftest counts.
         let mbs = bytes / start.elapsed().as_secs_f64() / (1 << 20) as f64;
-        println!(
-            "tag_bw {} B x {}: {mbs:.1} MB/s",
-            test.size,
-            windows * test.window
-        );
+        println!("tag_bw {} B x {}: {mbs:.1} MB/s", test.size, test.iters);
         println!("RESULT bw_mbs={mbs:.3}");
     } else {
         for _ in 0..test.iters {

@@ -139,8 +139,8 @@ usage: pingpong [--server [ADDR] | --client HOST[:PORT]] [OPTIONS]
                        (default 1:16M)
   -n, --iters N        timed iterations per size (default: ~32 MiB per size, 5..1000)
   -w, --warmup N       untimed iterations first (default: a tenth of -n, at least 1)
-      --bw             bandwidth mode: windows of outstanding sends, one ack per window
-      --window N       messages per window in bandwidth mode (default 16)
+      --bw             bandwidth mode: a sliding window of outstanding sends, one ack at the end
+      --window N       sends outstanding at most in bandwidth mode (default 16)
       --json           one JSON document on stdout instead of the table
       --progress       progress lines on stderr even when it is not a terminal
       --no-progress    no progress lines

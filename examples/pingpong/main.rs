@@ -14,6 +14,7 @@
 mod args;
 mod report;
 
+use std::collections::VecDeque;
 use std::io::IsTerminal;
 #[cfg(feature = "rdma")]
 use std::net::IpAddr;
@@ -216,31 +217,45 @@ fn serve_latency(worker: &Worker, ep: &Ep, plan: &Plan, size: usize) -> Result<(
     Ok(())
 }
 
+/// Receives `count` messages of `size` bytes with `w` receives kept posted (each reposted as
+/// it completes, as `ucx_perftest`'s stream test does), then acknowledges them all.
+fn serve_window(
+    worker: &Worker,
+    ep: &Ep,
+    bufs: &mut Vec<Vec<u8>>,
+    size: usize,
+    count: usize,
+) -> Result<()> {
+    let mut posted: VecDeque<Request> = bufs
+        .drain(..)
+        .take(count)
+        .map(|b| worker.tag_recv(DATA, TAG_MASK_ALL, b))
+        .collect();
+    let mut started = posted.len();
+    while let Some(r) = posted.pop_front() {
+        let got = wait(r, "receive")?;
+        check_len(&got, size)?;
+        if started < count {
+            posted.push_back(worker.tag_recv(DATA, TAG_MASK_ALL, got.buf));
+            started += 1;
+        } else {
+            bufs.push(got.buf);
+        }
+    }
+    wait(ep.tag_send(ACK, Vec::new()), "acknowledgement")?;
+    Ok(())
+}
+
 fn serve_bandwidth(worker: &Worker, ep: &Ep, plan: &Plan, size: usize, w: usize) -> Result<()> {
     let (warm, timed) = plan.windows_for(size);
     let mut bufs = Vec::with_capacity(w);
     for _ in 0..w {
         bufs.push(alloc(size)?);
     }
-    let mut posted: Vec<Request> = bufs
-        .drain(..)
-        .map(|b| worker.tag_recv(DATA, TAG_MASK_ALL, b))
-        .collect();
-    for i in 0..warm + timed {
-        for r in posted.drain(..) {
-            let got = wait(r, "receive")?;
-            check_len(&got, size)?;
-            bufs.push(got.buf);
-        }
-        if i + 1 < warm + timed {
-            posted = bufs
-                .drain(..)
-                .map(|b| worker.tag_recv(DATA, TAG_MASK_ALL, b))
-                .collect();
-        }
-        wait(ep.tag_send(ACK, Vec::new()), "acknowledgement")?;
+    if warm > 0 {
+        serve_window(worker, ep, &mut bufs, size, warm * w)?;
     }
-    Ok(())
+    serve_window(worker, ep, &mut bufs, size, timed * w)
 }
 
 /// The client side: sends the plan, runs every size, prints the table or the JSON.
@@ -335,6 +350,43 @@ fn latency(
     ))
 }
 
+/// Sends `count` messages from `bufs` with at most `bufs.len()` outstanding (a sliding
+/// window: the oldest send is waited for before the next starts, as `ucx_perftest`'s stream
+/// test does), then waits for the server's acknowledgement of all of them. Each wait for the
+/// oldest send records the time since the previous one in `per_msg` (µs).
+fn send_window(
+    worker: &Worker,
+    ep: &Ep,
+    bufs: &mut Vec<Vec<u8>>,
+    count: usize,
+    mut per_msg: Option<&mut Vec<f64>>,
+) -> Result<()> {
+    let ack = worker.tag_recv(ACK, TAG_MASK_ALL, Vec::new());
+    let mut sends = VecDeque::with_capacity(bufs.len());
+    let mut last = Instant::now();
+    for _ in 0..count {
+        let buf = match bufs.pop() {
+            Some(buf) => buf,
+            None => {
+                let oldest = sends.pop_front().ok_or("an empty send window")?;
+                let buf = wait(oldest, "send")?.buf;
+                let now = Instant::now();
+                if let Some(samples) = per_msg.as_deref_mut() {
+                    samples.push((now - last).as_secs_f64() * 1e6);
+                }
+                last = now;
+                buf
+            }
+        };
+        sends.push_back(ep.tag_send(DATA, buf));
+    }
+    for s in sends {
+        bufs.push(wait(s, "send")?.buf);
+    }
+    wait(ack, "acknowledgement")?;
+    Ok(())
+}
+
 fn bandwidth(
     worker: &Worker,
     ep: &Ep,
@@ -348,29 +400,26 @@ fn bandwidth(
     for k in 0..w {
         bufs.push(pattern(size, k)?);
     }
-    let mut per_msg = Vec::with_capacity(timed);
-    let mut elapsed = 0.0f64;
-    for i in 0..warm + timed {
-        let t0 = Instant::now();
-        let ack = worker.tag_recv(ACK, TAG_MASK_ALL, Vec::new());
-        let sends: Vec<Request> = bufs.drain(..).map(|b| ep.tag_send(DATA, b)).collect();
-        for s in sends {
-            bufs.push(wait(s, "send")?.buf);
-        }
-        wait(ack, "acknowledgement")?;
-        let dt = t0.elapsed().as_secs_f64();
-        if i >= warm {
-            elapsed += dt;
-            per_msg.push(dt * 1e6 / w as f64);
-        }
-        progress.tick(i + 1, warm + timed);
+    if warm > 0 {
+        send_window(worker, ep, &mut bufs, warm * w, None)?;
     }
-    let msgs = (timed * w) as f64;
+    progress.tick(warm, warm + timed);
+    let msgs = timed * w;
+    let mut per_msg = Vec::with_capacity(msgs);
+    let t0 = Instant::now();
+    send_window(worker, ep, &mut bufs, msgs, Some(&mut per_msg))?;
+    let elapsed = t0.elapsed().as_secs_f64();
+    progress.tick(warm + timed, warm + timed);
+    if per_msg.is_empty() {
+        // A single window: no send waited for another; its mean is all there is.
+        per_msg.push(elapsed * 1e6 / msgs as f64);
+    }
+    let m = msgs as f64;
     Ok(Row::from_samples(
         size,
-        timed * w,
+        msgs,
         warm * w,
         &mut per_msg,
-        |_| (msgs * size as f64 / elapsed, msgs / elapsed),
+        |_| (m * size as f64 / elapsed, m / elapsed),
     ))
 }

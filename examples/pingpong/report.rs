@@ -156,7 +156,7 @@ impl Output {
             )?,
             Some(w) => writeln!(
                 o,
-                "# rdmx pingpong: bandwidth, windows of {w} messages, one ack per window, {} sizes",
+                "# rdmx pingpong: bandwidth, sliding window of {w} sends, {} sizes",
                 h.sizes
             )?,
         }

@@ -31,8 +31,9 @@ socket-pingpong: raw TCP ping-pong (TCP_NODELAY, polled), the no-middleware base
                                                                           [default 1:16M]
   -n ITERS          measured iterations per size    [default clamp(32 MiB / size, 5, 1000)]
   --warmup N        warm-up iterations per size     [default max(1, iterations / 10)]
-  --bw              bandwidth mode: windows of W messages client -> server, 1-byte ack each
-  --window W        messages per window in bandwidth mode                 [default 16]
+  --bw              bandwidth mode: messages streamed client -> server, one 1-byte ack at
+                    the end of the warm-up and of the timed run
+  --window W        counts are rounded up to multiples of W (as rdmx's)  [default 16]
   --json            print the pingpong JSON schema instead of a table
   Latency times are one-way (half round trip); MB = 2^20 bytes.
 

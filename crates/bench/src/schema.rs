@@ -3,8 +3,10 @@
 //!
 //! Latency mode: the `*_us` fields are half round trips (one-way latency),
 //! `bytes_per_s = size / mean one-way time`, `msgs_per_s = 1 / mean one-way time`.
-//! Bandwidth mode: `*_us` are per-message times derived per window (window time / window);
-//! `bytes_per_s` and `msgs_per_s` are totals over the elapsed time.
+//! Bandwidth mode: `*_us` are per-message intervals (rdmx: between successive waits for the
+//! oldest outstanding send of the sliding window; the socket baseline: between successive
+//! writes); `bytes_per_s` and `msgs_per_s` are totals over the elapsed time, which ends when
+//! the receiver has acknowledged the last message.
 
 use std::path::Path;
 
