@@ -51,7 +51,10 @@ pub struct Done {
 ///
 /// The request owns the buffer it was given until it completes; [`Request::wait`] hands it
 /// back. Requests complete through the worker's progress: [`Request::wait`] and
-/// [`Request::test`] drive it themselves (unless the worker has a progress thread).
+/// [`Request::test`] drive it themselves (unless the worker has a progress thread). An eager
+/// send that goes out as it is made (credit to spare, nothing queued ahead) is complete at
+/// once, like a UCP send that returns no request: its handle holds the outcome, and waiting
+/// for it takes no lock.
 ///
 /// Dropping an unfinished request does not give the buffer back: a receive is cancelled,
 /// a send goes on (fire and forget); either way the worker drops the buffer once the NIC
@@ -59,46 +62,71 @@ pub struct Done {
 /// lets the NIC touch freed memory, since the worker owns the buffer throughout.
 #[must_use = "a request does nothing visible unless waited for; dropping it cancels a receive"]
 pub struct Request {
-    /// Its slot in the worker's request table.
-    pub(crate) slot: RequestKey,
-    pub(crate) what: Describe,
-    pub(crate) worker: Worker,
-    /// The outcome was taken (the slot is the table's again).
-    taken: bool,
+    state: State,
+    what: Describe,
+}
+
+/// Where a request's outcome is.
+enum State {
+    /// In the worker's request table, under `slot`.
+    Pending { slot: RequestKey, worker: Worker },
+    /// Completed as it was made (a send whose frame was queued at once, or one refused at
+    /// once): the outcome travels in the handle, and no table slot, lock or reference to the
+    /// worker is needed to wait for it (`None` once taken).
+    Done(Option<Outcome>),
 }
 
 impl Request {
     pub(crate) fn new(worker: &Worker, slot: RequestKey, what: Describe) -> Request {
         Request {
-            slot,
+            state: State::Pending {
+                slot,
+                worker: worker.clone(),
+            },
             what,
-            worker: worker.clone(),
-            taken: false,
+        }
+    }
+
+    /// A request that completed as it was made.
+    pub(crate) fn done(outcome: Outcome, what: Describe) -> Request {
+        Request {
+            state: State::Done(Some(outcome)),
+            what,
         }
     }
 
     /// Whether the request has completed, without progressing the worker.
     pub fn is_done(&self) -> bool {
-        self.slot.is_done()
+        match &self.state {
+            State::Pending { slot, .. } => slot.is_done(),
+            State::Done(_) => true,
+        }
     }
 
     /// Progresses the worker once, then says whether the request has completed.
     pub fn test(&self) -> bool {
-        if !self.slot.is_done() {
-            self.worker.progress();
+        match &self.state {
+            State::Pending { slot, worker } => {
+                if !slot.is_done() {
+                    worker.progress();
+                }
+                slot.is_done()
+            }
+            State::Done(_) => true,
         }
-        self.slot.is_done()
     }
 
     /// Waits up to `timeout` for completion (progressing the worker in its wait mode);
     /// true when complete. After `true`, [`Request::wait`] returns at once.
     pub fn wait_for(&self, timeout: Duration) -> bool {
-        let slot = &self.slot;
-        self.worker.driver.wait_until(
-            WaitFor::Request(slot.index),
-            || slot.is_done(),
-            Some(Instant::now() + timeout),
-        )
+        match &self.state {
+            State::Pending { slot, worker } => worker.driver.wait_until(
+                WaitFor::Request(slot.index),
+                || slot.is_done(),
+                Some(Instant::now() + timeout),
+            ),
+            State::Done(_) => true,
+        }
     }
 
     /// Waits for completion and returns the buffer with the message's tag and length.
@@ -106,10 +134,11 @@ impl Request {
     /// A request that ended badly is an [`Error::Request`] with its [`Status`]
     /// and the buffer (see [`Error::take_buffer`]).
     pub fn wait(self) -> Result<Done> {
-        let slot = &self.slot;
-        self.worker
-            .driver
-            .wait_until(WaitFor::Request(slot.index), || slot.is_done(), None);
+        if let State::Pending { slot, worker } = &self.state {
+            worker
+                .driver
+                .wait_until(WaitFor::Request(slot.index), || slot.is_done(), None);
+        }
         self.take()
     }
 
@@ -123,16 +152,18 @@ impl Request {
     /// RC queue pair enters the error state on a remote access error), so both sides'
     /// pending requests on that endpoint fail with [`Status::ConnectionClosed`].
     pub fn cancel(&self) -> bool {
-        !self.slot.is_done() && self.worker.driver.cancel(&self.slot)
+        match &self.state {
+            State::Pending { slot, worker } => !slot.is_done() && worker.driver.cancel(slot),
+            State::Done(_) => false,
+        }
     }
 
     fn take(mut self) -> Result<Done> {
-        let outcome = self
-            .worker
-            .driver
-            .take_outcome(&self.slot)
-            .ok_or_else(|| Error::Invalid("the request's result was already taken".into()))?;
-        self.taken = true;
+        let outcome = match std::mem::replace(&mut self.state, State::Done(None)) {
+            State::Pending { slot, worker } => worker.driver.take_outcome(&slot),
+            State::Done(outcome) => outcome,
+        }
+        .ok_or_else(|| Error::Invalid("the request's result was already taken".into()))?;
         match outcome.status {
             Status::Ok => Ok(Done {
                 buf: outcome.buf,
@@ -150,13 +181,13 @@ impl Request {
 
 impl Drop for Request {
     fn drop(&mut self) {
-        if self.taken {
+        let State::Pending { slot, worker } = &self.state else {
             return;
-        }
-        if !self.slot.is_done() && self.what.kind == RequestKind::Recv {
+        };
+        if !slot.is_done() && self.what.kind == RequestKind::Recv {
             self.cancel();
         }
-        self.worker.driver.abandon(&self.slot);
+        worker.driver.abandon(slot);
     }
 }
 
@@ -164,7 +195,7 @@ impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Request")
             .field("what", &self.what.describe())
-            .field("done", &self.slot.is_done())
+            .field("done", &self.is_done())
             .finish()
     }
 }

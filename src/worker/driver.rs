@@ -79,51 +79,47 @@ impl Driver {
         tag: Tag,
         buf: Vec<u8>,
     ) -> Request {
-        let slot = self.with_protocol_out(|st, out| {
-            let slot = st.requests.open();
-            let len = buf.len() as u64;
+        let what = Describe {
+            kind: RequestKind::Send,
+            tag,
+            peer: cs.peer,
+        };
+        let len = buf.len() as u64;
+        let made = self.with_protocol_out(|st, out| {
             let bufid = st.new_buf(UserMem::Plain(buf));
             match st.engine.tag_send(cs.id, tag, bufid, len) {
                 Ok(id) if id.is_immediate() => {
                     // Sent as it was made: done once its frame is queued, which the engine's
                     // actions do now; it never reaches the request table.
                     st.run_actions(out);
-                    let buf = st.take_buf(bufid);
-                    let done = Outcome {
+                    Made::Done(Outcome {
                         status: Status::Ok,
                         length: len,
                         tag,
-                        buf,
-                    };
-                    // (Nobody waits on a request not yet handed out.)
-                    let _ = st.requests.finish(slot.index, done);
+                        buf: st.take_buf(bufid),
+                    })
                 }
                 Ok(id) => {
+                    let slot = st.requests.open();
                     cs.pending_sends.fetch_add(1, Ordering::AcqRel);
                     st.track(id, bufid, slot.index, Some(cs));
+                    Made::Pending(slot)
                 }
                 Err(e) => {
                     log::debug!("tag_send on {:?}: {e}", cs.id);
-                    let buf = st.take_buf(bufid);
-                    st.requests.finish(
-                        slot.index,
-                        Outcome {
-                            status: Status::ConnectionClosed,
-                            length: len,
-                            tag,
-                            buf,
-                        },
-                    );
+                    Made::Done(Outcome {
+                        status: Status::ConnectionClosed,
+                        length: len,
+                        tag,
+                        buf: st.take_buf(bufid),
+                    })
                 }
             }
-            slot
         });
-        let what = Describe {
-            kind: RequestKind::Send,
-            tag,
-            peer: cs.peer,
-        };
-        Request::new(worker, slot, what)
+        match made {
+            Made::Pending(slot) => Request::new(worker, slot, what),
+            Made::Done(outcome) => Request::done(outcome, what),
+        }
     }
 
     /// Asks the engine to cancel the request in `slot`, if it is still pending.
@@ -251,4 +247,12 @@ impl Driver {
             self.sleepers.wake(&out.completed, out.news);
         }
     }
+}
+
+/// What a send became as it was made.
+enum Made {
+    /// A request in the table, completed later by progress.
+    Pending(RequestKey),
+    /// Done at once (its frame queued, or the connection gone): no slot was taken.
+    Done(Outcome),
 }

@@ -125,6 +125,32 @@ fn a_cut_cable_fails_the_pending_send_and_closes_both_endpoints() {
 }
 
 #[test]
+fn an_eager_send_with_credit_is_done_as_it_is_made_without_a_request_slot() {
+    let (a, ea, b, _eb, _cable) = connected();
+    let recv = b.tag_recv(7, TAG_MASK_ALL, vec![0; 8]);
+    let send = ea.tag_send(7, pattern(8, 3));
+    // Done before any progress: its frame is queued, and nothing is left to wait for.
+    assert!(send.is_done() && send.test());
+    assert!(!send.cancel(), "a completed send cannot be cancelled");
+    assert_eq!(a.driver.state.lock().requests.open_slots(), 0);
+    let sent = send.wait().expect("sent");
+    assert_eq!((sent.length, sent.buf), (8, pattern(8, 3)));
+    let got = finished(&a, &b, recv).expect("received");
+    assert_eq!(got.buf, pattern(8, 3));
+    // A send on a closed endpoint is refused at once, the same way, with its buffer back.
+    ea.close().expect("closed");
+    let refused = ea.tag_send(8, vec![5; 4]);
+    assert!(refused.is_done());
+    assert_eq!(a.driver.state.lock().requests.open_slots(), 0);
+    match refused.wait() {
+        Err(crate::Error::Request { status, buffer, .. }) => {
+            assert_eq!((status, buffer), (Status::ConnectionClosed, vec![5; 4]));
+        }
+        other => panic!("a send on a closed endpoint gave {other:?}"),
+    }
+}
+
+#[test]
 fn credits_pace_a_sender_far_ahead_of_its_receiver() {
     let (a, ea, b, _eb, _cable) = connected();
     // Far more messages than the receiver's credits (64 by default): the engine queues

@@ -135,6 +135,12 @@ impl RequestTable {
         Some(outcome)
     }
 
+    /// Slots in use (requests whose handles or outcomes are still held).
+    #[cfg(test)]
+    pub(crate) fn open_slots(&self) -> usize {
+        self.entries.iter().filter(|e| e.open).count()
+    }
+
     /// The handle of `slot` is gone: a completed request's slot is freed (its outcome
     /// returned to be dropped); a pending one is freed when it completes.
     pub(crate) fn abandon(&mut self, slot: &RequestKey) -> Option<Outcome> {
