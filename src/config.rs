@@ -4,8 +4,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use rdmx_proto::config::parse_size;
-
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -322,7 +320,7 @@ impl Config {
     /// own, see [`Config::limits`]).
     pub(crate) fn proto(&self) -> Result<rdmx_proto::Config> {
         let ts = self.transports_or_rdma();
-        Ok(rdmx_proto::Config::builder()
+        rdmx_proto::Config::builder()
             .eager_threshold(
                 ts.iter()
                     .map(|&t| self.eager_threshold_for(t))
@@ -337,7 +335,24 @@ impl Config {
             )
             .srq_depth(self.srq_depth.value)
             .credits(self.credits.value)
-            .build()?)
+            .build()
+            .map_err(|e| {
+                // The engine names its own fields; say which settings they come from.
+                let from = match &e {
+                    rdmx_proto::Error::InvalidConfig { var, .. } => match *var {
+                        "eager_threshold" => EAGER_THRESHOLD_VAR,
+                        "recv_buf_size" => RECV_BUF_SIZE_VAR,
+                        "credits" => CREDITS_VAR,
+                        "srq_depth" => "RDMX_SRQ_DEPTH (at least RDMX_CREDITS)",
+                        _ => "",
+                    },
+                    _ => "",
+                };
+                match from {
+                    "" => config_error(e),
+                    from => Error::Config(format!("{e}: set by {from}")),
+                }
+            })
     }
 
     fn transports_or_rdma(&self) -> &[Transport] {
@@ -540,6 +555,17 @@ impl Config {
     }
 }
 
+/// A byte size (`rdmx_proto`'s syntax: digits with an optional `K`/`KiB`/`M`/`MiB` suffix) in
+/// `min..=max`; a bad one is a configuration error naming the variable, like every other.
+fn parse_size(var: &'static str, value: &str, min: u64, max: u64) -> Result<u64> {
+    rdmx_proto::config::parse_size(var, value, min, max).map_err(config_error)
+}
+
+/// A configuration the protocol engine refused, as [`Error::Config`].
+fn config_error(e: rdmx_proto::Error) -> Error {
+    Error::Config(e.to_string())
+}
+
 fn parse_count(var: &'static str, value: &str, min: u64, max: u64) -> Result<u64> {
     let n: u64 = value
         .trim()
@@ -614,12 +640,22 @@ mod tests {
             ("RDMX_TRANSPORT", "rdma,rdma"),
             ("RDMX_TRANSPORT", "auto,tcp"),
             ("RDMX_TRANSPORT", "tcp,"),
+            ("RDMX_RECV_BUF_SIZE", "1"),
+            ("RDMX_RECV_BUF_SIZE", "64 KiB"),
+            ("RDMX_RCACHE_SIZE", "big"),
         ] {
             let err = Config::from_lookup(lookup(&[(var, val)])).unwrap_err();
+            // One variant for every bad setting, whichever layer checks it.
+            assert!(matches!(err, Error::Config(_)), "{var}={val}: {err:?}");
             let msg = err.to_string();
             assert!(msg.contains(var), "{msg}");
             assert!(msg.contains(val), "{msg}");
         }
+        // A combination only the protocol engine refuses is a configuration error too.
+        let c = Config::from_lookup(lookup(&[("RDMX_SRQ_DEPTH", "8")])).unwrap();
+        let err = c.proto().unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err:?}");
+        assert!(err.to_string().contains("RDMX_SRQ_DEPTH"), "{err}");
     }
 
     #[test]

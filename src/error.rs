@@ -8,7 +8,8 @@ pub enum Error {
     /// An invalid configuration value (environment or builder).
     #[error("configuration: {0}")]
     Config(String),
-    /// An invalid protocol configuration, or a peer's incompatible handshake.
+    /// A protocol failure outside any one request: a peer's incompatible or malformed
+    /// handshake. (Invalid settings, including the protocol's, are [`Error::Config`].)
     #[error(transparent)]
     Proto(#[from] rdmx_proto::Error),
     /// An rdmacm or verbs call failed (it names the call, the errno and what it means).
@@ -29,7 +30,7 @@ pub enum Error {
     /// A request finished with an error status. The buffer it was given comes back in
     /// `buffer` (see [`Error::take_buffer`]) unless the worker had to keep it because the NIC
     /// might still be using it.
-    #[error("{what} failed: {status:?} ({})", describe(*status))]
+    #[error("{what} failed: {status:?} ({}){}", describe(*status), incoming(*status, *length, *tag, buffer.len()))]
     Request {
         /// The final status.
         status: Status,
@@ -37,6 +38,11 @@ pub enum Error {
         what: String,
         /// The user buffer, handed back.
         buffer: Vec<u8>,
+        /// The message's length in bytes: for a receive that was [`Status::Truncated`], the
+        /// length of the incoming message that did not fit (as `MPI_Get_count` would say).
+        length: usize,
+        /// The message's tag: for a receive, the incoming message's (the sender's) tag.
+        tag: rdmx_proto::Tag,
     },
     /// The operation needs something this worker or endpoint does not have (closed endpoint,
     /// wrong device, ...).
@@ -92,6 +98,16 @@ pub(crate) fn rejected(addr: &str, reject_data: &[u8]) -> Option<Error> {
         addr: addr.to_string(),
         reason: String::from_utf8_lossy(reason).into_owned(),
     })
+}
+
+/// What the error message adds about the incoming message of a truncated receive.
+fn incoming(status: Status, length: usize, tag: rdmx_proto::Tag, cap: usize) -> String {
+    match status {
+        Status::Truncated => {
+            format!(": the incoming message (tag {tag:#x}) has {length} bytes, the buffer {cap}")
+        }
+        _ => String::new(),
+    }
 }
 
 /// What a status means, in words.

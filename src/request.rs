@@ -174,6 +174,8 @@ impl Request {
                 status,
                 what: self.what.describe(),
                 buffer: outcome.buf,
+                length: outcome.length as usize,
+                tag: outcome.tag,
             }),
         }
     }

@@ -86,10 +86,25 @@ fn truncation_and_cancel_through_the_executor() {
     let (a, ea, b, _eb, _cable) = connected();
     let limit = ea.eager_limit().expect("connected") as usize;
     for len in [16, limit + 100] {
-        let recv = b.tag_recv(7, TAG_MASK_ALL, vec![0; 8]);
-        let send = ea.tag_send(7, pattern(len, 3));
+        // A wildcard receive: the error names the incoming message's own tag and length.
+        let recv = b.tag_recv(0, 0, vec![0; 8]);
+        let send = ea.tag_send(0x77, pattern(len, 3));
         let err = finished(&a, &b, recv).expect_err("the receive is too small");
         assert_eq!(err.status(), Some(Status::Truncated), "{err}");
+        match &err {
+            crate::Error::Request {
+                length,
+                tag,
+                buffer,
+                ..
+            } => assert_eq!((*length, *tag, buffer.len()), (len, 0x77, 8)),
+            other => panic!("{other:?}"),
+        }
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("has {len} bytes")) && msg.contains("tag 0x77"),
+            "{msg}"
+        );
         let sent = finished(&a, &b, send);
         if len > limit {
             assert!(sent.is_err(), "a rendezvous send learns of the truncation");
