@@ -22,10 +22,13 @@ fn main() -> rdmx::Result<()> {
         ep.close()
     });
     let ep = listener.accept()?;
-    let (word, n): (String, u32) = server.recv_obj(1, TAG_MASK_ALL)?;
+    let ((word, n), info): ((String, u32), _) = server.recv_obj(1, TAG_MASK_ALL)?;
     let big = server.tag_recv(2, TAG_MASK_ALL, vec![0; 16 << 20]).wait()?;
     assert!(big.buf.iter().all(|&b| b == 7));
-    println!("server: {word} {n}, then {} bytes", big.length);
+    println!(
+        "server: {word} {n} (tag {}), then {} bytes",
+        info.tag, big.length
+    );
     ep.send(3, b"thanks")?;
     peer.join().expect("client thread")
 }

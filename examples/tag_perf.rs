@@ -54,7 +54,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let listener = worker.listen(&addr)?;
         eprintln!("tag_perf: listening on {addr} ({})", ctx.transport());
         let ep = listener.accept()?;
-        let test: Test = worker.recv_obj(SETUP, TAG_MASK_ALL)?;
+        let (test, _): (Test, _) = worker.recv_obj(SETUP, TAG_MASK_ALL)?;
         let mut buf = vec![0u8; test.size];
         if test.bw {
             let mut posted: VecDeque<_> = (0..test.window.min(test.iters))

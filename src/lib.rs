@@ -62,9 +62,9 @@
 //!     ep.close()
 //! });
 //! let _ep = listener.accept()?;
-//! let greeting: (String, u32) = server.recv_obj(1, TAG_MASK_ALL)?;
+//! let (greeting, info): ((String, u32), _) = server.recv_obj(1, TAG_MASK_ALL)?;
 //! let big = server.tag_recv(2, TAG_MASK_ALL, vec![0; 1 << 20]).wait()?;
-//! assert_eq!((greeting.1, big.length), (42, 1 << 20));
+//! assert_eq!((greeting.1, info.tag, big.length), (42, 1, 1 << 20));
 //! t.join().unwrap()?;
 //! # Ok(())
 //! # }

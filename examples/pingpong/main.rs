@@ -175,7 +175,7 @@ fn wait(r: Request, what: &str) -> Result<rdmx::Done> {
 /// The server side of one session: receives the plan, then echoes (latency) or acknowledges
 /// windows (bandwidth) for every size.
 fn serve(worker: &Worker, ep: &Ep) -> Result<()> {
-    let plan: Plan = worker
+    let (plan, _): (Plan, _) = worker
         .recv_obj(SETUP, TAG_MASK_ALL)
         .map_err(|e| format!("reading the client's plan: {e}"))?;
     plan.validate()

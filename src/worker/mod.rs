@@ -425,6 +425,28 @@ impl Worker {
     /// into a buffer of its exact length. Any number of threads may call it on one worker:
     /// each message goes to exactly one of them, and the others wait for the next.
     pub fn recv_vec(&self, tag: Tag, mask: Tag) -> Result<(Vec<u8>, RecvInfo)> {
+        self.recv_vec_until(tag, mask, None)
+    }
+
+    /// [`Worker::recv_vec`], waiting at most `timeout` for a matching message:
+    /// [`Error::Timeout`] if none arrived by then. A message found in time is received
+    /// whole, however long its data takes to arrive (it left matching when it was found, so
+    /// giving up on it would lose it; a dead connection still ends the wait).
+    pub fn recv_vec_timeout(
+        &self,
+        tag: Tag,
+        mask: Tag,
+        timeout: Duration,
+    ) -> Result<(Vec<u8>, RecvInfo)> {
+        self.recv_vec_until(tag, mask, Some((Instant::now() + timeout, timeout)))
+    }
+
+    fn recv_vec_until(
+        &self,
+        tag: Tag,
+        mask: Tag,
+        deadline: Option<(Instant, Duration)>,
+    ) -> Result<(Vec<u8>, RecvInfo)> {
         let sh = &self.driver;
         let mut found = None;
         // A matched probe: the message is taken out of matching as it is found, so no other
@@ -439,9 +461,15 @@ impl Worker {
                 }
                 found.is_some()
             },
-            None,
+            deadline.map(|(at, _)| at),
         );
-        let info = found.expect("wait_until returns once found");
+        let Some(info) = found else {
+            let waited = deadline.map_or(Duration::ZERO, |(_, d)| d);
+            return Err(Error::Timeout(
+                waited,
+                format!("no message matching tag {tag:#x} (mask {mask:#x}) arrived"),
+            ));
+        };
         // The length is the peer's claim: allocate it fallibly.
         let mut buf = Vec::new();
         let allocated = usize::try_from(info.len)
@@ -468,11 +496,27 @@ impl Worker {
         ))
     }
 
-    /// Receives a value sent with [`Ep::send_obj`] (serde + bincode), blocking.
-    pub fn recv_obj<T: serde::de::DeserializeOwned>(&self, tag: Tag, mask: Tag) -> Result<T> {
+    /// Receives a value sent with [`Ep::send_obj`] (serde + bincode), blocking, with the
+    /// message's tag and length (see [`Worker::recv_vec`]).
+    pub fn recv_obj<T: serde::de::DeserializeOwned>(
+        &self,
+        tag: Tag,
+        mask: Tag,
+    ) -> Result<(T, RecvInfo)> {
         let (buf, info) = self.recv_vec(tag, mask)?;
-        use bincode::Options;
-        Ok(crate::ep::codec().deserialize(&buf[..info.length])?)
+        Ok((decode_obj(&buf[..info.length])?, info))
+    }
+
+    /// [`Worker::recv_obj`], waiting at most `timeout` for a matching message (see
+    /// [`Worker::recv_vec_timeout`]).
+    pub fn recv_obj_timeout<T: serde::de::DeserializeOwned>(
+        &self,
+        tag: Tag,
+        mask: Tag,
+        timeout: Duration,
+    ) -> Result<(T, RecvInfo)> {
+        let (buf, info) = self.recv_vec_timeout(tag, mask, timeout)?;
+        Ok((decode_obj(&buf[..info.length])?, info))
     }
 
     /// Looks for an unexpected message matching `tag`/`mask` without receiving it.
@@ -530,4 +574,10 @@ impl Worker {
             connections: sh.conn_list.read().len(),
         }
     }
+}
+
+/// Decodes a value encoded by [`Ep::send_obj`].
+fn decode_obj<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    use bincode::Options;
+    Ok(crate::ep::codec().deserialize(bytes)?)
 }

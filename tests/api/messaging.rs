@@ -290,13 +290,31 @@ pub fn typed_messages_and_second_device() {
         let job = job_copy(&job);
         thread::spawn(move || cep.send_obj(5, &job))
     };
-    let got: Job = sw.recv_obj(5, TAG_MASK_ALL).unwrap();
+    let (got, info): (Job, _) = sw.recv_obj(5, TAG_MASK_ALL).unwrap();
     assert_eq!(got, job);
+    assert_eq!(info.tag, 5);
     sender.join().unwrap().unwrap();
     sep.send_obj(6, &("ok", 1u8)).unwrap();
-    let (word, n): (String, u8) = cep.worker().recv_obj(6, TAG_MASK_ALL).unwrap();
-    assert_eq!((word.as_str(), n), ("ok", 1));
+    // A masked receive: the tag says which of the matching tags came.
+    let ((word, n), info): ((String, u8), _) = cep.worker().recv_obj(6, !1).unwrap();
+    assert_eq!((word.as_str(), n, info.tag), ("ok", 1, 6));
     // A message that is not the expected type is a decode error, not a panic.
     cep.send(7, b"\x01").unwrap();
     assert!(sw.recv_obj::<Job>(7, TAG_MASK_ALL).is_err());
+    // With a timeout: nothing matching arrives, so the wait ends with Error::Timeout and
+    // leaves no receive behind; a message sent later is received by the next call.
+    let wait = Duration::from_millis(50);
+    match sw.recv_vec_timeout(8, TAG_MASK_ALL, wait) {
+        Err(rdmx::Error::Timeout(waited, what)) => {
+            assert_eq!(waited, wait);
+            assert!(what.contains("0x8"), "{what}");
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(sw.recv_obj_timeout::<u32>(8, TAG_MASK_ALL, wait).is_err());
+    cep.send_obj(8, &77u32).unwrap();
+    let (v, info) = sw
+        .recv_obj_timeout::<u32>(8, TAG_MASK_ALL, Duration::from_secs(30))
+        .unwrap();
+    assert_eq!((v, info.tag), (77, 8));
 }
