@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bincode::Options;
-use rdmx_proto::Tag;
+use rdmx_proto::{ConnId, Tag};
 
 use crate::error::{Error, Result};
 use crate::request::Request;
@@ -77,6 +77,13 @@ impl Ep {
     /// The peer's address.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.inner.cs.peer
+    }
+
+    /// This endpoint's id on its worker, stable for the endpoint's life and never reused by
+    /// the worker: what a receive's [`crate::Done::conn`] / [`crate::RecvInfo::conn`] and a
+    /// probe's [`crate::ProbeInfo::conn`] name, to map a message to the endpoint it came from.
+    pub fn id(&self) -> ConnId {
+        self.inner.cs.id
     }
 
     /// The transport this endpoint runs on.

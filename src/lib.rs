@@ -194,7 +194,7 @@ pub use worker::{RecvInfo, Worker, WorkerStats};
 #[cfg(feature = "rdma")]
 pub use rdmx_conn as conn;
 pub use rdmx_proto as proto;
-pub use rdmx_proto::{ProbeInfo, Tag};
+pub use rdmx_proto::{ConnId, ProbeInfo, Tag};
 
 /// A mask that compares every tag bit: receive exactly the given tag.
 pub const TAG_MASK_ALL: Tag = u64::MAX;

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rdmx_proto::{RequestKind, Status, Tag};
+use rdmx_proto::{ConnId, RequestKind, Status, Tag};
 
 use crate::error::{Error, Result};
 use crate::worker::{RequestKey, WaitFor, Worker};
@@ -14,6 +14,8 @@ pub(crate) struct Outcome {
     pub(crate) length: u64,
     pub(crate) tag: Tag,
     pub(crate) buf: Vec<u8>,
+    /// The endpoint the message came from or went to, when known.
+    pub(crate) conn: Option<ConnId>,
 }
 
 /// What a request's handle says of it when it reports errors.
@@ -44,6 +46,9 @@ pub struct Done {
     pub tag: Tag,
     /// The message's length in bytes.
     pub length: usize,
+    /// The endpoint the message came from (a receive) or went to (a send), as
+    /// [`crate::Ep::id`] names it: map it to the endpoint the receive was from.
+    pub conn: Option<ConnId>,
 }
 
 /// A tag send or receive in flight, made by [`crate::Ep::tag_send`] or
@@ -169,6 +174,7 @@ impl Request {
                 buf: outcome.buf,
                 tag: outcome.tag,
                 length: outcome.length as usize,
+                conn: outcome.conn,
             }),
             status => Err(Error::Request {
                 status,

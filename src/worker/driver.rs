@@ -97,6 +97,7 @@ impl Driver {
                         length: len,
                         tag,
                         buf: st.take_buf(bufid),
+                        conn: Some(cs.id),
                     })
                 }
                 Ok(id) => {
@@ -112,6 +113,7 @@ impl Driver {
                         length: len,
                         tag,
                         buf: st.take_buf(bufid),
+                        conn: Some(cs.id),
                     })
                 }
             }

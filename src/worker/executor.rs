@@ -290,6 +290,7 @@ impl Protocol {
             length: c.length,
             tag: c.tag,
             buf,
+            conn: c.conn,
         };
         // (An outcome nobody will take is dropped: its handle is gone.)
         if self.requests.finish(p.slot, outcome).is_none() {

@@ -134,6 +134,8 @@ pub struct RecvInfo {
     pub tag: Tag,
     /// The message length in bytes.
     pub length: usize,
+    /// The endpoint it came from, as [`Ep::id`] names it.
+    pub conn: Option<ConnId>,
 }
 
 pub(crate) struct Driver {
@@ -417,6 +419,7 @@ impl Worker {
         Ok(RecvInfo {
             tag: done.tag,
             length: done.length,
+            conn: done.conn,
         })
     }
 
@@ -492,6 +495,7 @@ impl Worker {
             RecvInfo {
                 tag: done.tag,
                 length: done.length,
+                conn: done.conn,
             },
         ))
     }
@@ -540,6 +544,7 @@ impl Worker {
                             length: 0,
                             tag: info.tag,
                             buf,
+                            conn: Some(info.conn),
                         },
                     );
                 }

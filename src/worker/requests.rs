@@ -171,6 +171,7 @@ mod tests {
             length: len,
             tag: 1,
             buf: vec![0; len as usize],
+            conn: None,
         }
     }
 

@@ -318,3 +318,87 @@ pub fn typed_messages_and_second_device() {
         .unwrap();
     assert_eq!((v, info.tag), (77, 8));
 }
+
+/// Every receive and probe names the endpoint its message came from ([`Ep::id`]): eight
+/// peers send one eager and one rendezvous message each, received by wildcard receives,
+/// `recv_vec` and after a probe, and each is traced back to the right endpoint.
+pub fn receives_name_the_sending_endpoint() {
+    init_log();
+    let ctx = builder().build().unwrap();
+    let n = 8;
+    let (sw, se, _cw, ce) = connect_n(&ctx, &addr_a(), n);
+    // The server's endpoint of each client: the one whose peer is the client's local end.
+    let server_ep_of = |client: &Ep| -> rdmx::ConnId {
+        se.iter()
+            .find(|s| s.peer_addr() == client.local_addr())
+            .map(Ep::id)
+            .expect("a server endpoint for every client")
+    };
+    let ids: Vec<rdmx::ConnId> = ce.iter().map(server_ep_of).collect();
+    let mut distinct = ids.clone();
+    distinct.sort_by_key(|c| c.0);
+    distinct.dedup();
+    assert_eq!(distinct.len(), n, "each endpoint has its own id");
+    let big = 1 << 20; // rendezvous on both transports
+                       // The client worker progresses (answering the READs) in the thread that waits for sends.
+    let sender = thread::spawn(move || {
+        let sends: Vec<Request> = ce
+            .iter()
+            .enumerate()
+            .flat_map(|(i, ep)| {
+                [
+                    ep.tag_send(0x100 + i as u64, vec![i as u8; 8]),
+                    ep.tag_send(0x200 + i as u64, vec![i as u8; big]),
+                ]
+            })
+            .collect();
+        for s in sends {
+            s.wait().expect("send");
+        }
+        ce
+    });
+    // Eager messages: wildcard receives; the payload says which client sent it.
+    for _ in 0..n {
+        let got = sw
+            .tag_recv(0x100, !0xff, vec![0; 8])
+            .wait()
+            .expect("eager receive");
+        let i = got.buf[0] as usize;
+        assert_eq!(got.tag, 0x100 + i as u64);
+        assert_eq!(got.conn, Some(ids[i]), "eager message of client {i}");
+    }
+    // Rendezvous messages: a probe first for half of them, recv_vec for the rest.
+    for k in 0..n {
+        let (buf, info) = if k % 2 == 0 {
+            let deadline = Instant::now() + long();
+            let probed = loop {
+                if let Some(p) = sw.probe(0x200, !0xff) {
+                    break p;
+                }
+                assert!(Instant::now() < deadline, "no rendezvous message to probe");
+            };
+            let got = sw
+                .tag_recv(probed.tag, TAG_MASK_ALL, vec![0; big])
+                .wait()
+                .expect("rendezvous receive");
+            assert_eq!(
+                got.conn,
+                Some(probed.conn),
+                "the probe and the receive agree"
+            );
+            let info = rdmx::RecvInfo {
+                tag: got.tag,
+                length: got.length,
+                conn: got.conn,
+            };
+            (got.buf, info)
+        } else {
+            sw.recv_vec(0x200, !0xff).expect("recv_vec")
+        };
+        let i = (info.tag - 0x200) as usize;
+        assert_eq!(info.length, big);
+        assert!(buf.iter().all(|&b| b == i as u8));
+        assert_eq!(info.conn, Some(ids[i]), "rendezvous message of client {i}");
+    }
+    drop(sender.join().expect("sender thread"));
+}

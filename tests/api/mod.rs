@@ -90,6 +90,7 @@ macro_rules! all_api_tests {
             several_threads_receive_on_one_worker,
             progress_thread_wakes_a_blocked_recv_vec,
             steady_state_messaging_allocates_nothing,
+            receives_name_the_sending_endpoint,
         );
     };
 }
