@@ -14,8 +14,9 @@
 //!   whoever waits on them, or by an optional progress thread.
 //! * [`Ep`]: a reliable connection to a peer worker; [`Listener`]: accepts them.
 //! * Tag messaging as in UCP: [`Ep::tag_send`] and [`Worker::tag_recv`] return a
-//!   [`Request`] (test, wait, cancel); receives match `(msg_tag & mask) == (tag & mask)`,
-//!   in arrival order. Blocking helpers: [`Ep::send`], [`Worker::recv`],
+//!   [`Request`] (test, wait, cancel: a cancelled send is never received, see
+//!   [`Request::cancel`]); receives match `(msg_tag & mask) == (tag & mask)`, in arrival
+//!   order (per endpoint, messages match in the order they were sent). Blocking helpers: [`Ep::send`], [`Worker::recv`],
 //!   [`Worker::recv_vec`]; typed ones with serde + bincode: [`Ep::send_obj`],
 //!   [`Worker::recv_obj`].
 //!

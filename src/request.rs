@@ -147,15 +147,18 @@ impl Request {
         self.take()
     }
 
-    /// Asks for the request to be cancelled: an unmatched receive, or a send that has not
-    /// completed, then completes with [`Status::Cancelled`]. A receive already being filled
-    /// cannot be cancelled. Returns whether the cancellation took.
+    /// Asks for the request to be cancelled; returns whether the cancellation took. A
+    /// cancelled request completes with [`Status::Cancelled`] and hands its buffer back.
     ///
-    /// Cancelling a rendezvous send whose announcement already reached the peer withdraws
-    /// the peer's access to the buffer: a receiver that then matches it gets
-    /// [`Status::ReadFailed`], and on RDMA the refused READ also breaks the connection (an
-    /// RC queue pair enters the error state on a remote access error), so both sides'
-    /// pending requests on that endpoint fail with [`Status::ConnectionClosed`].
+    /// The rule is MPI's: **a cancelled send is never received**, and a cancelled receive
+    /// never matches.
+    /// - A receive can be cancelled while it is unmatched; once a message matched it (a
+    ///   rendezvous receive being filled), `cancel` returns false and it completes normally.
+    /// - A send can be cancelled while nothing of it has left: waiting for credits, or (a
+    ///   rendezvous send) before its announcement went out. Once its eager data or its RTS
+    ///   was sent, the peer may match it at any moment, so `cancel` returns false and the
+    ///   send completes as it would have (when the peer receives it, or fails if the
+    ///   connection dies). An eager send that went out at once is complete already.
     pub fn cancel(&self) -> bool {
         match &self.state {
             State::Pending { slot, worker } => !slot.is_done() && worker.driver.cancel(slot),

@@ -314,14 +314,18 @@ fn cancel_receive_and_sends() {
     s.run();
     assert_eq!(s.peers[1].engine.unexpected_len(), 1);
 
-    // Cancel of an in-flight rendezvous send fails it; the receiver later sees a READ failure.
+    // A rendezvous send whose RTS reached the peer cannot be withdrawn: cancel says no, and
+    // the late receiver gets the message whole (no receive is consumed by a phantom).
     let sr = s.send(0, 2, 6, pattern(900, 2));
     s.run();
-    assert!(s.cancel(0, sr));
-    assert_eq!(s.completion(0, sr).unwrap().status, Status::Cancelled);
-    let (rr, _) = s.recv(2, 6, !0, 1000);
+    assert!(s.peers[2].engine.probe(6, !0).is_some(), "the RTS arrived");
+    assert!(!s.cancel(0, sr));
+    assert!(s.completion(0, sr).is_none(), "the send goes on");
+    let (rr, buf) = s.recv(2, 6, !0, 1000);
     s.run();
-    assert_eq!(s.completion(2, rr).unwrap().status, Status::ReadFailed);
+    assert_eq!(s.completion(2, rr).unwrap().status, Status::Ok);
+    assert_eq!(s.data(2, buf, 900), pattern(900, 2));
+    assert_eq!(s.completion(0, sr).unwrap().status, Status::Ok);
     assert_eq!(s.peers[0].engine.pending_requests(), 0);
     assert_eq!(s.peers[2].engine.pending_requests(), 0);
 
@@ -339,7 +343,7 @@ fn cancel_receive_and_sends() {
 }
 
 #[test]
-fn cancel_queued_eager_send() {
+fn cancel_queued_sends() {
     let mut s = sim3(12);
     // Exhaust credits towards peer 1 so later sends queue.
     let mut reqs = Vec::new();
@@ -348,10 +352,20 @@ fn cancel_queued_eager_send() {
     }
     let queued = *reqs.last().unwrap();
     assert!(s.completion(0, queued).is_none(), "waiting for credits");
+    // A rendezvous send queued behind them: its RTS has not left either.
+    let rndv = s.send(0, 1, 99, pattern(900, 4));
     assert!(s.cancel(0, queued));
     assert_eq!(s.completion(0, queued).unwrap().status, Status::Cancelled);
+    assert!(
+        s.cancel(0, rndv),
+        "a queued rendezvous send can be withdrawn"
+    );
+    assert_eq!(s.completion(0, rndv).unwrap().status, Status::Cancelled);
     s.run();
+    // Neither cancelled send is ever seen by the peer.
     assert_eq!(s.peers[1].engine.unexpected_len(), 11);
+    assert!(s.peers[1].engine.probe(11, !0).is_none());
+    assert!(s.peers[1].engine.probe(99, !0).is_none());
     assert_eq!(s.peers[0].engine.pending_requests(), 0);
 }
 

@@ -113,10 +113,13 @@ impl Engine {
     }
 
     /// Cancels a request. A posted, unmatched receive completes with
-    /// [`Status::Cancelled`]; a receive already matched cannot be cancelled. A send not yet
-    /// completed (queued eager, or rendezvous before ATS) completes with `Cancelled` and its
-    /// buffer is released; a rendezvous receiver still reading it then sees a READ failure.
-    /// Returns whether the request was cancelled.
+    /// [`Status::Cancelled`]; a receive already matched cannot be cancelled. A send can be
+    /// cancelled only while nothing of it has left (an eager or rendezvous send still queued
+    /// for credits, or a rendezvous send whose buffer is not yet exposed): it completes with
+    /// `Cancelled`, its buffer released, and the peer never learns of it, so a cancelled send
+    /// is never received (MPI's rule). Once its frame (eager data or RTS) was sent, the
+    /// peer may match it at any time: `cancel` returns false and the send completes as it
+    /// would have. Returns whether the request was cancelled.
     pub fn cancel(&mut self, request: RequestId) -> bool {
         match self.reqs.get(request) {
             Some(Req::Recv(r)) if r.reading.is_none() => {
@@ -127,6 +130,11 @@ impl Engine {
                 }
                 false
             }
+            // Its RTS is out: the peer may match it, so withdrawing it would leave a trap.
+            Some(Req::Send(SendReq {
+                phase: SendPhase::AwaitAts,
+                ..
+            })) => false,
             Some(Req::Send(s)) => {
                 let (tag, len, conn, buf) = (s.tag, s.len, s.conn, s.buf);
                 if !matches!(s.phase, SendPhase::EagerQueued) {
