@@ -127,11 +127,29 @@ impl Ep {
         self.inner.flush(timeout)
     }
 
-    /// Flushes (bounded by the connect timeout), then disconnects. The peer's requests on
-    /// this connection then fail with [`crate::Status::ConnectionClosed`]. Closing an
-    /// endpoint closes it for every clone.
+    /// Flushes (bounded by the connect timeout), then disconnects: [`Ep::close_timeout`]
+    /// with `RDMX_CONNECT_TIMEOUT_MS`. The peer's requests on this connection then fail with
+    /// [`crate::Status::ConnectionClosed`]. Closing an endpoint closes it for every clone.
     pub fn close(&self) -> Result<()> {
-        self.inner.close()
+        self.inner
+            .close(self.inner.worker.driver.cfg.connect_timeout())
+    }
+
+    /// Flush-then-close with a deadline (UCP's `UCP_EP_CLOSE_MODE_FLUSH`): waits until every
+    /// send on the endpoint completed, at most `timeout`, then disconnects. Sends still
+    /// pending at the deadline fail with [`crate::Status::ConnectionClosed`] and the result
+    /// is an [`Error::Timeout`]; the endpoint is closed either way.
+    pub fn close_timeout(&self, timeout: Duration) -> Result<()> {
+        self.inner.close(timeout)
+    }
+
+    /// Closes at once (UCP's `UCP_EP_CLOSE_MODE_FORCE`): every pending request on the
+    /// endpoint fails now with [`crate::Status::ConnectionClosed`], without waiting for the
+    /// peer; the peer's requests on it fail too once it notices.
+    pub fn close_force(&self) {
+        if !self.inner.closed.swap(true, Ordering::AcqRel) {
+            self.inner.worker.driver.close_conn(self.inner.cs.id);
+        }
     }
 }
 
@@ -160,20 +178,33 @@ impl EpInner {
         }
     }
 
-    fn close(&self) -> Result<()> {
+    fn close(&self, timeout: Duration) -> Result<()> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        let flushed = self.flush(self.worker.driver.cfg.connect_timeout());
+        let flushed = self.flush(timeout);
         self.worker.driver.close_conn(self.cs.id);
         flushed
     }
 }
 
 impl Drop for EpInner {
+    /// The last handle is gone: never blocks. An endpoint with nothing pending closes now;
+    /// one with sends still in flight (dropped requests go on, fire and forget) lingers,
+    /// and the worker's progress closes it once they complete, or fails them and closes it
+    /// when the connect timeout has passed.
     fn drop(&mut self) {
-        if let Err(e) = self.close() {
-            log::warn!("closing the endpoint to {:?}: {e}", self.cs.peer);
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let cs = &self.cs;
+        let driver = &self.worker.driver;
+        if cs.closing.load(Ordering::Acquire)
+            || (cs.pending_sends.load(Ordering::Acquire) == 0 && cs.idle())
+        {
+            driver.close_conn(cs.id);
+        } else {
+            driver.linger(cs, driver.cfg.connect_timeout());
         }
     }
 }

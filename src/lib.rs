@@ -173,6 +173,7 @@ mod config;
 mod context;
 mod ep;
 mod error;
+mod message;
 mod readiness;
 mod request;
 mod transport;
@@ -188,6 +189,7 @@ pub use config::{
 pub use context::{Context, ContextBuilder};
 pub use ep::{ConnRequest, Ep, Listener};
 pub use error::{Error, Result, Status};
+pub use message::Message;
 pub use request::{Done, Request};
 pub use transport::{Capabilities, Transport};
 pub use worker::{RecvInfo, Worker, WorkerStats};

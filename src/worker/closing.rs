@@ -19,6 +19,28 @@ impl Protocol {
     /// (frames parked too long, failed reposts).
     pub(super) fn housekeeping(&mut self, out: &mut AfterUnlock) {
         let now = crate::clock::coarse_now_ns();
+        // Endpoints whose last handle was dropped with sends in flight: closed once those
+        // completed, or at their deadline (the engine fails what is still pending).
+        let mut lingering = std::mem::take(&mut self.lingering);
+        lingering.retain(|(cs, deadline)| {
+            if cs.closing.load(Ordering::Acquire) {
+                return false;
+            }
+            let drained = cs.pending_sends.load(Ordering::Acquire) == 0 && cs.idle();
+            if drained || now >= *deadline {
+                if !drained {
+                    log::warn!(
+                        "{:?}: dropped endpoint still had sends pending at its deadline; \
+                         closing it",
+                        cs.id
+                    );
+                }
+                self.engine.close(cs.id);
+                return false;
+            }
+            true
+        });
+        self.lingering = lingering;
         let after =
             |since: u64, limit: Duration| now.saturating_sub(since) > limit.as_nanos() as u64;
         let mut keep = Vec::new();

@@ -145,6 +145,18 @@ impl Driver {
         drop(outcome);
     }
 
+    /// Closes `cs` once its sends have completed, or at `timeout` from now (failing those
+    /// still pending): for an endpoint whose last handle was dropped, without blocking.
+    pub(crate) fn linger(&self, cs: &Arc<Conn>, timeout: Duration) {
+        let deadline = crate::clock::coarse_now_ns().saturating_add(timeout.as_nanos() as u64);
+        log::debug!(
+            "{:?}: last handle dropped with {} sends pending; closing once they complete",
+            cs.id,
+            cs.pending_sends.load(Ordering::Acquire)
+        );
+        self.with_protocol(|st| st.lingering.push((cs.clone(), deadline)));
+    }
+
     /// Closes a connection locally (after the caller flushed it).
     pub(crate) fn close_conn(&self, id: ConnId) {
         // A connection the engine had already forgotten (peer gone) is closing already.
@@ -182,7 +194,10 @@ impl Driver {
             out.news = true;
         }
         self.housekeeping_pending.store(
-            !st.closing.is_empty() || st.ifaces.waiting() || !st.held.is_empty(),
+            !st.closing.is_empty()
+                || !st.lingering.is_empty()
+                || st.ifaces.waiting()
+                || !st.held.is_empty(),
             Ordering::Release,
         );
         self.next_timer.store(

@@ -47,6 +47,7 @@ use crate::config::{Config, WaitMode};
 use crate::context::Context;
 use crate::ep::{Ep, Listener};
 use crate::error::{rejected, Error, Result};
+use crate::message::Message;
 use crate::readiness::{Interest, Ready, Registry, Waker};
 use crate::request::{Describe, Outcome, Request};
 use crate::transport::{
@@ -221,6 +222,9 @@ struct Protocol {
     next_read: u64,
     /// Closing connections and when they started closing (coarse clock, ns).
     closing: Vec<(ConnId, u64)>,
+    /// Endpoints whose last handle was dropped with sends in flight, and when to give up
+    /// on those (coarse clock, ns).
+    lingering: Vec<(Arc<Conn>, u64)>,
 }
 
 /// Work to do after releasing the state lock.
@@ -276,6 +280,7 @@ impl Worker {
                 reads: HashMap::default(),
                 next_read: 0,
                 closing: Vec::new(),
+                lingering: Vec::new(),
             }),
             ifaces,
             conn_list: RwLock::new(HashMap::default()),
@@ -523,13 +528,22 @@ impl Worker {
         Ok((decode_obj(&buf[..info.length])?, info))
     }
 
+    /// A matched probe: takes the first unexpected message matching `tag`/`mask` out of
+    /// matching (progressing once first), to be received exactly with [`Message::recv`] —
+    /// no other receive, on any thread, can take it in between. `None` when none is there.
+    pub fn probe_remove(&self, tag: Tag, mask: Tag) -> Option<Message> {
+        self.progress();
+        let info = self.driver.state.lock().engine.probe_remove(tag, mask)?;
+        Some(Message::new(self, info))
+    }
+
     /// Looks for an unexpected message matching `tag`/`mask` without receiving it.
     pub fn probe(&self, tag: Tag, mask: Tag) -> Option<ProbeInfo> {
         self.progress();
         self.driver.state.lock().engine.probe(tag, mask)
     }
 
-    fn msg_recv(&self, info: ProbeInfo, buf: Vec<u8>) -> Request {
+    pub(crate) fn msg_recv(&self, info: ProbeInfo, buf: Vec<u8>) -> Request {
         let slot = self.driver.with_protocol(|st| {
             let slot = st.requests.open();
             let bufid = st.new_buf(UserMem::Plain(buf));

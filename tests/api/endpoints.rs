@@ -331,3 +331,76 @@ pub fn connect_close_churn_leaks_nothing() {
         rss1.saturating_sub(rss0)
     );
 }
+
+/// The close modes UCP offers, and a drop that never blocks: each with a rendezvous send the
+/// peer has not received.
+pub fn close_modes_and_drop_never_block() {
+    init_log();
+    let ctx = builder().build().unwrap();
+    let big = 1 << 20; // rendezvous on both transports
+                       // Waits (progressing both) until the server has the RTS of `tag`.
+    let announced = |server: &Worker, tag: u64| {
+        let deadline = Instant::now() + long();
+        while server.probe(tag, TAG_MASK_ALL).is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the RTS of tag {tag} never arrived"
+            );
+        }
+    };
+    // Force: the pending send fails at once, without waiting for the peer.
+    let (server, sep, _client, cep) = pair(&ctx);
+    let s = cep.tag_send(1, pattern(big, 1));
+    announced(&server, 1);
+    cep.close_force();
+    assert!(!cep.is_connected());
+    assert!(s.is_done(), "a force close fails the pending send at once");
+    let err = s.wait().expect_err("force-closed");
+    assert_eq!(err.status(), Some(Status::ConnectionClosed), "{err}");
+    wait_closed(&server, &sep);
+
+    // Flush-then-close with a deadline the unreceived send cannot meet: a timeout error,
+    // the send fails, and the endpoint is closed anyway.
+    let (server, sep, _client, cep) = pair(&ctx);
+    let s = cep.tag_send(2, pattern(big, 2));
+    announced(&server, 2);
+    let err = cep
+        .close_timeout(Duration::from_millis(20))
+        .expect_err("nobody receives the send");
+    assert!(matches!(err, rdmx::Error::Timeout(..)), "{err}");
+    assert!(!cep.is_connected());
+    let err = finish(s).expect_err("closed at the deadline");
+    assert_eq!(err.status(), Some(Status::ConnectionClosed), "{err}");
+    wait_closed(&server, &sep);
+
+    // Drop with the send in flight (its request dropped too: fire and forget): the drop
+    // returns at once — the peer has not progressed, so a drop that waited for the send
+    // would wait for its whole timeout and then fail it — and the endpoint lingers until
+    // the peer receives the message, then closes by itself.
+    let (server, sep, _client, cep) = pair(&ctx);
+    drop(cep.tag_send(3, pattern(big, 3)));
+    announced(&server, 3);
+    drop(cep);
+    assert!(
+        sep.is_connected(),
+        "the dropped endpoint lingers while its send is pending"
+    );
+    let r = server.tag_recv(3, TAG_MASK_ALL, vec![0; big]);
+    let got = finish(r).expect("the message of a dropped endpoint arrives");
+    assert!(got.buf == pattern(big, 3));
+    wait_closed(&server, &sep);
+}
+
+/// Progresses this thread's workers until `ep` (the peer of a closed endpoint) sees the close.
+fn wait_closed(worker: &Worker, ep: &Ep) {
+    let deadline = Instant::now() + long();
+    while ep.is_connected() {
+        assert!(Instant::now() < deadline, "the peer never saw the close");
+        worker.progress();
+        WORKERS.with(|v| {
+            for w in v.borrow().iter() {
+                w.progress();
+            }
+        });
+    }
+}

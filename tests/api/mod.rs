@@ -91,6 +91,8 @@ macro_rules! all_api_tests {
             progress_thread_wakes_a_blocked_recv_vec,
             steady_state_messaging_allocates_nothing,
             receives_name_the_sending_endpoint,
+            close_modes_and_drop_never_block,
+            matched_probes_from_several_threads,
         );
     };
 }

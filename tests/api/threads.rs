@@ -191,3 +191,101 @@ pub fn progress_thread_wakes_a_blocked_recv_vec() {
         echo.join().expect("the echo thread");
     });
 }
+
+/// Matched probes (`MPI_Mprobe` / `MPI_Mrecv`) from four threads on one worker: each takes
+/// a message out of matching, sizes a buffer from the probe and receives exactly that
+/// message; none is taken twice or lost, eager and rendezvous alike. A probed message
+/// dropped unreceived is discarded, and the next probe finds the next message.
+pub fn matched_probes_from_several_threads() {
+    init_log();
+    let mode = if is_rdma() {
+        WaitMode::Event
+    } else {
+        WaitMode::BusyPoll
+    };
+    let ctx = builder().wait_mode(mode).build().unwrap();
+    let (server, _sep, _client, cep) = pair(&ctx);
+    let (threads, per_thread) = (4usize, 50usize);
+    let total = threads * per_thread;
+    // Every fifth message is rendezvous (1 MiB on both transports); the others vary in size.
+    let len_of = |i: usize| if i % 5 == 4 { 1 << 20 } else { 8 + 37 * i };
+    let message = move |i: usize| {
+        let mut m = pattern(len_of(i), i as u8);
+        m[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        m
+    };
+    let sender = {
+        let cep = cep.clone();
+        thread::spawn(move || {
+            let reqs: Vec<Request> = (0..total)
+                .map(|i| cep.tag_send(0x500 + (i % 7) as u64, message(i)))
+                .collect();
+            for r in reqs {
+                r.wait().expect("send");
+            }
+        })
+    };
+    let receivers: Vec<_> = (0..threads)
+        .map(|_| {
+            let server = server.clone();
+            thread::spawn(move || {
+                let mut got = Vec::new();
+                let deadline = Instant::now() + long();
+                while got.len() < per_thread {
+                    assert!(Instant::now() < deadline, "no message to probe");
+                    let Some(msg) = server.probe_remove(0x500, !0xf) else {
+                        if is_rdma() {
+                            // Spinning threads would starve the guest's rxe kernel threads.
+                            thread::sleep(Duration::from_millis(1));
+                        }
+                        continue;
+                    };
+                    let (tag, len) = (msg.tag(), msg.len() as usize);
+                    let done = finish(msg.recv(vec![0; len])).expect("the probed message");
+                    assert_eq!((done.tag, done.length), (tag, len));
+                    let i = u64::from_le_bytes(done.buf[..8].try_into().unwrap()) as usize;
+                    assert_eq!(tag, 0x500 + (i % 7) as u64);
+                    assert!(done.buf == message(i), "message {i} arrived intact");
+                    got.push(i);
+                }
+                got
+            })
+        })
+        .collect();
+    let mut got = bounded("the probing threads", move || {
+        let got: Vec<usize> = receivers
+            .into_iter()
+            .flat_map(|r| r.join().expect("a probing thread"))
+            .collect();
+        sender.join().expect("the sending thread");
+        got
+    });
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        (0..total).collect::<Vec<_>>(),
+        "each message exactly once"
+    );
+
+    // Dropped unreceived: discarded, and the next probe finds the next message.
+    cep.send(0x600, b"first").unwrap();
+    cep.send(0x600, b"second").unwrap();
+    let deadline = Instant::now() + long();
+    let first = loop {
+        if let Some(m) = server.probe_remove(0x600, TAG_MASK_ALL) {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "no message to probe");
+    };
+    assert_eq!(first.len(), 5);
+    drop(first);
+    let second = loop {
+        if let Some(m) = server.probe_remove(0x600, TAG_MASK_ALL) {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "the second message never came");
+    };
+    assert_eq!(finish(second.recv(vec![0; 6])).unwrap().buf, b"second");
+    assert!(server.probe(0x600, TAG_MASK_ALL).is_none());
+    assert_eq!(server.stats().pending_requests, 0);
+}
