@@ -14,9 +14,9 @@
 //!   whoever waits on them, or by an optional progress thread.
 //! * [`Ep`]: a reliable connection to a peer worker; [`Listener`]: accepts them.
 //! * Tag messaging as in UCP: [`Ep::tag_send`] and [`Worker::tag_recv`] return a
-//!   [`Request`] (test, wait, cancel: a cancelled send is never received, see
-//!   [`Request::cancel`]); receives match `(msg_tag & mask) == (tag & mask)`, in arrival
-//!   order (per endpoint, messages match in the order they were sent). Blocking helpers: [`Ep::send`], [`Worker::recv`],
+//!   [`Request`] (test, wait, cancel); receives match `(msg_tag & mask) == (tag & mask)`
+//!   (see *Semantics* below for ordering, cancel and close). Blocking helpers: [`Ep::send`],
+//!   [`Worker::recv`],
 //!   [`Worker::recv_vec`]; typed ones with serde + bincode: [`Ep::send_obj`],
 //!   [`Worker::recv_obj`].
 //!
@@ -119,6 +119,30 @@
 //! buffer exposed to another endpoint closes the asking endpoint as a protocol error. Receive
 //! buffers, READ targets and eager send buffers are never remotely accessible, and nothing
 //! ever grants REMOTE_WRITE (rdmx-conn's `Access` cannot express it).
+//!
+//! ## Semantics: ordering, cancel, close
+//!
+//! * **Ordering.** Messages from one endpoint match receives in the order they were sent
+//!   (MPI's non-overtaking rule), eager and rendezvous alike; messages from different
+//!   endpoints interleave in arrival order. A receive matches the oldest arrived message
+//!   that fits its tag and mask, and a message the oldest posted receive that fits it.
+//!   Every receive says which endpoint its message came from ([`Done::conn`],
+//!   [`RecvInfo::conn`], [`ProbeInfo::conn`], compared with [`Ep::id`]).
+//! * **Matched probes.** [`Worker::probe_remove`] takes a message out of matching (MPI's
+//!   `MPI_Mprobe`); [`Message::recv`] receives exactly it, so no other thread can take a
+//!   probed message. [`Worker::recv_vec`] and [`Worker::recv_obj`] are built on it, with
+//!   `_timeout` variants that give up when nothing matches in time.
+//! * **Cancel.** A cancelled send is never received, and a cancelled receive never matches
+//!   (MPI's rule). A send can be cancelled only until something of it left (queued for
+//!   credits, or a rendezvous send before its announcement); afterwards
+//!   [`Request::cancel`] returns false and the send completes normally. A receive can be
+//!   cancelled until a message matched it.
+//! * **Close.** [`Ep::close`] / [`Ep::close_timeout`] flush (wait for the endpoint's sends)
+//!   up to a deadline, then disconnect; [`Ep::close_force`] disconnects at once and fails
+//!   every pending request. Dropping the last handle of an endpoint never blocks: with
+//!   nothing pending it closes at once, otherwise it lingers until its sends complete (at
+//!   most the connect timeout, then they fail) and the worker closes it. Either way the
+//!   peer's pending requests on that endpoint fail with [`Status::ConnectionClosed`].
 //!
 //! ## Threads
 //!
