@@ -144,8 +144,10 @@ impl Ep {
     }
 
     /// Closes at once (UCP's `UCP_EP_CLOSE_MODE_FORCE`): every pending request on the
-    /// endpoint fails now with [`crate::Status::ConnectionClosed`], without waiting for the
-    /// peer; the peer's requests on it fail too once it notices.
+    /// endpoint fails with [`crate::Status::ConnectionClosed`] without waiting for the peer
+    /// — over TCP now; over RDMA as soon as the NIC has given back the buffers it may still
+    /// access (the disconnect flushes the queue pair; this worker's progress sees it). The
+    /// peer's requests on the endpoint fail too once it notices.
     pub fn close_force(&self) {
         if !self.inner.closed.swap(true, Ordering::AcqRel) {
             self.inner.worker.driver.close_conn(self.inner.cs.id);
