@@ -111,7 +111,7 @@ impl Ep {
     /// Whether the endpoint is still connected (neither side closed it, the peer is alive
     /// as far as the worker knows).
     pub fn is_connected(&self) -> bool {
-        !self.inner.cs.closing.load(Ordering::Acquire)
+        !self.inner.cs.is_closing()
     }
 
     /// Why the endpoint closed, once it has: e.g. `"protocol error: …"` naming what was wrong
@@ -160,10 +160,7 @@ impl EpInner {
         let cs = &self.cs;
         let done = self.worker.driver.wait_until(
             WaitFor::News,
-            || {
-                cs.closing.load(Ordering::Acquire)
-                    || (cs.pending_sends.load(Ordering::Acquire) == 0 && cs.idle())
-            },
+            || cs.is_closing() || cs.flushed(),
             Some(Instant::now() + timeout),
         );
         if done {
@@ -201,9 +198,7 @@ impl Drop for EpInner {
         }
         let cs = &self.cs;
         let driver = &self.worker.driver;
-        if cs.closing.load(Ordering::Acquire)
-            || (cs.pending_sends.load(Ordering::Acquire) == 0 && cs.idle())
-        {
+        if cs.is_closing() || cs.flushed() {
             driver.close_conn(cs.id);
         } else {
             driver.linger(cs, driver.cfg.connect_timeout());

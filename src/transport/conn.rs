@@ -68,6 +68,12 @@ impl Conn {
         self.link.idle()
     }
 
+    /// Whether every send on the connection completed and nothing is left to post or write:
+    /// what a flush waits for.
+    pub(crate) fn flushed(&self) -> bool {
+        self.pending_sends.load(Ordering::Acquire) == 0 && self.idle()
+    }
+
     /// The fd that becomes readable when the connection has news (rdmacm events, or data).
     pub(crate) fn event_fd(&self) -> BorrowedFd<'_> {
         self.link.event_fd()

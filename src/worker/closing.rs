@@ -23,10 +23,10 @@ impl Protocol {
         // completed, or at their deadline (the engine fails what is still pending).
         let mut lingering = std::mem::take(&mut self.lingering);
         lingering.retain(|(cs, deadline)| {
-            if cs.closing.load(Ordering::Acquire) {
+            if cs.is_closing() {
                 return false;
             }
-            let drained = cs.pending_sends.load(Ordering::Acquire) == 0 && cs.idle();
+            let drained = cs.flushed();
             if drained || now >= *deadline {
                 if !drained {
                     log::warn!(

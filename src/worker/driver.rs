@@ -118,10 +118,7 @@ impl Driver {
                 }
             }
         });
-        match made {
-            Made::Pending(slot) => Request::new(worker, slot, what),
-            Made::Done(outcome) => Request::done(outcome, what),
-        }
+        made.into_request(worker, what)
     }
 
     /// Asks the engine to cancel the request in `slot`, if it is still pending.
@@ -266,10 +263,20 @@ impl Driver {
     }
 }
 
-/// What a send became as it was made.
-enum Made {
+/// What a send or a matched receive became as it was made.
+pub(super) enum Made {
     /// A request in the table, completed later by progress.
     Pending(RequestKey),
     /// Done at once (its frame queued, or the connection gone): no slot was taken.
     Done(Outcome),
+}
+
+impl Made {
+    /// The request handle for it.
+    pub(super) fn into_request(self, worker: &Worker, what: Describe) -> Request {
+        match self {
+            Made::Pending(slot) => Request::new(worker, slot, what),
+            Made::Done(outcome) => Request::done(outcome, what),
+        }
+    }
 }

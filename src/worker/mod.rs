@@ -55,6 +55,7 @@ use crate::transport::{
     Transport, TransportLink, READ_KEY_MASK,
 };
 use crate::usermem::UserMem;
+use driver::Made;
 
 const TOKEN_WAKER: u64 = 0;
 /// A connection's channel fd is registered as `TOKEN_CONN + its ConnId`; the tokens between
@@ -446,14 +447,14 @@ impl Worker {
         mask: Tag,
         timeout: Duration,
     ) -> Result<(Vec<u8>, RecvInfo)> {
-        self.recv_vec_until(tag, mask, Some((Instant::now() + timeout, timeout)))
+        self.recv_vec_until(tag, mask, Some(timeout))
     }
 
     fn recv_vec_until(
         &self,
         tag: Tag,
         mask: Tag,
-        deadline: Option<(Instant, Duration)>,
+        timeout: Option<Duration>,
     ) -> Result<(Vec<u8>, RecvInfo)> {
         let sh = &self.driver;
         let mut found = None;
@@ -469,12 +470,11 @@ impl Worker {
                 }
                 found.is_some()
             },
-            deadline.map(|(at, _)| at),
+            timeout.map(|t| Instant::now() + t),
         );
         let Some(info) = found else {
-            let waited = deadline.map_or(Duration::ZERO, |(_, d)| d);
             return Err(Error::Timeout(
-                waited,
+                timeout.unwrap_or_default(),
                 format!("no message matching tag {tag:#x} (mask {mask:#x}) arrived"),
             ));
         };
@@ -544,33 +544,30 @@ impl Worker {
     }
 
     pub(crate) fn msg_recv(&self, info: ProbeInfo, buf: Vec<u8>) -> Request {
-        let slot = self.driver.with_protocol(|st| {
-            let slot = st.requests.open();
+        let made = self.driver.with_protocol(|st| {
             let bufid = st.new_buf(UserMem::Plain(buf));
             match st.engine.msg_recv(info.msg, bufid, info.len) {
-                Some(id) => st.track(id, bufid, slot.index, None),
-                None => {
-                    let buf = st.take_buf(bufid);
-                    st.requests.finish(
-                        slot.index,
-                        Outcome {
-                            status: Status::ConnectionClosed,
-                            length: 0,
-                            tag: info.tag,
-                            buf,
-                            conn: Some(info.conn),
-                        },
-                    );
+                Some(id) => {
+                    let slot = st.requests.open();
+                    st.track(id, bufid, slot.index, None);
+                    Made::Pending(slot)
                 }
+                // Its connection is gone: refused at once, like a send on a closed endpoint.
+                None => Made::Done(Outcome {
+                    status: Status::ConnectionClosed,
+                    length: 0,
+                    tag: info.tag,
+                    buf: st.take_buf(bufid),
+                    conn: Some(info.conn),
+                }),
             }
-            slot
         });
         let what = Describe {
             kind: RequestKind::Recv,
             tag: info.tag,
             peer: None,
         };
-        Request::new(self, slot, what)
+        made.into_request(self, what)
     }
 
     /// Resource figures, e.g. to check that receive memory does not grow with endpoints.

@@ -67,10 +67,7 @@ pub fn peer_close_fails_pending_requests_only_on_that_ep() {
     let (server, mut seps, _client, ceps) = connect_n(&ctx, &addr_a(), 2);
     // A rendezvous send on ep 0 that the peer never receives, then the peer closes ep 0.
     let pending = ceps[0].tag_send(1, pattern(1 << 20, 1));
-    let deadline = Instant::now() + long();
-    while server.probe(1, TAG_MASK_ALL).is_none() {
-        assert!(Instant::now() < deadline);
-    }
+    wait_for_message(&server, 1, TAG_MASK_ALL);
     let closed_at = Instant::now();
     seps.remove(0).close().unwrap();
     let mut err = finish(pending).expect_err("the peer closed");
@@ -338,22 +335,12 @@ pub fn close_modes_and_drop_never_block() {
     init_log();
     let ctx = builder().build().unwrap();
     let big = 1 << 20; // rendezvous on both transports
-                       // Waits (progressing both) until the server has the RTS of `tag`.
-    let announced = |server: &Worker, tag: u64| {
-        let deadline = Instant::now() + long();
-        while server.probe(tag, TAG_MASK_ALL).is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "the RTS of tag {tag} never arrived"
-            );
-        }
-    };
-    // Force: the pending send fails without waiting for the peer (which does not progress
-    // here): at once over TCP; over RDMA once the NIC gave the exposed buffer back, which
-    // only this side's progress has to see.
+                       // Force: the pending send fails without waiting for the peer (which does not progress
+                       // here): at once over TCP; over RDMA once the NIC gave the exposed buffer back, which
+                       // only this side's progress has to see.
     let (server, sep, client, cep) = pair(&ctx);
     let s = cep.tag_send(1, pattern(big, 1));
-    announced(&server, 1);
+    wait_for_message(&server, 1, TAG_MASK_ALL); // its RTS
     cep.close_force();
     assert!(!cep.is_connected());
     if !is_rdma() {
@@ -375,7 +362,7 @@ pub fn close_modes_and_drop_never_block() {
     // the send fails, and the endpoint is closed anyway.
     let (server, sep, _client, cep) = pair(&ctx);
     let s = cep.tag_send(2, pattern(big, 2));
-    announced(&server, 2);
+    wait_for_message(&server, 2, TAG_MASK_ALL); // its RTS
     let err = cep
         .close_timeout(Duration::from_millis(20))
         .expect_err("nobody receives the send");
@@ -391,7 +378,7 @@ pub fn close_modes_and_drop_never_block() {
     // the peer receives the message, then closes by itself.
     let (server, sep, _client, cep) = pair(&ctx);
     drop(cep.tag_send(3, pattern(big, 3)));
-    announced(&server, 3);
+    wait_for_message(&server, 3, TAG_MASK_ALL); // its RTS
     drop(cep);
     assert!(
         sep.is_connected(),

@@ -215,10 +215,7 @@ pub fn cancel_receive_and_rendezvous_send() {
     let big = pattern(1 << 20, 9);
     let s = cep.tag_send(2, big.clone());
     // Let the RTS arrive.
-    let deadline = Instant::now() + long();
-    while server.probe(2, TAG_MASK_ALL).is_none() {
-        assert!(Instant::now() < deadline);
-    }
+    wait_for_message(&server, 2, TAG_MASK_ALL);
     assert!(
         !s.cancel(),
         "an announced rendezvous send cannot be cancelled"
@@ -388,13 +385,7 @@ pub fn receives_name_the_sending_endpoint() {
     // Rendezvous messages: a probe first for half of them, recv_vec for the rest.
     for k in 0..n {
         let (buf, info) = if k % 2 == 0 {
-            let deadline = Instant::now() + long();
-            let probed = loop {
-                if let Some(p) = sw.probe(0x200, !0xff) {
-                    break p;
-                }
-                assert!(Instant::now() < deadline, "no rendezvous message to probe");
-            };
+            let probed = wait_for_message(&sw, 0x200, !0xff);
             let got = sw
                 .tag_recv(probed.tag, TAG_MASK_ALL, vec![0; big])
                 .wait()

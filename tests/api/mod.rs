@@ -162,6 +162,21 @@ fn finish(r: Request) -> rdmx::Result<rdmx::Done> {
     r.wait()
 }
 
+/// Progresses `worker` (probing) until a message matching `tag`/`mask` has arrived — for a
+/// rendezvous message, its RTS — and says what it is; a bounded wait.
+fn wait_for_message(worker: &Worker, tag: u64, mask: u64) -> rdmx::ProbeInfo {
+    let deadline = Instant::now() + long();
+    loop {
+        if let Some(p) = worker.probe(tag, mask) {
+            return p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no message with tag {tag:#x} (mask {mask:#x}) arrived"
+        );
+    }
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 11) as u8)

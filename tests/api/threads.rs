@@ -86,20 +86,55 @@ fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static
     }
 }
 
+/// The wait mode of tests with several receiving threads: in the emulated guest, threads
+/// spinning in poll mode starve rxe's kernel threads, which move the rendezvous data, so
+/// there they sleep (event mode) instead.
+fn receivers_wait_mode() -> WaitMode {
+    if is_rdma() {
+        WaitMode::Event
+    } else {
+        WaitMode::BusyPoll
+    }
+}
+
+/// Message `i` of `len` bytes (at least 8): its index, then a pattern seeded by it.
+fn numbered(i: usize, len: usize) -> Vec<u8> {
+    let mut m = pattern(len, i as u8);
+    m[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    m
+}
+
+/// The index of a message made by [`numbered`].
+fn number_of(m: &[u8]) -> usize {
+    u64::from_le_bytes(m[..8].try_into().expect("an 8-byte index")) as usize
+}
+
+/// Joins the receiving threads (each returning the indices of the messages it got) and the
+/// sending thread, within the hang guard: every index received, sorted.
+fn received_by(
+    what: &str,
+    receivers: Vec<thread::JoinHandle<Vec<usize>>>,
+    sender: thread::JoinHandle<()>,
+) -> Vec<usize> {
+    let mut got = bounded(what, move || {
+        let got: Vec<usize> = receivers
+            .into_iter()
+            .flat_map(|r| r.join().expect("a receiving thread"))
+            .collect();
+        sender.join().expect("the sending thread");
+        got
+    });
+    got.sort_unstable();
+    got
+}
+
 /// Several threads call `recv_vec` on one worker at once, as UCP and MPI users do: every
 /// message is received exactly once, by one of them, intact — a thread whose probed message
 /// another thread took waits for the next one instead of failing (2 threads × 8 × 16 MiB,
 /// then 4 threads × 2000 × 8 B; `RDMX_RECV_THREADS_MIB` sets the large size).
 pub fn several_threads_receive_on_one_worker() {
     init_log();
-    // In the emulated guest, threads spinning in poll mode starve rxe's kernel threads, which
-    // move the rendezvous data: there the receivers sleep (event mode) instead.
-    let mode = if is_rdma() {
-        WaitMode::Event
-    } else {
-        WaitMode::BusyPoll
-    };
-    let ctx = builder().wait_mode(mode).build().unwrap();
+    let ctx = builder().wait_mode(receivers_wait_mode()).build().unwrap();
     let (server, _sep, _client, cep) = pair(&ctx);
     // RDMX_RECV_THREADS_MIB shrinks the large messages for slow runs (valgrind). In the
     // emulated guest a debug build moves 16 × 16 MiB in about 100 s, so there they are 1 MiB
@@ -108,11 +143,7 @@ pub fn several_threads_receive_on_one_worker() {
     for (threads, per_thread, len) in [(2usize, 8usize, big), (4, 2000, 8)] {
         let total = threads * per_thread;
         let started = Instant::now();
-        let message = move |i: usize| {
-            let mut m = pattern(len, i as u8);
-            m[..8].copy_from_slice(&(i as u64).to_le_bytes());
-            m
-        };
+        let message = move |i: usize| numbered(i, len);
         let sender = {
             let cep = cep.clone();
             thread::spawn(move || {
@@ -133,7 +164,7 @@ pub fn several_threads_receive_on_one_worker() {
                                     panic!("receiving thread {t}: {e}");
                                 });
                             assert_eq!((info.length, buf.len()), (len, len));
-                            let i = u64::from_le_bytes(buf[..8].try_into().unwrap()) as usize;
+                            let i = number_of(&buf);
                             assert!(buf == message(i), "message {i} arrived intact");
                             i
                         })
@@ -141,15 +172,7 @@ pub fn several_threads_receive_on_one_worker() {
                 })
             })
             .collect();
-        let mut got = bounded("the receiving threads", move || {
-            let got: Vec<usize> = receivers
-                .into_iter()
-                .flat_map(|r| r.join().expect("a receiving thread"))
-                .collect();
-            sender.join().expect("the sending thread");
-            got
-        });
-        got.sort_unstable();
+        let got = received_by("the receiving threads", receivers, sender);
         assert_eq!(
             got,
             (0..total).collect::<Vec<_>>(),
@@ -198,22 +221,13 @@ pub fn progress_thread_wakes_a_blocked_recv_vec() {
 /// dropped unreceived is discarded, and the next probe finds the next message.
 pub fn matched_probes_from_several_threads() {
     init_log();
-    let mode = if is_rdma() {
-        WaitMode::Event
-    } else {
-        WaitMode::BusyPoll
-    };
-    let ctx = builder().wait_mode(mode).build().unwrap();
+    let ctx = builder().wait_mode(receivers_wait_mode()).build().unwrap();
     let (server, _sep, _client, cep) = pair(&ctx);
     let (threads, per_thread) = (4usize, 50usize);
     let total = threads * per_thread;
     // Every fifth message is rendezvous (1 MiB on both transports); the others vary in size.
     let len_of = |i: usize| if i % 5 == 4 { 1 << 20 } else { 8 + 37 * i };
-    let message = move |i: usize| {
-        let mut m = pattern(len_of(i), i as u8);
-        m[..8].copy_from_slice(&(i as u64).to_le_bytes());
-        m
-    };
+    let message = move |i: usize| numbered(i, len_of(i));
     let sender = {
         let cep = cep.clone();
         thread::spawn(move || {
@@ -243,7 +257,7 @@ pub fn matched_probes_from_several_threads() {
                     let (tag, len) = (msg.tag(), msg.len() as usize);
                     let done = finish(msg.recv(vec![0; len])).expect("the probed message");
                     assert_eq!((done.tag, done.length), (tag, len));
-                    let i = u64::from_le_bytes(done.buf[..8].try_into().unwrap()) as usize;
+                    let i = number_of(&done.buf);
                     assert_eq!(tag, 0x500 + (i % 7) as u64);
                     assert!(done.buf == message(i), "message {i} arrived intact");
                     got.push(i);
@@ -252,15 +266,7 @@ pub fn matched_probes_from_several_threads() {
             })
         })
         .collect();
-    let mut got = bounded("the probing threads", move || {
-        let got: Vec<usize> = receivers
-            .into_iter()
-            .flat_map(|r| r.join().expect("a probing thread"))
-            .collect();
-        sender.join().expect("the sending thread");
-        got
-    });
-    got.sort_unstable();
+    let got = received_by("the probing threads", receivers, sender);
     assert_eq!(
         got,
         (0..total).collect::<Vec<_>>(),
