@@ -179,7 +179,8 @@ pub const EAGER_THRESHOLD_VAR: &str = rdmx_proto::EAGER_THRESHOLD_VAR;
 pub const RECV_BUF_SIZE_VAR: &str = "RDMX_RECV_BUF_SIZE";
 /// `RDMX_SRQ_DEPTH`: receive buffers pre-posted on a worker's SRQ, shared by all its eps.
 pub const SRQ_DEPTH_VAR: &str = "RDMX_SRQ_DEPTH";
-/// `RDMX_CREDITS`: frames each peer may have in flight towards a worker.
+/// `RDMX_CREDITS`: the largest window of frames one peer may have in flight towards a
+/// worker (windows start smaller and grow on demand from the worker's pool).
 pub const CREDITS_VAR: &str = "RDMX_CREDITS";
 /// `RDMX_SEND_BUFS`: registered send buffers a worker starts with (it grows on demand).
 pub const SEND_BUFS_VAR: &str = "RDMX_SEND_BUFS";
@@ -403,18 +404,20 @@ impl Config {
         }
     }
 
-    /// The protocol limits of a connection on `transport`.
-    pub(crate) fn limits(&self, transport: Transport) -> rdmx_proto::ConnLimits {
+    /// The protocol limits of a connection on `transport` granted `credits` at connect.
+    pub(crate) fn limits(&self, transport: Transport, credits: u16) -> rdmx_proto::ConnLimits {
         rdmx_proto::ConnLimits {
             recv_buf_size: self.recv_buf_size_for(transport),
             eager_threshold: self.eager_threshold_for(transport),
+            credits,
         }
     }
     /// Receive buffers on each worker's SRQ (`RDMX_SRQ_DEPTH`).
     pub fn srq_depth(&self) -> u32 {
         self.srq_depth.value
     }
-    /// Frames each peer may have in flight towards a worker (`RDMX_CREDITS`).
+    /// The largest window of frames one peer may have in flight towards a worker
+    /// (`RDMX_CREDITS`); windows start smaller and grow on demand from the worker's pool.
     pub fn credits(&self) -> u16 {
         self.credits.value
     }
@@ -690,6 +693,6 @@ mod tests {
         let mut c = Config::from_lookup(lookup(&[("RDMX_EAGER_THRESHOLD", "1k")])).unwrap();
         c.resolved = vec![Transport::Rdma, Transport::Tcp];
         assert_eq!(c.eager_threshold_for(Transport::Tcp), 1024);
-        assert_eq!(c.limits(Transport::Rdma).eager_threshold, 1024);
+        assert_eq!(c.limits(Transport::Rdma, 4).eager_threshold, 1024);
     }
 }

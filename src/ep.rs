@@ -408,10 +408,10 @@ impl ConnRequest {
         self.req.transport()
     }
 
-    /// Accepts: the connection joins the worker (sharing its SRQ on RDMA) and becomes an
-    /// [`Ep`]. A peer with an incompatible protocol, or one more endpoint than the worker's
-    /// receive buffers can feed (`RDMX_SRQ_DEPTH / RDMX_CREDITS`), is rejected with the
-    /// reason, and that is the error returned.
+    /// Accepts: the connection joins the worker (sharing its SRQ on RDMA, and its credit
+    /// pool on every transport: there is no limit on endpoints) and becomes an [`Ep`]. A
+    /// peer with an incompatible protocol is rejected with the reason, and that is the
+    /// error returned.
     pub fn accept(self) -> Result<Ep> {
         self.worker.accept_request(self.req)
     }

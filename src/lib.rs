@@ -80,6 +80,18 @@
 //! dropping a request leaves it with the worker until the NIC is done. Borrowed slices are
 //! only taken by blocking calls, which copy.
 //!
+//! ## Many endpoints
+//!
+//! A worker serves any number of endpoints from one pool of receive buffers (its SRQ,
+//! `RDMX_SRQ_DEPTH`; over TCP the pool bounds the frames in flight, and all connections
+//! are read through one buffer). Nothing is reserved per endpoint: each peer's window of
+//! frames in flight starts at a 128th of the pool's free buffers (at least 4) and doubles
+//! on demand, up to `RDMX_CREDITS`, while the pool has buffers to spare; when it has none,
+//! larger windows shrink as their credits come back. Past about 390 endpoints with the
+//! defaults the initial windows overcommit the pool, and RC's RNR retry (over TCP, the
+//! socket's own flow control) holds a sender back until a buffer is free. Receive memory
+//! does not grow with endpoints; [`WorkerStats`] reports it and the pool's figures.
+//!
 //! ## Memory registration
 //!
 //! Eager messages are copied through registered send buffers and the SRQ's receive
@@ -175,6 +187,7 @@
 //! rendezvous READ in either direction (every pending request fails within 5 s; memory
 //! regions, file descriptors, buffers and connections return to where they were), 64
 //! endpoints flooding an SRQ of 256 buffers (nothing lost, duplicated or reordered; no RNR),
+//! 1024 endpoints on one worker with the defaults, each sending a burst at once,
 //! connect/close churn, hostile frames, and the host suite under valgrind (`scripts/test`;
 //! full-size campaigns in `scripts/stress`, the decoder fuzzing campaign in `scripts/fuzz`).
 

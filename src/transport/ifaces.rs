@@ -206,6 +206,9 @@ pub(crate) struct PollScratch {
     pub(crate) wcs: Vec<rdmx_conn::Completion>,
     /// TCP: what a link's input meant, before it becomes [`LinkEvent`]s.
     pub(crate) tcp: Vec<rdmx_tcp::Event>,
+    /// TCP: the one buffer every link of the worker reads through (64 KiB once a link was
+    /// read): links keep no receive buffer of their own.
+    pub(crate) tcp_rbuf: Vec<u8>,
 }
 
 impl PollScratch {
@@ -214,6 +217,7 @@ impl PollScratch {
             #[cfg(feature = "rdma")]
             wcs: Vec::with_capacity(64),
             tcp: Vec::new(),
+            tcp_rbuf: Vec::new(),
         }
     }
 }

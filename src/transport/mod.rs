@@ -265,6 +265,12 @@ pub(crate) trait TransportLink: Send + Sync {
     /// Whether nothing is posted or waiting to be written.
     fn idle(&self) -> bool;
 
+    /// Bytes this connection holds for received input between progress calls, beyond the
+    /// worker's shared receive buffers (TCP: a frame partly read, recycled frame buffers).
+    fn held_recv_bytes(&self) -> u64 {
+        0
+    }
+
     /// Reads what the link's fd reported (it was readable), appending what it means to
     /// `out`. `housekeeping` says whether connection events are due (RDMA reads its rdmacm
     /// events only then). Returns how many requests of the peer it answered by queueing

@@ -49,8 +49,9 @@ impl Driver {
 }
 
 impl Driver {
-    pub(crate) fn engine_up(&self, id: ConnId, peer: &Handshake, over: Transport) -> Result<()> {
-        let limits = self.cfg.limits(over);
+    /// The engine takes connection `id` up with the `limits` this side's handshake offered
+    /// ([`Driver::local_handshake`]).
+    pub(crate) fn engine_up(&self, id: ConnId, peer: &Handshake, limits: ConnLimits) -> Result<()> {
         Ok(self
             .state
             .lock()
@@ -62,14 +63,12 @@ impl Driver {
         self.with_protocol(|st| st.engine.handle_connection_down(id));
     }
 
-    /// The handshake for a connection over `transport` (its receive buffer size).
-    pub(crate) fn local_handshake(&self, transport: Transport) -> Vec<u8> {
-        let limits = self.cfg.limits(transport);
-        self.state
-            .lock()
-            .engine
-            .local_handshake_for(&limits)
-            .encode()
+    /// The handshake for a connection over `transport` (its receive buffer size, the
+    /// credits the pool offers now), and the limits it promised, for [`Driver::engine_up`].
+    pub(crate) fn local_handshake(&self, transport: Transport) -> (Vec<u8>, ConnLimits) {
+        let st = self.state.lock();
+        let limits = self.cfg.limits(transport, st.engine.credit_offer());
+        (st.engine.local_handshake_for(&limits).encode(), limits)
     }
 
     pub(crate) fn tag_send(

@@ -38,8 +38,8 @@ use parking_lot::{Mutex, RwLock};
 #[cfg(feature = "rdma")]
 use rdmx_conn::{AddrInfo, Device, Side};
 use rdmx_proto::{
-    Action, CloseReason, ConnId, Engine, Handshake, ProbeInfo, RecvBufId, RemoteBuf, RequestId,
-    RequestKind, Status, Tag, UserBufId,
+    Action, CloseReason, ConnId, ConnLimits, Engine, Handshake, ProbeInfo, RecvBufId, RemoteBuf,
+    RequestId, RequestKind, Status, Tag, UserBufId,
 };
 use smallvec::SmallVec;
 
@@ -105,10 +105,16 @@ pub struct WorkerStats {
     pub device: Option<String>,
     /// Open endpoints.
     pub eps: usize,
-    /// Receive buffers on the SRQ.
+    /// Receive buffers on the SRQ: the pool every endpoint's credit window is granted from.
     pub srq_depth: u32,
-    /// Bytes of receive buffers on the SRQ (independent of the number of endpoints).
+    /// Bytes the worker holds for receiving, independent of the number of endpoints: RDMA,
+    /// the receive buffers on the SRQ; TCP, the one buffer all its connections are read
+    /// through, plus what the connections hold between progress calls (a frame partly
+    /// read, a few recycled frame buffers each).
     pub recv_buffer_bytes: u64,
+    /// What the credit pool did so far: credits granted to peers now, grown on demand,
+    /// requests it could not serve, credits taken back.
+    pub credits: rdmx_proto::CreditStats,
     /// Bytes registered for send buffers.
     pub send_buffer_bytes: u64,
     /// Bytes held by the registration cache.
@@ -573,13 +579,26 @@ impl Worker {
     /// Resource figures, e.g. to check that receive memory does not grow with endpoints.
     pub fn stats(&self) -> WorkerStats {
         let sh = &self.driver;
+        // The TCP read buffer is in the progress scratch; while another thread progresses,
+        // it is counted at its size once used (64 KiB).
+        let tcp_rbuf = sh
+            .progress_lock
+            .try_lock()
+            .map_or(64 * 1024, |s| s.transport.tcp_rbuf.capacity() as u64);
+        let held: u64 = sh
+            .conn_list
+            .read()
+            .values()
+            .map(|c| c.link.held_recv_bytes())
+            .sum();
         let st = sh.state.lock();
         let usage = sh.ifaces.usage(&st.ifaces);
         WorkerStats {
             device: usage.device,
             eps: st.conns.len(),
             srq_depth: sh.cfg.srq_depth(),
-            recv_buffer_bytes: usage.recv_buffer_bytes,
+            recv_buffer_bytes: usage.recv_buffer_bytes + tcp_rbuf + held,
+            credits: st.engine.credit_stats(),
             send_buffer_bytes: usage.send_buffer_bytes,
             rcache_bytes: usage.rcache_bytes,
             rcache_registrations: usage.rcache_registrations,

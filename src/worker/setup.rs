@@ -85,7 +85,7 @@ impl Worker {
 
     pub(super) fn connect_over(&self, transport: Transport, addr: &str) -> Result<Ep> {
         let sh = &self.driver;
-        let handshake = sh.local_handshake(transport);
+        let (handshake, limits) = sh.local_handshake(transport);
         let timeout = sh.cfg.connect_timeout();
         let id = sh.new_conn_id();
         let link: Box<dyn TransportLink> = match transport {
@@ -104,7 +104,7 @@ impl Worker {
         };
         sh.admit(
             id,
-            transport,
+            limits,
             link.peer_private_data(),
             &format!("{addr} accepted"),
         )?;
@@ -134,10 +134,10 @@ impl Worker {
         let id = sh.new_conn_id();
         let transport = req.transport();
         let who = format!("{:?} asked", req.peer_addr());
-        if let Err(e) = sh.admit(id, transport, req.private_data(), &who) {
+        let (ours, limits) = sh.local_handshake(transport);
+        if let Err(e) = sh.admit(id, limits, req.private_data(), &who) {
             return Err(reject_with(req, e));
         }
-        let ours = sh.local_handshake(transport);
         let tcp = |link| -> Box<dyn TransportLink> { Box::new(sh.ifaces.tcp.link(id, link)) };
         #[cfg(feature = "rdma")]
         let link = match (req, rdma) {
@@ -175,12 +175,12 @@ impl Worker {
     ) -> Result<(Ep, Ep, crate::transport::memory::Cable)> {
         let (a, b) = (&self.driver, &peer.driver);
         let (ida, idb) = (a.new_conn_id(), b.new_conn_id());
-        let (hsa, hsb) = (
+        let ((hsa, lim_a), (hsb, lim_b)) = (
             a.local_handshake(Transport::Memory),
             b.local_handshake(Transport::Memory),
         );
-        a.admit(ida, Transport::Memory, &hsb, "the in-memory peer")?;
-        if let Err(e) = b.admit(idb, Transport::Memory, &hsa, "the in-memory peer") {
+        a.admit(ida, lim_a, &hsb, "the in-memory peer")?;
+        if let Err(e) = b.admit(idb, lim_b, &hsa, "the in-memory peer") {
             a.engine_down(ida);
             return Err(e);
         }
@@ -239,9 +239,9 @@ impl Driver {
 
     /// The engine takes a connection over `transport` whose peer sent the handshake `peer`
     /// (as `who` describes it, for errors), with that transport's limits.
-    fn admit(&self, id: ConnId, transport: Transport, peer: &[u8], who: &str) -> Result<()> {
+    fn admit(&self, id: ConnId, limits: ConnLimits, peer: &[u8], who: &str) -> Result<()> {
         let peer = Handshake::decode(peer)
             .map_err(|e| Error::Invalid(format!("{who} with an unusable handshake: {e}")))?;
-        self.engine_up(id, &peer, transport)
+        self.engine_up(id, &peer, limits)
     }
 }

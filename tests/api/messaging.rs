@@ -18,7 +18,7 @@ fn sizes_roundtrip(ctx: &Context, expected: bool) {
         (1 << 20) + 3,
         (16 << 20) + 5,
     ];
-    let (server, _sep, _client, cep) = pair(ctx);
+    let (server, _sep, client, cep) = pair(ctx);
     let mut recvs = Vec::new();
     if expected {
         for (i, &len) in sizes.iter().enumerate() {
@@ -31,11 +31,14 @@ fn sizes_roundtrip(ctx: &Context, expected: bool) {
         .map(|(i, &len)| cep.tag_send(i as u64, pattern(len, i as u8)))
         .collect();
     if !expected {
-        // Let every message arrive (eager data, or the RTS of rendezvous) before receiving.
+        // Let every message arrive (eager data, or the RTS of rendezvous) before receiving;
+        // the sender progresses too (past its initial window of credits, sends wait for the
+        // credits the receiver returns).
         let deadline = Instant::now() + long();
         while server.stats().unexpected_messages < sizes.len() {
             assert!(Instant::now() < deadline, "messages did not all arrive");
             server.progress();
+            client.progress();
         }
         let probed = server.probe(3, TAG_MASK_ALL).expect("probe sees message 3");
         assert_eq!(probed.len as usize, thr - 1);

@@ -79,7 +79,7 @@ macro_rules! all_api_tests {
             truncation_on_both_protocols,
             cancel_receive_and_rendezvous_send,
             several_threads_send_on_one_worker,
-            many_eps_share_one_srq,
+            a_thousand_endpoints_on_one_worker,
             peer_close_fails_pending_requests_only_on_that_ep,
             connect_failures_are_errors,
             progress_thread_completes_requests,

@@ -14,6 +14,9 @@ pub const DEFAULT_RECV_BUF_SIZE: u32 = 8192;
 pub const DEFAULT_EAGER_THRESHOLD: u64 = DEFAULT_RECV_BUF_SIZE as u64 - HEADER_LEN as u64;
 /// Smallest allowed per-connection credit count (the flow-control scheme needs ≥ 4).
 pub const MIN_CREDITS: u16 = 4;
+/// Default initial grant per connection: small, so that 1024 connections take no more
+/// than the default 4096-buffer pool up front.
+pub const DEFAULT_INITIAL_CREDITS: u16 = MIN_CREDITS;
 
 /// Engine configuration. Build with [`Config::builder`] or [`ConfigBuilder::from_env`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,11 +26,16 @@ pub struct Config {
     pub eager_threshold: u64,
     /// Size of each local SRQ receive buffer (advertised to peers in the handshake).
     pub recv_buf_size: u32,
-    /// Number of receive buffers in the local SRQ, shared by all connections.
+    /// Number of receive buffers in the local SRQ, shared by all connections: the pool
+    /// that connections' credit windows are granted from.
     pub srq_depth: u32,
-    /// Credits (frames in flight) granted to each peer; at most `srq_depth / credits`
-    /// connections are admitted.
+    /// The largest window (frames in flight) one peer is granted: a connection starts
+    /// with `initial_credits` and grows on demand, while the pool has buffers to spare.
     pub credits: u16,
+    /// Credits granted to each peer at connect. No connection is refused: past
+    /// `srq_depth / initial_credits` connections, initial grants overcommit the pool and
+    /// RC's RNR retry (TCP: the socket's own flow control) is the backstop.
+    pub initial_credits: u16,
     /// Largest single RDMA READ issued by the rendezvous receiver.
     pub rndv_chunk_size: u64,
     /// Maximum RDMA READs outstanding per rendezvous receive.
@@ -44,6 +52,7 @@ impl Default for Config {
             recv_buf_size: DEFAULT_RECV_BUF_SIZE,
             srq_depth: 4096,
             credits: 64,
+            initial_credits: DEFAULT_INITIAL_CREDITS,
             rndv_chunk_size: 256 * 1024,
             max_reads_in_flight: 4,
             drain_timeout_ns: 1_000_000_000,
@@ -143,9 +152,16 @@ impl ConfigBuilder {
         self.cfg.srq_depth = n;
         self
     }
-    /// Overrides the per-connection credits.
+    /// Overrides the largest per-connection window. The initial grant is lowered to it
+    /// if it was larger.
     pub fn credits(mut self, n: u16) -> Self {
         self.cfg.credits = n;
+        self.cfg.initial_credits = self.cfg.initial_credits.min(n);
+        self
+    }
+    /// Overrides the initial per-connection grant.
+    pub fn initial_credits(mut self, n: u16) -> Self {
+        self.cfg.initial_credits = n;
         self
     }
     /// Overrides the rendezvous READ chunk size.
@@ -186,6 +202,12 @@ impl ConfigBuilder {
             c.credits.into(),
             MIN_CREDITS.into(),
             u16::MAX.into(),
+        )?;
+        chk(
+            "initial_credits",
+            c.initial_credits.into(),
+            MIN_CREDITS.into(),
+            c.credits.into(),
         )?;
         chk(
             "srq_depth",

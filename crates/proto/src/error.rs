@@ -35,17 +35,4 @@ pub enum Error {
     /// The connection id is already in use.
     #[error("connection {0:?} is already up")]
     DuplicateConnection(ConnId),
-    /// Admitting another connection would let senders overrun the shared receive queue.
-    #[error(
-        "shared receive queue exhausted: {in_use} of {srq_depth} buffers already promised as \
-         credits, cannot promise {credits} more"
-    )]
-    SrqExhausted {
-        /// Buffers already promised to open connections.
-        in_use: u64,
-        /// Total SRQ depth from the configuration.
-        srq_depth: u64,
-        /// Credits a new connection would need.
-        credits: u64,
-    },
 }

@@ -58,7 +58,7 @@
 //! | 0  | 2 | magic `b"RX"` |
 //! | 2  | 1 | version (1) |
 //! | 3  | 1 | opcode: 1 EAGER, 2 RTS, 3 ATS, 4 ERROR/NACK, 5 CREDIT, 6 HANDSHAKE |
-//! | 4  | 1 | flags (must be 0) |
+//! | 4  | 1 | flags: 1 = credit wanted (the sender ran out of credits); other bits must be 0 |
 //! | 5  | 1 | status (ATS/ERROR: 0 ok, 1 truncated, 2 read failed, 3 protocol; else 0) |
 //! | 6  | 2 | credits granted back to the frame's receiver |
 //! | 8  | 4 | sequence number (per connection and direction, every frame, wrapping) |
@@ -73,26 +73,34 @@
 //! the peer closes that connection only ([`Action::CloseConnection`]).
 //!
 //! The connection [`Handshake`] (magic, version, receive-buffer size, initial credits,
-//! flags) is bincode-1.3 encoded in 14 bytes for rdmacm private data (≤ 56 bytes); it is
+//! largest window) is bincode-1.3 encoded in 14 bytes for rdmacm private data (≤ 56 bytes); it is
 //! the only place serde is used. A sender's eager limit honours the peer's buffer size, so
 //! peers with different thresholds and buffer sizes interoperate.
 //!
 //! ## Flow control
 //!
-//! Each side grants its peer `Config::credits` frames at connect (the handshake's
+//! Receive buffers come from one pool per engine (the worker's SRQ, `Config::srq_depth`),
+//! and nothing of it is reserved per connection beyond a small initial grant: each side
+//! grants its peer `Config::initial_credits` frames at connect (the handshake's
 //! `credits`); every frame costs the sender one credit, and the receiver returns a credit
-//! for each frame whose SRQ buffer it reposted, piggybacked on the `credits` header field
-//! of any frame it sends, or in a standalone CREDIT frame once
-//! `max(2, credits / 4)` are owed. Data and ATS frames are only sent while at least two
-//! credits remain, the last credit being reserved for a CREDIT frame, which rules out
-//! credit deadlock; an engine admits at most `srq_depth / credits` connections, so the
-//! shared SRQ can never be overrun by well-behaved peers (RNR retry is only a backstop),
-//! and a peer exceeding its credits is a protocol error.
+//! for each frame whose buffer it reposted, piggybacked on the `credits` header field of
+//! any frame it sends, or in a standalone CREDIT frame once `max(2, window / 4)` are owed.
+//! A sender that ran out of credits with frames waiting sets the credit-wanted flag on its
+//! next frame, and the receiver doubles that peer's window from the pool, up to
+//! `Config::credits` (the handshake's `max_credits`); when the pool cannot serve such a
+//! request, windows above the initial grant are halved as their credits come back
+//! ([`Engine::credit_stats`] counts all this). Data and ATS frames are only sent while at
+//! least two credits remain, the last credit being reserved for a CREDIT frame, which
+//! rules out credit deadlock. No connection is refused: up to `srq_depth /
+//! initial_credits` connections (1024 by default) the pool can never be overrun by
+//! well-behaved peers; past that, initial grants overcommit it and RC's RNR retry (over
+//! TCP, the socket's own flow control) is the backstop. A peer exceeding its credits is a
+//! protocol error.
 //!
 //! ## Configuration
 //!
 //! [`Config`] defaults: 8 KiB receive buffers, eager threshold 8152 bytes (a full buffer
-//! minus the header), 64 credits per connection, SRQ depth 4096, 256 KiB READ chunks,
+//! minus the header), windows of 4 credits growing to 64 per connection, SRQ depth 4096, 256 KiB READ chunks,
 //! 4 READs in flight. [`ConfigBuilder::from_env`] reads `RDMX_EAGER_THRESHOLD` (bytes,
 //! suffixes `k`/`K`/`KiB`/`m`/`M`/`MiB`, range 0..=1 MiB); an invalid value is an
 //! [`Error::InvalidConfig`] naming the variable, the value and the allowed range.
@@ -107,8 +115,8 @@ pub mod wire;
 
 pub use config::{Config, ConfigBuilder, EAGER_THRESHOLD_VAR};
 pub use engine::{
-    Action, CloseReason, Completion, ConnLimits, ConnStats, Engine, PayloadRef, ProbeInfo,
-    RemoteBuf, RequestKind, Status,
+    Action, CloseReason, Completion, ConnLimits, ConnStats, CreditStats, Engine, PayloadRef,
+    ProbeInfo, RemoteBuf, RequestKind, Status,
 };
 pub use error::Error;
 pub use wire::{Handshake, HEADER_LEN};

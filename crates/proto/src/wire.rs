@@ -10,6 +10,11 @@ use serde::{Deserialize, Serialize};
 pub const MAGIC: u16 = u16::from_le_bytes(*b"RX");
 /// Wire protocol version carried in every frame and in the handshake.
 pub const VERSION: u8 = 1;
+
+/// Header flag: the sender of this frame ran out of credits since its last frame (it had
+/// frames waiting): a request for a larger window, which the receiver grants from its
+/// worker-wide pool when it can.
+pub const FLAG_CREDIT_WANTED: u8 = 1;
 /// Size in bytes of the fixed frame header.
 pub const HEADER_LEN: usize = 40;
 /// Size in bytes of the RTS body (address, rkey, reserved, length).
@@ -140,7 +145,7 @@ pub enum DecodeError {
 pub struct Header {
     /// Operation code.
     pub opcode: Opcode,
-    /// Flag bits (none defined in version 1; must be zero).
+    /// Flag bits: [`FLAG_CREDIT_WANTED`] or none (any other bit is a decode error).
     pub flags: u8,
     /// Status (ATS / ERROR); zero otherwise.
     pub status: WireStatus,
@@ -267,13 +272,13 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, DecodeError> {
         return Err(DecodeError::BadVersion(bytes[2]));
     }
     let opcode = Opcode::from_u8(bytes[3]).ok_or(DecodeError::BadOpcode(bytes[3]))?;
-    if bytes[4] != 0 {
+    if bytes[4] & !FLAG_CREDIT_WANTED != 0 {
         return Err(DecodeError::BadFlags(bytes[4]));
     }
     let status = WireStatus::from_u8(bytes[5]).ok_or(DecodeError::BadStatus(bytes[5]))?;
     Ok(Header {
         opcode,
-        flags: 0,
+        flags: bytes[4],
         status,
         credits: u16_at(bytes, 6),
         seq: u32_at(bytes, 8),
@@ -402,10 +407,11 @@ pub struct Handshake {
     pub version: u16,
     /// Size in bytes of each receive buffer the sender of this handshake posts.
     pub recv_buf_size: u32,
-    /// Frames the peer may send before waiting for credit returns.
+    /// Frames the peer may send before waiting for credit returns: the initial grant.
     pub credits: u16,
-    /// Reserved for future use (zero).
-    pub flags: u16,
+    /// The most credits the sender of this handshake ever grants (the largest window it
+    /// may grow the initial grant to, on demand).
+    pub max_credits: u16,
 }
 
 fn handshake_options() -> impl bincode::Options {

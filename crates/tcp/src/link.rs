@@ -357,11 +357,38 @@ impl Link {
     ///
     /// None at present: every failure of the connection is reported as [`Event::Closed`].
     pub fn poll(&self, out: &mut Vec<Event>) -> Result<usize> {
-        let before = out.len();
         let mut guard = self.input.lock();
-        let input = &mut *guard;
+        let mut rbuf = std::mem::take(&mut guard.rbuf);
+        let n = self.poll_input(&mut guard, &mut rbuf, out);
+        if !guard.dead {
+            guard.rbuf = rbuf;
+        }
+        Ok(n)
+    }
+
+    /// [`Link::poll`] reading through `rbuf` (grown to 64 KiB on first use) instead of a
+    /// buffer of the link's own: one caller-owned buffer serves any number of links, so a
+    /// link holds no receive buffer between polls.
+    ///
+    /// # Errors
+    ///
+    /// None at present, as for [`Link::poll`].
+    pub fn poll_with(&self, out: &mut Vec<Event>, rbuf: &mut Vec<u8>) -> Result<usize> {
+        let mut guard = self.input.lock();
+        Ok(self.poll_input(&mut guard, rbuf, out))
+    }
+
+    /// Bytes the link holds for its input between polls: a frame partly read, recycled
+    /// frame buffers, and its own read buffer if [`Link::poll`] made one.
+    pub fn input_bytes(&self) -> usize {
+        let input = self.input.lock();
+        input.rbuf.capacity() + input.parser.held_bytes()
+    }
+
+    fn poll_input(&self, input: &mut Input, rbuf: &mut Vec<u8>, out: &mut Vec<Event>) -> usize {
+        let before = out.len();
         if input.dead {
-            return Ok(0);
+            return 0;
         }
         let mut budget = POLL_BUDGET;
         while budget > 0 {
@@ -385,13 +412,13 @@ impl Link {
                     }
                 }
             } else {
-                if input.rbuf.is_empty() {
-                    input.rbuf = vec![0; READ_CHUNK];
+                if rbuf.len() < READ_CHUNK {
+                    rbuf.resize(READ_CHUNK, 0);
                 }
                 let want = READ_CHUNK.min(budget);
                 last_want = want;
-                match (&self.stream).read(&mut input.rbuf[..want]) {
-                    Ok(n) if n > 0 => match input.parser.consume(&input.rbuf[..n], out) {
+                match (&self.stream).read(&mut rbuf[..want]) {
+                    Ok(n) if n > 0 => match input.parser.consume(&rbuf[..n], out) {
                         Ok(()) => Ok(n),
                         Err(reason) => {
                             self.close_input(input, out, reason, true);
@@ -421,7 +448,7 @@ impl Link {
                 }
             }
         }
-        Ok(out.len() - before)
+        out.len() - before
     }
 
     fn close_input(&self, input: &mut Input, out: &mut Vec<Event>, reason: String, shut: bool) {

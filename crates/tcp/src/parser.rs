@@ -13,7 +13,8 @@ use crate::MAX_FRAME_LEN;
 
 #[derive(Default)]
 pub(crate) struct Input {
-    /// Reusable receive buffer, allocated on first use.
+    /// Receive buffer of [`crate::Link::poll`], allocated on first use (empty when the
+    /// caller lends one: [`crate::Link::poll_with`]).
     pub(crate) rbuf: Vec<u8>,
     pub(crate) parser: Parser,
     /// An `Event::Closed` was reported.
@@ -104,6 +105,15 @@ fn fill(dst: &mut [u8], got: &mut usize, data: &mut &[u8]) -> bool {
 }
 
 impl Parser {
+    /// Bytes held between polls: a frame partly read and recycled frame buffers.
+    pub(crate) fn held_bytes(&self) -> usize {
+        let partial = match &self.state {
+            State::Frame { body, .. } => body.capacity(),
+            _ => 0,
+        };
+        partial + self.spare.iter().map(Vec::capacity).sum::<usize>()
+    }
+
     /// Parses `data` (all of it, unless an error is returned: the reason to close).
     pub(crate) fn consume(&mut self, mut data: &[u8], out: &mut Vec<Event>) -> Result<(), String> {
         while !data.is_empty() {

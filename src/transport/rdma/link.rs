@@ -56,6 +56,7 @@ pub(crate) struct RdmaLink {
 impl RdmaLink {
     /// The link of the worker's connection `id` over `conn`, made with `rdma`'s QP settings.
     pub(crate) fn new(id: ConnId, conn: Connection, rdma: Arc<Rdma>) -> Self {
+        rdma.link_joined();
         RdmaLink {
             id,
             conn,
@@ -105,7 +106,8 @@ impl RdmaLink {
                 }
                 continue;
             }
-            if self.in_flight.load(Ordering::Acquire) >= self.depth {
+            let depth = self.depth.min(self.rdma.link_share());
+            if self.in_flight.load(Ordering::Acquire) >= depth {
                 stalled.push_front(item);
                 break;
             }
@@ -171,6 +173,12 @@ impl RdmaLink {
             }
         }
         failed
+    }
+}
+
+impl Drop for RdmaLink {
+    fn drop(&mut self) {
+        self.rdma.link_left();
     }
 }
 

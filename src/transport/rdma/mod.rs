@@ -7,8 +7,9 @@
 //! Work for a connection is pushed (in protocol order, under the worker's state lock) onto
 //! its queue and posted later by whichever thread flushes the connection, holding only that
 //! connection's post lock — no worker-wide lock is held across a post. A connection never
-//! has more than `send_depth` work requests posted; the rest waits in its queue, so a full
-//! send queue is back-pressure, not an error.
+//! has more than `send_depth` work requests posted, nor more than its share of the
+//! completion queue ([`Rdma::link_share`]); the rest waits in its queue, so a full send
+//! queue is back-pressure, not an error, however many connections the worker has.
 
 mod completions;
 mod iface;
@@ -24,6 +25,8 @@ pub(crate) use rcache::RegCache;
 use link::{Outgoing, INLINE_MAX};
 use pool::SendPool;
 use windows::Windows;
+
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use rdmx_conn::{
     Access, CompletionQueue, Device, ProtectionDomain, QpConfig, RegisteredBuf, SharedReceiveQueue,
@@ -52,6 +55,40 @@ pub(crate) struct Rdma {
     /// Whether rendezvous sends are exposed through memory windows (the device has type-2
     /// windows): each bound to one connection's QP, over exactly one message.
     pub(crate) windows: bool,
+    /// Completion queue entries left for send work once every SRQ buffer has its own.
+    send_cqes: u32,
+    /// Connections over these resources (see [`Rdma::link_share`]).
+    links: AtomicU32,
+}
+
+/// The fewest work requests a connection may always have posted.
+const MIN_LINK_SHARE: u32 = 4;
+
+impl Rdma {
+    /// How many work requests one connection may have posted: half the CQ's send entries
+    /// split evenly between the connections, so that the CQ cannot overflow however many
+    /// connections there are (half, because a connection that joins may find the others
+    /// still holding their earlier, larger shares), at least [`MIN_LINK_SHARE`].
+    pub(crate) fn link_share(&self) -> u32 {
+        let links = self.links.load(Ordering::Relaxed).max(1);
+        (self.send_cqes / 2 / links).max(MIN_LINK_SHARE)
+    }
+
+    /// A connection is made over these resources.
+    pub(crate) fn link_joined(&self) {
+        let n = self.links.fetch_add(1, Ordering::Relaxed) + 1;
+        if n * MIN_LINK_SHARE * 2 > self.send_cqes {
+            log::warn!(
+                "{n} connections on a CQ with {} send entries: completions may overflow it",
+                self.send_cqes
+            );
+        }
+    }
+
+    /// A connection over these resources is gone.
+    pub(crate) fn link_left(&self) {
+        self.links.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Rdma {
@@ -68,9 +105,18 @@ impl Rdma {
             )));
         }
         let send_depth = send_depth(cfg).min(limits.max_qp_wr);
-        let max_conns = (srq_depth / u32::from(cfg.credits())).max(1);
-        let want_cqe = u64::from(srq_depth) + u64::from(max_conns) * u64::from(send_depth);
+        // Room for every SRQ buffer and for full send queues on 256 connections (more
+        // share it: `link_share`), as far as the device allows.
+        let want_cqe = u64::from(srq_depth) + 256 * u64::from(send_depth);
         let cqe = want_cqe.min(u64::from(limits.max_cqe)) as u32;
+        if cqe <= srq_depth {
+            return Err(Error::Config(format!(
+                "RDMX_SRQ_DEPTH={srq_depth} leaves no room for send completions in {}'s \
+                 largest completion queue ({} entries)",
+                device.name(),
+                limits.max_cqe
+            )));
+        }
         let pd = ProtectionDomain::new(device)?;
         let cq = CompletionQueue::new(device, cqe, true)?;
         let srq = SharedReceiveQueue::new(&pd, &cq, srq_depth)?;
@@ -96,6 +142,8 @@ impl Rdma {
                 qp_config,
                 recv_bytes: u64::from(srq_depth) * u64::from(cfg.recv_buf_size()),
                 windows: limits.memory_windows,
+                send_cqes: cqe - srq_depth,
+                links: AtomicU32::new(0),
             },
             bufs,
         ))

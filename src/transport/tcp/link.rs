@@ -183,14 +183,22 @@ impl TransportLink for TcpLink {
         self.link.wants_write()
     }
 
+    fn held_recv_bytes(&self) -> u64 {
+        self.link.input_bytes() as u64
+    }
+
     fn idle(&self) -> bool {
         !self.link.wants_write()
     }
 
     fn poll(&self, _: bool, scratch: &mut PollScratch, out: &mut Vec<LinkEvent>) -> usize {
-        let events = &mut scratch.tcp;
+        let PollScratch {
+            tcp: events,
+            tcp_rbuf: rbuf,
+            ..
+        } = scratch;
         events.clear();
-        if let Err(e) = self.link.poll(events) {
+        if let Err(e) = self.link.poll_with(events, rbuf) {
             events.push(Event::Closed {
                 reason: e.to_string(),
             });

@@ -156,7 +156,13 @@ const CONN: ConnId = ConnId(1);
 pub fn engine_frames(data: &[u8]) -> EngineOutcome {
     let flags = data.first().copied().unwrap_or(0);
     let mut rest = data.get(1..).unwrap_or(&[]);
-    let mut h = Harness::new(Config::default(), flags & flag::READ_FAIL != 0);
+    // A fixed window of the default's largest size (what the seeds were written for);
+    // windows that grow and shrink are tested on the simulated fabric (tests/credits.rs).
+    let cfg = Config::builder()
+        .initial_credits(Config::default().credits)
+        .build()
+        .expect("valid configuration");
+    let mut h = Harness::new(cfg, flags & flag::READ_FAIL != 0);
     let default_hs = h.e.local_handshake();
     let hs = if flags & flag::HANDSHAKE != 0 {
         let n = rest.first().map_or(0, |&n| usize::from(n));
@@ -243,6 +249,9 @@ struct Harness {
     sent: u64,
     /// Credits granted to the engine by frames it accepted.
     granted: u64,
+    /// Credits the engine grants the peer in all: its initial grant, doubled (up to the
+    /// configured largest window) by each accepted frame that asks for more.
+    window: u64,
     /// Next sequence number expected from the engine.
     tx_seq: u32,
     /// Frames handed to the engine while the connection was up.
@@ -262,6 +271,7 @@ impl Harness {
     fn new(cfg: Config, read_fail: bool) -> Self {
         Harness {
             e: Engine::new(cfg.clone()),
+            window: cfg.initial_credits.into(),
             cfg,
             read_ok: !read_fail,
             open: false,
@@ -270,7 +280,7 @@ impl Harness {
                 version: 0,
                 recv_buf_size: 0,
                 credits: 0,
-                flags: 0,
+                max_credits: 0,
             },
             sent: 0,
             granted: 0,
@@ -347,6 +357,11 @@ impl Harness {
             self.rx_seq = self.rx_seq.wrapping_add(1);
             self.granted += u64::from(credits);
             self.outcome.accepted += 1;
+            if bytes[4] & wire::FLAG_CREDIT_WANTED != 0 {
+                // One connection never finds the default pool short.
+                let max = u64::from(self.cfg.credits);
+                self.window += self.window.min(max - self.window);
+            }
         }
         let d = self.drain(Some(bytes.len()));
         assert!(
@@ -369,7 +384,7 @@ impl Harness {
     /// connection (and why).
     fn predict(&self, bytes: &[u8]) -> Result<u16, CloseReason> {
         let perr = || Err(CloseReason::ProtocolError(String::new()));
-        if self.received - self.returned > u64::from(self.cfg.credits)
+        if self.received - self.returned > self.window - self.grown()
             || bytes.len() > self.cfg.recv_buf_size as usize
         {
             return perr();
@@ -379,7 +394,7 @@ impl Harness {
         };
         let tx_credits = u64::from(self.peer.credits) + self.granted - self.sent;
         if f.header.seq != self.rx_seq
-            || tx_credits + u64::from(f.header.credits) > u64::from(self.peer.credits)
+            || tx_credits + u64::from(f.header.credits) > u64::from(self.peer.max_credits)
         {
             return perr();
         }
@@ -390,6 +405,11 @@ impl Harness {
         }
     }
 
+    /// Credits granted on demand beyond the initial grant.
+    fn grown(&self) -> u64 {
+        self.window - u64::from(self.cfg.initial_credits)
+    }
+
     /// The engine's flow-control state matches the model.
     fn check_model(&self) {
         match self.e.conn_stats(CONN) {
@@ -397,7 +417,11 @@ impl Harness {
                 assert!(self.open, "connection known after it was closed");
                 let tx_credits = u64::from(self.peer.credits) + self.granted - self.sent;
                 assert_eq!(u64::from(s.tx_credits), tx_credits, "tx credits");
-                assert_eq!(u64::from(s.rx_unreturned), self.received - self.returned);
+                assert_eq!(
+                    u64::from(s.rx_unreturned),
+                    self.received + self.grown() - self.returned
+                );
+                assert_eq!(u64::from(s.window), self.window);
             }
             None => assert!(!self.open, "open connection unknown to the engine"),
         }
@@ -448,8 +472,8 @@ impl Harness {
                     self.tx_seq = self.tx_seq.wrapping_add(1);
                     self.returned += u64::from(hdr.credits);
                     assert!(
-                        self.returned <= self.received,
-                        "the engine returned more credits than frames it received"
+                        self.returned <= self.received + self.grown(),
+                        "the engine returned more credits than frames it received and grants"
                     );
                     let total = match payload {
                         None => {

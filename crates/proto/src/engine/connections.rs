@@ -1,4 +1,4 @@
-//! Connections: coming up (handshake checks, SRQ admission), going down, and failing
+//! Connections: coming up (handshake checks, the initial grant), going down, and failing
 //! everything that was pending on one.
 
 use super::*;
@@ -10,8 +10,9 @@ impl Engine {
     }
 
     /// A connection is established with this side's `limits` on it (the receive buffer size
-    /// its handshake advertised, which is also the largest frame it accepts there, and its
-    /// eager threshold); `peer` is the handshake the peer sent.
+    /// its handshake advertised, which is also the largest frame it accepts there, its
+    /// eager threshold, and the credits its handshake granted); `peer` is the handshake the
+    /// peer sent.
     pub fn handle_connection_up_with(
         &mut self,
         conn: ConnId,
@@ -33,21 +34,14 @@ impl Engine {
                 peer.recv_buf_size
             )));
         }
-        if peer.credits < crate::config::MIN_CREDITS {
+        if peer.credits < crate::config::MIN_CREDITS || peer.max_credits < peer.credits {
             return Err(Error::Handshake(format!(
-                "peer grants {} credits, at least {} are needed",
+                "peer grants {} credits growing to {}: at least {} are needed, and no more \
+                 than the most it grants",
                 peer.credits,
+                peer.max_credits,
                 crate::config::MIN_CREDITS
             )));
-        }
-        let credits = u64::from(self.cfg.credits);
-        let in_use = self.conns.len() as u64 * credits;
-        if in_use + credits > u64::from(self.cfg.srq_depth) {
-            return Err(Error::SrqExhausted {
-                in_use,
-                srq_depth: self.cfg.srq_depth.into(),
-                credits,
-            });
         }
         let eager_limit = limits
             .eager_threshold
@@ -59,6 +53,8 @@ impl Engine {
                 recv_buf_size: limits.recv_buf_size,
                 eager_limit,
                 tx_credits: peer.credits.into(),
+                starved: false,
+                window: self.credits.admit(limits.credits),
                 rx_unreturned: 0,
                 tx_seq: 0,
                 rx_seq: 0,
@@ -114,6 +110,7 @@ impl Engine {
             return;
         };
         debug!("connection {conn_id:?} failed: {reason:?}");
+        self.credits.release(conn.window);
         if let Some(CloseReason::ProtocolError(_)) = reason {
             if conn.tx_credits >= 1 {
                 let mut h = Header::new(Opcode::Error);

@@ -25,18 +25,16 @@ impl Engine {
         buf: RecvBufId,
         bytes: &[u8],
     ) -> Result<bool, CloseReason> {
-        let max_credits = u32::from(self.cfg.credits);
-        let threshold = self.credit_threshold();
         let Some(c) = self.conns.get_mut(&conn_id) else {
             debug!("frame on unknown connection {conn_id:?} dropped");
             return Ok(false);
         };
         let recv_buf_size = c.recv_buf_size as usize;
         c.rx_unreturned += 1;
-        if c.rx_unreturned > max_credits {
+        if c.rx_unreturned > c.window {
             return Err(perr(format!(
-                "peer overran its credits ({} frames unreturned, {max_credits} granted)",
-                c.rx_unreturned
+                "peer overran its credits ({} frames unreturned, {} granted)",
+                c.rx_unreturned, c.window
             )));
         }
         if bytes.len() > recv_buf_size {
@@ -55,13 +53,19 @@ impl Engine {
         }
         c.rx_seq = c.rx_seq.wrapping_add(1);
         let new_credits = c.tx_credits + u32::from(h.credits);
-        if new_credits > u32::from(c.peer.credits) {
+        if new_credits > u32::from(c.peer.max_credits) {
             return Err(perr(format!(
                 "peer granted {} credits, more than the {} it advertised",
-                new_credits, c.peer.credits
+                new_credits, c.peer.max_credits
             )));
         }
         c.tx_credits = new_credits;
+        if h.flags & wire::FLAG_CREDIT_WANTED != 0 {
+            let more = self.credits.grow(c.window);
+            c.window += more;
+            c.rx_unreturned += more;
+        }
+        let threshold = c.credit_threshold();
         // An eager message or a credit update adds nothing to send: unless frames wait for
         // credits or the peer is owed a credit update, there is nothing to flush after it.
         let quiet = c.ctrl_q.is_empty() && c.data_q.is_empty() && c.rx_unreturned < threshold;

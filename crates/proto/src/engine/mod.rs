@@ -2,18 +2,22 @@
 //! [`Engine::poll_action`].
 //!
 //! One module per job: `actions` (what the driver is asked to do), `connections`
-//! (handshake, credits' bookkeeping, failure), `send` (eager and rendezvous sends, credit
+//! (handshake, admission, failure), `credits` (the pool windows are granted from), `send` (eager and rendezvous sends, credit
 //! flow), `matching` (posted and unexpected receives, probes, cancel), `rendezvous` (the
 //! receiver's READs) and `frames` (decoding and dispatching arrivals).
 
 mod actions;
 mod connections;
+mod credits;
 mod frames;
 mod matching;
 mod rendezvous;
 mod send;
 
 pub use actions::{Action, CloseReason, Completion, PayloadRef, RemoteBuf, RequestKind, Status};
+pub use credits::CreditStats;
+
+use credits::CreditPool;
 
 use std::collections::VecDeque;
 
@@ -39,6 +43,9 @@ pub struct ConnLimits {
     pub recv_buf_size: u32,
     /// Largest payload this side sends eagerly.
     pub eager_threshold: u64,
+    /// Credits this side grants the peer at connect (its handshake's `credits`; kept
+    /// within `Config::initial_credits..=Config::credits`): [`Engine::credit_offer`].
+    pub credits: u16,
 }
 
 /// An unexpected message found by [`Engine::probe`].
@@ -63,6 +70,9 @@ pub struct ConnStats {
     pub tx_credits: u32,
     /// Frames received whose buffers were not yet granted back to the peer.
     pub rx_unreturned: u32,
+    /// Credits this side grants the peer in all (its window: what it holds, what is in
+    /// flight and what is owed back to it).
+    pub window: u32,
     /// Largest payload sent eagerly on this connection.
     pub eager_limit: u64,
     /// Frames waiting for credits (data and control).
@@ -169,6 +179,11 @@ struct Conn {
     recv_buf_size: u32,
     eager_limit: u64,
     tx_credits: u32,
+    /// Whether this side ran out of credits with frames waiting since its last frame (the
+    /// next one asks for a larger window).
+    starved: bool,
+    /// Credits granted to the peer in all (see [`ConnStats::window`]).
+    window: u32,
     rx_unreturned: u32,
     tx_seq: u32,
     rx_seq: u32,
@@ -191,6 +206,7 @@ pub struct Engine {
     now: u64,
     next_msg: u64,
     conns: HashMap<ConnId, Conn>,
+    credits: CreditPool,
     reqs: Requests<Req>,
     /// The next id of a send that completed as it was made (see `requests::IMMEDIATE`).
     next_immediate: u64,
@@ -209,6 +225,7 @@ impl Engine {
     /// Creates an engine with a validated configuration.
     pub fn new(cfg: Config) -> Self {
         Engine {
+            credits: CreditPool::new(cfg.srq_depth, cfg.initial_credits, cfg.credits),
             cfg,
             now: 0,
             next_msg: 1,
@@ -235,24 +252,36 @@ impl Engine {
     }
 
     /// The handshake for a connection with `limits` (a driver whose transports differ in
-    /// receive buffer size).
+    /// receive buffer size); the same `limits` must go to
+    /// [`Engine::handle_connection_up_with`].
     pub fn local_handshake_for(&self, limits: &ConnLimits) -> Handshake {
         Handshake {
             magic: HANDSHAKE_MAGIC,
             version: VERSION.into(),
             recv_buf_size: limits.recv_buf_size,
-            credits: self.cfg.credits,
-            flags: 0,
+            credits: limits
+                .credits
+                .clamp(self.cfg.initial_credits, self.cfg.credits),
+            max_credits: self.cfg.credits,
         }
     }
 
-    /// The configuration's own limits: what [`Engine::local_handshake`] and
-    /// [`Engine::handle_connection_up`] use.
+    /// The configuration's own limits, granting `Config::initial_credits`: what
+    /// [`Engine::local_handshake`] and [`Engine::handle_connection_up`] use (a driver that
+    /// wants the pool's [`Engine::credit_offer`] puts it in the limits it passes to
+    /// [`Engine::local_handshake_for`] and [`Engine::handle_connection_up_with`]).
     pub fn default_limits(&self) -> ConnLimits {
         ConnLimits {
             recv_buf_size: self.cfg.recv_buf_size,
             eager_threshold: self.cfg.eager_threshold,
+            credits: self.cfg.initial_credits,
         }
+    }
+
+    /// The credits a connection made now would be granted at connect: a 128th of the
+    /// pool's free buffers, between `Config::initial_credits` and `Config::credits`.
+    pub fn credit_offer(&self) -> u16 {
+        self.credits.offer()
     }
 
     /// Next action for the driver, in order.
@@ -286,9 +315,15 @@ impl Engine {
         self.conns.get(&conn).map(|c| ConnStats {
             tx_credits: c.tx_credits,
             rx_unreturned: c.rx_unreturned,
+            window: c.window,
             eager_limit: c.eager_limit,
             queued: c.ctrl_q.len() + c.data_q.len(),
         })
+    }
+
+    /// What the credit pool did so far (how many credits are granted, grown, refused).
+    pub fn credit_stats(&self) -> CreditStats {
+        self.credits.stats()
     }
 
     fn new_req(&mut self, r: Req) -> RequestId {

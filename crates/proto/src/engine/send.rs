@@ -36,6 +36,7 @@ impl Engine {
                 None,
                 Some(PayloadRef { buf, len }),
                 &mut self.actions,
+                &mut self.credits,
             );
             // No Complete: the id says the send is done once its frame is (see
             // `RequestId::is_immediate`).
@@ -97,18 +98,14 @@ impl Engine {
         }
     }
 
-    pub(super) fn credit_threshold(&self) -> u32 {
-        (u32::from(self.cfg.credits) / 4).max(2)
-    }
-
     /// Emits every frame of `conn` that credits allow, and a credit update when the peer
     /// is owed enough and nothing else carried it.
     pub(super) fn flush(&mut self, conn_id: ConnId) {
-        let threshold = self.credit_threshold();
         let Some(c) = self.conns.get_mut(&conn_id) else {
             return;
         };
         let actions = &mut self.actions;
+        let pool = &mut self.credits;
         // Data and control frames leave one credit in reserve for credit updates.
         while c.tx_credits >= 2 {
             if let Some(Ctrl::Ats { sreq, rreq, status }) = c.ctrl_q.pop_front() {
@@ -116,7 +113,7 @@ impl Engine {
                 h.sreq = sreq;
                 h.rreq = rreq;
                 h.status = status;
-                c.emit(conn_id, h, None, None, actions);
+                c.emit(conn_id, h, None, None, actions, pool);
                 continue;
             }
             let Some(&id) = c.data_q.front() else { break };
@@ -133,7 +130,14 @@ impl Engine {
                     h.sreq = id.0;
                     h.payload_len = len as u32;
                     c.data_q.pop_front();
-                    c.emit(conn_id, h, None, Some(PayloadRef { buf, len }), actions);
+                    c.emit(
+                        conn_id,
+                        h,
+                        None,
+                        Some(PayloadRef { buf, len }),
+                        actions,
+                        pool,
+                    );
                     self.reqs.discard(id);
                     actions.push_back(Action::Complete(Completion {
                         request: id,
@@ -158,7 +162,7 @@ impl Engine {
                         len,
                     };
                     c.data_q.pop_front();
-                    c.emit(conn_id, h, Some(&body), None, actions);
+                    c.emit(conn_id, h, Some(&body), None, actions, pool);
                 }
                 // Head of line waits for its buffer exposure (send order is preserved).
                 SendPhase::RtsQueued { remote: None } => break,
@@ -167,14 +171,32 @@ impl Engine {
                 }
             }
         }
-        if c.rx_unreturned >= threshold && c.tx_credits >= 1 {
-            c.emit(conn_id, Header::new(Opcode::Credit), None, None, actions);
+        if c.tx_credits < 2 && !(c.ctrl_q.is_empty() && c.data_q.is_empty()) {
+            // Frames wait for credits: the next frame asks for a larger window.
+            c.starved = true;
+        }
+        if c.rx_unreturned >= c.credit_threshold() && c.tx_credits >= 1 {
+            c.emit(
+                conn_id,
+                Header::new(Opcode::Credit),
+                None,
+                None,
+                actions,
+                pool,
+            );
         }
     }
 }
 
 impl Conn {
-    /// Emits a frame on this connection (`id`): piggybacks the credits owed to the peer,
+    /// Credits owed to the peer that are worth a CREDIT frame of their own: a quarter of
+    /// its window, at least 2.
+    pub(super) fn credit_threshold(&self) -> u32 {
+        (self.window / 4).max(2)
+    }
+
+    /// Emits a frame on this connection (`id`): piggybacks the credits owed to the peer
+    /// (less what `pool` takes back from its window), asks for more if this side ran out,
     /// numbers it and spends a credit.
     pub(super) fn emit(
         &mut self,
@@ -183,7 +205,16 @@ impl Conn {
         rts: Option<&RtsBody>,
         payload: Option<PayloadRef>,
         actions: &mut VecDeque<Action>,
+        pool: &mut CreditPool,
     ) {
+        if self.rx_unreturned > 0 {
+            let back = pool.reclaim(self.window, self.rx_unreturned);
+            self.window -= back;
+            self.rx_unreturned -= back;
+        }
+        if std::mem::take(&mut self.starved) {
+            h.flags |= wire::FLAG_CREDIT_WANTED;
+        }
         let grant = self.rx_unreturned.min(u32::from(u16::MAX));
         self.rx_unreturned -= grant;
         h.credits = grant as u16;

@@ -63,6 +63,22 @@ pub fn conn(j: usize) -> ConnId {
 impl Sim {
     /// `n` peers with the given configs, fully connected.
     pub fn new(cfgs: Vec<Config>, seed: u64) -> Sim {
+        let n = cfgs.len();
+        let pairs = (0..n).flat_map(|i| (0..n).filter(move |&j| j != i).map(move |j| (i, j)));
+        Sim::with_links(cfgs, pairs.collect(), seed)
+    }
+
+    /// A hub (peer 0, with `hub`) connected to `leaves` peers (with `leaf`), which are not
+    /// connected to each other: one worker with many endpoints.
+    pub fn star(hub: Config, leaf: Config, leaves: usize, seed: u64) -> Sim {
+        let mut cfgs = vec![hub];
+        cfgs.extend(std::iter::repeat(leaf).take(leaves));
+        let pairs = (1..=leaves).flat_map(|j| [(0, j), (j, 0)]);
+        Sim::with_links(cfgs, pairs.collect(), seed)
+    }
+
+    /// Peers with the given configs, connected along `pairs` (each pair in both orders).
+    fn with_links(cfgs: Vec<Config>, pairs: Vec<(usize, usize)>, seed: u64) -> Sim {
         let peers: Vec<Peer> = cfgs
             .into_iter()
             .map(|cfg| {
@@ -81,7 +97,6 @@ impl Sim {
                 }
             })
             .collect();
-        let n = peers.len();
         let mut sim = Sim {
             peers,
             links: BTreeMap::new(),
@@ -95,22 +110,18 @@ impl Sim {
             expose_immediately: true,
             pending_expose: Vec::new(),
         };
-        for i in 0..n {
-            for j in 0..n {
-                if i != j {
-                    // Handshakes travel through encode/decode, as in rdmacm private data.
-                    let bytes = sim.peers[j].engine.local_handshake().encode();
-                    assert!(bytes.len() <= 56);
-                    let hs = Handshake::decode(&bytes).unwrap();
-                    sim.peers[i]
-                        .engine
-                        .handle_connection_up(conn(j), &hs)
-                        .unwrap();
-                    sim.links.insert((i, j), VecDeque::new());
-                    sim.alive.insert((i, j), true);
-                    sim.reads.insert((i, j), VecDeque::new());
-                }
-            }
+        for (i, j) in pairs {
+            // Handshakes travel through encode/decode, as in rdmacm private data.
+            let bytes = sim.peers[j].engine.local_handshake().encode();
+            assert!(bytes.len() <= 56);
+            let hs = Handshake::decode(&bytes).unwrap();
+            sim.peers[i]
+                .engine
+                .handle_connection_up(conn(j), &hs)
+                .unwrap();
+            sim.links.insert((i, j), VecDeque::new());
+            sim.alive.insert((i, j), true);
+            sim.reads.insert((i, j), VecDeque::new());
         }
         sim
     }
