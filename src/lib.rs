@@ -88,9 +88,12 @@
 //! frames in flight starts at a 128th of the pool's free buffers (at least 4) and doubles
 //! on demand, up to `RDMX_CREDITS`, while the pool has buffers to spare; when it has none,
 //! larger windows shrink as their credits come back. Past about 390 endpoints with the
-//! defaults the initial windows overcommit the pool, and RC's RNR retry (over TCP, the
-//! socket's own flow control) holds a sender back until a buffer is free. Receive memory
-//! does not grow with endpoints; [`WorkerStats`] reports it and the pool's figures.
+//! defaults the initial windows overcommit the pool: an eighth more receive buffers are
+//! held in reserve, and when the SRQ runs low the device says so
+//! (`IBV_EVENT_SRQ_LIMIT_REACHED`), the reserve is posted and windows shrink, before the
+//! SRQ runs dry; RC's RNR retry (over TCP, the socket's own flow control) holds a sender
+//! back until a buffer is free. Receive memory does not grow with endpoints;
+//! [`WorkerStats`] reports it, the pool's figures and the SRQ limit events.
 //!
 //! ## Memory registration
 //!

@@ -46,6 +46,14 @@ impl Ifaces {
     /// Polls the worker-wide completion queues (RDMA's CQ) into `scratch`, for
     /// [`LockedIfaces::completions`] under the lock; returns how many completions it found.
     #[inline]
+    /// RDMA: posts the SRQ's reserve if it reported running low; returns whether it did.
+    pub(crate) fn srq_low(&self) -> bool {
+        #[cfg(feature = "rdma")]
+        return self.rdma.srq_low();
+        #[cfg(not(feature = "rdma"))]
+        false
+    }
+
     pub(crate) fn poll(&self, scratch: &mut PollScratch) -> usize {
         #[cfg(feature = "rdma")]
         return self.rdma.poll(&mut scratch.wcs);
@@ -229,6 +237,8 @@ pub(crate) struct Usage {
     pub(crate) device: Option<String>,
     /// Bytes of receive buffers on the SRQ.
     pub(crate) recv_buffer_bytes: u64,
+    /// Times the SRQ ran low and its reserve was posted.
+    pub(crate) srq_limit_events: u64,
     /// Bytes registered for send buffers.
     pub(crate) send_buffer_bytes: u64,
     /// Bytes held by the registration cache.

@@ -115,6 +115,9 @@ pub struct WorkerStats {
     /// What the credit pool did so far: credits granted to peers now, grown on demand,
     /// requests it could not serve, credits taken back.
     pub credits: rdmx_proto::CreditStats,
+    /// Times the SRQ ran low (`IBV_EVENT_SRQ_LIMIT_REACHED`) and its reserve of receive
+    /// buffers was posted before it ran dry.
+    pub srq_limit_events: u64,
     /// Bytes registered for send buffers.
     pub send_buffer_bytes: u64,
     /// Bytes held by the registration cache.
@@ -599,6 +602,7 @@ impl Worker {
             srq_depth: sh.cfg.srq_depth(),
             recv_buffer_bytes: usage.recv_buffer_bytes + tcp_rbuf + held,
             credits: st.engine.credit_stats(),
+            srq_limit_events: usage.srq_limit_events,
             send_buffer_bytes: usage.send_buffer_bytes,
             rcache_bytes: usage.rcache_bytes,
             rcache_registrations: usage.rcache_registrations,

@@ -27,6 +27,7 @@ impl Driver {
         let polled = self.ifaces.poll(transport);
         let now = self.now_ns();
         let housekeeping = self.cm_check_due(now);
+        let srq_low = housekeeping && self.ifaces.srq_low();
         let fd_links = self.fd_links.load(Ordering::Acquire) > 0;
         // READ requests the links answered as they read (no event for them).
         let mut answered = 0;
@@ -89,6 +90,9 @@ impl Driver {
             }
             if timer_due {
                 st.engine.handle_timeout(now);
+            }
+            if srq_low {
+                st.engine.handle_receive_pressure();
             }
             if housekeeping {
                 st.housekeeping(&mut out);

@@ -98,7 +98,9 @@ pub fn a_thousand_endpoints_on_one_worker() {
         memory.push(st.recv_buffer_bytes);
     }
     if is_rdma() {
-        let srq = u64::from(ctx.config().srq_depth()) * u64::from(ctx.config().recv_buf_size());
+        // The SRQ's buffers and its reserve (an eighth more), whatever the endpoints.
+        let depth = u64::from(ctx.config().srq_depth());
+        let srq = (depth + depth / 8) * u64::from(ctx.config().recv_buf_size());
         assert!(memory.iter().all(|&m| m == srq), "{memory:?}");
     } else {
         // One read buffer for all connections, and what each holds between polls (a few
@@ -178,6 +180,68 @@ pub fn a_thousand_endpoints_on_one_worker() {
         println!("this device exposes no RNR counter");
     }
     drop((eps, sep));
+}
+
+/// An overcommitted SRQ: 48 endpoints granted 4 credits each (192) towards a worker with 64
+/// receive buffers, all sending while the worker does not progress. Over RDMA the SRQ runs
+/// low, the device raises its limit event and the worker posts its reserve before the SRQ
+/// runs dry; senders past that meet RNR and retry. Every message arrives once, in order.
+pub fn overcommitted_srq_posts_its_reserve_and_loses_nothing() {
+    init_log();
+    let eps_n = 48;
+    let per_ep = 6;
+    let ctx = builder().srq_depth(64).credits(4).build().unwrap();
+    let (server, _seps, client, ceps) = connect_n(&ctx, &addr_a(), eps_n);
+    let rnr_before = rnr_events();
+    let sender = thread::spawn(move || {
+        let mut sends = Vec::new();
+        for seq in 0..per_ep {
+            for (ep_i, ep) in ceps.iter().enumerate() {
+                let tag = ((ep_i as u64) << 32) | seq as u64;
+                sends.push(ep.tag_send(tag, pattern(100 + ep_i, seq as u8)));
+            }
+        }
+        for s in sends {
+            s.wait().expect("send");
+        }
+        drop(client);
+        ceps
+    });
+    // The server does not progress while the first frames pour in.
+    thread::sleep(Duration::from_secs(2));
+    let mut next = vec![0usize; eps_n];
+    for _ in 0..eps_n * per_ep {
+        let done = finish(server.tag_recv(0, TAG_MASK_ANY, vec![0; 200])).expect("receive");
+        let (ep_i, seq) = ((done.tag >> 32) as usize, (done.tag & 0xffff_ffff) as usize);
+        assert_eq!(
+            seq, next[ep_i],
+            "ep {ep_i}: out of order, lost or duplicated"
+        );
+        next[ep_i] += 1;
+        assert_eq!(done.buf[..done.length], pattern(100 + ep_i, seq as u8)[..]);
+    }
+    let ceps = sender.join().expect("sender");
+    let st = server.stats();
+    println!(
+        "overcommitted SRQ: {} SRQ limit events; credits {:?}; RNR events {rnr_before:?} -> {:?}",
+        st.srq_limit_events,
+        st.credits,
+        rnr_events()
+    );
+    assert!(
+        st.credits.granted > u64::from(st.srq_depth),
+        "{:?}",
+        st.credits
+    );
+    if is_rdma() {
+        assert!(
+            st.srq_limit_events > 0,
+            "the SRQ never reported running low"
+        );
+    } else {
+        assert_eq!(st.srq_limit_events, 0, "TCP has no SRQ");
+    }
+    drop(ceps);
 }
 
 pub fn peer_close_fails_pending_requests_only_on_that_ep() {

@@ -80,6 +80,7 @@ macro_rules! all_api_tests {
             cancel_receive_and_rendezvous_send,
             several_threads_send_on_one_worker,
             a_thousand_endpoints_on_one_worker,
+            overcommitted_srq_posts_its_reserve_and_loses_nothing,
             peer_close_fails_pending_requests_only_on_that_ep,
             connect_failures_are_errors,
             progress_thread_completes_requests,

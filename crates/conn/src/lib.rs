@@ -46,6 +46,7 @@
 //! ```
 
 mod addr;
+mod async_events;
 mod cm;
 mod connection;
 mod cq;

@@ -1,5 +1,6 @@
 //! Shared receive queues.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rdmx_sys as sys;
@@ -14,6 +15,8 @@ pub(crate) struct SrqInner {
     pub(crate) cq: CompletionQueue,
     pub(crate) pd: ProtectionDomain,
     capacity: u32,
+    /// Raised by the device's async events when the armed limit is reached.
+    limit_hit: Arc<AtomicBool>,
 }
 
 // SAFETY: ibv_post_srq_recv is thread-safe in rdma-core providers; the handle is immutable.
@@ -23,6 +26,7 @@ unsafe impl Sync for SrqInner {}
 
 impl Drop for SrqInner {
     fn drop(&mut self) {
+        crate::async_events::unwatch_srq(self.srq);
         // SAFETY: every QP attached to this SRQ holds an Arc<SrqInner>, so none is left.
         let ret = unsafe { sys::ibv_destroy_srq(self.srq) };
         if ret != 0 {
@@ -75,8 +79,45 @@ impl SharedReceiveQueue {
                 cq: cq.clone(),
                 pd: pd.clone(),
                 capacity: attr.attr.max_wr,
+                limit_hit: Arc::new(AtomicBool::new(false)),
             }),
         })
+    }
+
+    /// Arms the SRQ limit: once fewer than `limit` receives are posted, the device reports
+    /// it (once; arm again afterwards), and [`SharedReceiveQueue::limit_reached`] says so.
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
+        crate::async_events::watch_srq(self.inner.srq, &self.inner.limit_hit);
+        let mut attr = sys::ibv_srq_attr {
+            max_wr: 0,
+            max_sge: 0,
+            srq_limit: limit,
+        };
+        // SAFETY: srq is valid; attr is a valid attribute struct of which only srq_limit is
+        // read (IBV_SRQ_LIMIT).
+        let ret = unsafe {
+            sys::ibv_modify_srq(
+                self.inner.srq,
+                &mut attr,
+                sys::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as i32,
+            )
+        };
+        if ret != 0 {
+            return Err(Error::from_ret(
+                "ibv_modify_srq",
+                ret,
+                format!("cannot arm the SRQ limit at {limit} receives"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the limit armed by [`SharedReceiveQueue::arm_limit`] was reached since the
+    /// last call that said so. Reads the device's pending async events first, without
+    /// blocking (one system call when there are none).
+    pub fn limit_reached(&self) -> bool {
+        crate::async_events::drain(self.inner.pd.device());
+        self.inner.limit_hit.swap(false, Ordering::AcqRel)
     }
 
     /// How many receives the SRQ holds (the provider may have rounded the request up).

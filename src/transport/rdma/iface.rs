@@ -2,6 +2,7 @@
 //! without the worker's protocol lock ([`RdmaIface`]), and what its connections share under
 //! that lock ([`RdmaLockedIface`]).
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -52,9 +53,15 @@ impl RdmaIface {
             return same_device(r, device);
         }
         let (rdma, bufs) = Rdma::new(device, cfg)?;
+        let mut held = Vec::new();
         for (i, buf) in bufs.into_iter().enumerate() {
-            rdma.srq.post_recv(buf, i as u64).map_err(|(e, _)| e)?;
+            if i < cfg.srq_depth() as usize {
+                rdma.srq.post_recv(buf, i as u64).map_err(|(e, _)| e)?;
+            } else {
+                held.push((buf, i as u64));
+            }
         }
+        rdma.reserve.fill(&rdma.srq, held);
         if let Some(fd) = rdma.cq.event_fd() {
             registry
                 .add(fd, TOKEN_CQ, Interest::Read)
@@ -96,7 +103,10 @@ impl RdmaIface {
     pub(crate) fn run_deferred(&self, deferred: Deferred) -> Deferred {
         let mut failed = Deferred::default();
         if let Some(rdma) = self.res.get() {
-            for (buf, id) in deferred.reposts {
+            for item in deferred.reposts {
+                let Some((buf, id)) = rdma.reserve.keep(&rdma.srq, item) else {
+                    continue;
+                };
                 if let Err((e, buf)) = rdma.srq.post_recv(buf, id) {
                     log::error!("reposting receive buffer {id}: {e}");
                     failed.reposts.push((buf, id));
@@ -106,12 +116,21 @@ impl RdmaIface {
         failed
     }
 
+    /// Posts the reserve of receive buffers if the SRQ reported that it runs low; returns
+    /// whether it did.
+    pub(crate) fn srq_low(&self) -> bool {
+        self.res
+            .get()
+            .is_some_and(|r| r.reserve.post_if_low(&r.srq))
+    }
+
     /// Resource figures.
     pub(crate) fn usage(&self, st: &RdmaLockedIface) -> Usage {
         let res = self.res.get();
         Usage {
             device: res.map(|r| r.device.name()),
             recv_buffer_bytes: res.map_or(0, |r| r.recv_bytes),
+            srq_limit_events: res.map_or(0, |r| r.reserve.events.load(Ordering::Relaxed)),
             send_buffer_bytes: st.send_pool.bytes,
             rcache_bytes: st.rcache.cached_bytes(),
             rcache_registrations: st.rcache.registrations,

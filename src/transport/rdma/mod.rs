@@ -26,7 +26,9 @@ use link::{Outgoing, INLINE_MAX};
 use pool::SendPool;
 use windows::Windows;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
 
 use rdmx_conn::{
     Access, CompletionQueue, Device, ProtectionDomain, QpConfig, RegisteredBuf, SharedReceiveQueue,
@@ -59,6 +61,89 @@ pub(crate) struct Rdma {
     send_cqes: u32,
     /// Connections over these resources (see [`Rdma::link_share`]).
     links: AtomicU32,
+    /// Receive buffers held back from the SRQ, posted when it runs low (see [`Reserve`]).
+    pub(crate) reserve: Reserve,
+}
+
+/// Receive buffers held back from the SRQ: `RDMX_SRQ_DEPTH` are posted, and an eighth
+/// more wait here. The SRQ's limit is armed at an eighth of the depth; when fewer are
+/// posted (frames arrive faster than they are handled, past what credits promised), the
+/// device says so (`IBV_EVENT_SRQ_LIMIT_REACHED`) and the reserve is posted, before the SRQ
+/// runs dry and senders meet RNR. Afterwards reposted buffers refill the reserve, and the
+/// limit is armed again once it is whole.
+pub(crate) struct Reserve {
+    bufs: Mutex<Vec<(RegisteredBuf, u64)>>,
+    /// How many buffers the reserve holds when whole (0: the device's SRQ has no room for
+    /// one, and no limit is armed).
+    size: usize,
+    /// The limit armed: fewer posted receives than this raise the event.
+    limit: u32,
+    /// The reserve was posted and is being refilled.
+    refilling: AtomicBool,
+    /// Limit events seen so far.
+    pub(crate) events: AtomicU64,
+}
+
+impl Reserve {
+    /// Arms the SRQ's limit (when there is a reserve).
+    fn arm(&self, srq: &SharedReceiveQueue) {
+        if self.size > 0 {
+            if let Err(e) = srq.arm_limit(self.limit) {
+                log::warn!("{e}: RNR retry is the only backstop");
+            }
+        }
+    }
+
+    /// Holds `bufs` back, arming the limit.
+    pub(crate) fn fill(&self, srq: &SharedReceiveQueue, bufs: Vec<(RegisteredBuf, u64)>) {
+        self.bufs.lock().extend(bufs);
+        self.arm(srq);
+    }
+
+    /// If the SRQ reported its limit reached: posts the reserve and returns true.
+    pub(crate) fn post_if_low(&self, srq: &SharedReceiveQueue) -> bool {
+        if self.size == 0 || self.refilling.load(Ordering::Acquire) || !srq.limit_reached() {
+            return false;
+        }
+        let bufs = std::mem::take(&mut *self.bufs.lock());
+        log::debug!(
+            "SRQ below {} receives: posting {} more",
+            self.limit,
+            bufs.len()
+        );
+        for (buf, id) in bufs {
+            if let Err((e, buf)) = srq.post_recv(buf, id) {
+                log::error!("posting reserve receive buffer {id}: {e}");
+                self.bufs.lock().push((buf, id));
+            }
+        }
+        self.refilling.store(true, Ordering::Release);
+        self.events.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// While refilling, keeps a buffer about to be reposted (returns None); else gives it
+    /// back to be posted. Arms the limit again once the reserve is whole.
+    pub(crate) fn keep(
+        &self,
+        srq: &SharedReceiveQueue,
+        buf: (RegisteredBuf, u64),
+    ) -> Option<(RegisteredBuf, u64)> {
+        if !self.refilling.load(Ordering::Acquire) {
+            return Some(buf);
+        }
+        let mut bufs = self.bufs.lock();
+        if bufs.len() >= self.size {
+            return Some(buf);
+        }
+        bufs.push(buf);
+        if bufs.len() == self.size {
+            drop(bufs);
+            self.refilling.store(false, Ordering::Release);
+            self.arm(srq);
+        }
+        None
+    }
 }
 
 /// The fewest work requests a connection may always have posted.
@@ -93,10 +178,13 @@ impl Rdma {
 
 impl Rdma {
     /// Creates the PD, CQ (with a completion channel), SRQ and its receive buffers, and
-    /// returns them with the receive buffers to post (cookie = buffer index).
+    /// returns them with the receive buffers (cookie = buffer index): the first
+    /// `RDMX_SRQ_DEPTH` to post, the rest for the [`Reserve`].
     pub(crate) fn new(device: &Device, cfg: &Config) -> Result<(Rdma, Vec<RegisteredBuf>)> {
         let limits = device.limits()?;
         let srq_depth = cfg.srq_depth();
+        // An eighth more buffers are held in reserve, if the device's SRQ has room for them.
+        let reserve = (srq_depth / 8).min(limits.max_srq_wr.saturating_sub(srq_depth));
         if srq_depth > limits.max_srq_wr {
             return Err(Error::Config(format!(
                 "RDMX_SRQ_DEPTH={srq_depth} exceeds {}'s limit of {} receive buffers per SRQ",
@@ -119,10 +207,10 @@ impl Rdma {
         }
         let pd = ProtectionDomain::new(device)?;
         let cq = CompletionQueue::new(device, cqe, true)?;
-        let srq = SharedReceiveQueue::new(&pd, &cq, srq_depth)?;
+        let srq = SharedReceiveQueue::new(&pd, &cq, srq_depth + reserve)?;
         let bufs = pd.register_chunks(
             cfg.recv_buf_size() as usize,
-            srq_depth as usize,
+            (srq_depth + reserve) as usize,
             Access::LOCAL_WRITE,
         )?;
         let mut qp_config = QpConfig::new(&pd, &cq, Some(&srq));
@@ -140,10 +228,17 @@ impl Rdma {
                 cq,
                 srq,
                 qp_config,
-                recv_bytes: u64::from(srq_depth) * u64::from(cfg.recv_buf_size()),
+                recv_bytes: u64::from(srq_depth + reserve) * u64::from(cfg.recv_buf_size()),
                 windows: limits.memory_windows,
                 send_cqes: cqe - srq_depth,
                 links: AtomicU32::new(0),
+                reserve: Reserve {
+                    bufs: Mutex::new(Vec::new()),
+                    size: reserve as usize,
+                    limit: (srq_depth / 8).max(1),
+                    refilling: AtomicBool::new(false),
+                    events: AtomicU64::new(0),
+                },
             },
             bufs,
         ))

@@ -76,6 +76,11 @@ impl CreditPool {
         grant
     }
 
+    /// Receive buffers run low: shrink windows as if a request had been refused.
+    pub(super) fn pressure(&mut self) {
+        self.wanted = true;
+    }
+
     /// A connection is gone: its window returns to the pool.
     pub(super) fn release(&mut self, window: u32) {
         self.stats.granted = self.stats.granted.saturating_sub(window.into());

@@ -321,6 +321,12 @@ impl Engine {
         })
     }
 
+    /// The driver's receive buffers run low (e.g. the SRQ limit event): windows above the
+    /// initial grant shrink as their credits come back, as when the pool refuses a request.
+    pub fn handle_receive_pressure(&mut self) {
+        self.credits.pressure();
+    }
+
     /// What the credit pool did so far (how many credits are granted, grown, refused).
     pub fn credit_stats(&self) -> CreditStats {
         self.credits.stats()
