@@ -43,9 +43,6 @@ impl Ifaces {
         }
     }
 
-    /// Polls the worker-wide completion queues (RDMA's CQ) into `scratch`, for
-    /// [`LockedIfaces::completions`] under the lock; returns how many completions it found.
-    #[inline]
     /// RDMA: posts the SRQ's reserve if it reported running low; returns whether it did.
     pub(crate) fn srq_low(&self) -> bool {
         #[cfg(feature = "rdma")]
@@ -54,6 +51,9 @@ impl Ifaces {
         false
     }
 
+    /// Polls the worker-wide completion queues (RDMA's CQ) into `scratch`, for
+    /// [`LockedIfaces::completions`] under the lock; returns how many completions it found.
+    #[inline]
     pub(crate) fn poll(&self, scratch: &mut PollScratch) -> usize {
         #[cfg(feature = "rdma")]
         return self.rdma.poll(&mut scratch.wcs);

@@ -107,6 +107,7 @@ impl CreditPool {
     /// Credits `owed` to a peer are about to be returned: how many of them to keep back
     /// instead, shrinking its `window` — while another connection's request went unserved
     /// or the pool is overcommitted, a window above the initial grant is halved.
+    #[inline]
     pub(super) fn reclaim(&mut self, window: u32, owed: u32) -> u32 {
         if window <= self.initial || !(self.wanted || self.stats.granted > self.stats.pool) {
             return 0;
