@@ -343,6 +343,7 @@ impl RunData {
             thresholds: tcp_thresholds,
         };
         let hotpath = read_text(&dir.join("hotpath.md"))?;
+        let endpoints = read_text(&dir.join("endpoints.md"))?;
         Ok(RunData {
             meta,
             missing: l.missing,
@@ -350,6 +351,7 @@ impl RunData {
             rdma,
             tcp,
             hotpath,
+            endpoints,
         })
     }
 }

@@ -160,6 +160,8 @@ pub struct RunData {
     pub tcp: Transport,
     /// The hot-path tables `scripts/bench-hotpath` wrote (`hotpath.md`), as Markdown.
     pub hotpath: Option<String>,
+    /// The endpoint-scale table `scripts/bench-endpoints` wrote (`endpoints.md`), as Markdown.
+    pub endpoints: Option<String>,
 }
 
 /// The whole Markdown report. `plots` are `(title, relative link)` pairs.
@@ -225,10 +227,18 @@ pub fn render_markdown(data: &RunData, plots: &[(String, String)]) -> String {
             files.join("; ")
         );
     }
-    if let Some(hotpath) = &data.hotpath {
-        // Its own section, as scripts/bench-hotpath wrote it (a level-2 heading first).
-        out.push_str(hotpath.trim_end());
-        out.push_str("\n\n## Sweeps\n\n");
+    // Sections as scripts/bench-hotpath and scripts/bench-endpoints wrote them (each a
+    // level-2 heading first), before the sweeps.
+    let sections: Vec<&String> = [&data.hotpath, &data.endpoints]
+        .into_iter()
+        .flatten()
+        .collect();
+    if !sections.is_empty() {
+        for section in sections {
+            out.push_str(section.trim_end());
+            out.push_str("\n\n");
+        }
+        out.push_str("## Sweeps\n\n");
     }
     out.push_str(
         "### How to read\n\n\
