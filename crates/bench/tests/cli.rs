@@ -174,6 +174,64 @@ fn report_with_almost_nothing() {
 }
 
 #[test]
+fn report_embeds_hotpath_and_endpoint_sections() {
+    let tmp = scratch("sections");
+    let dir = tmp.join("run");
+    copy_dir(&fixture(), &dir);
+    let report = |name: &str| {
+        let out = tmp.join(name);
+        let o = run(bin()
+            .arg("report")
+            .arg(&dir)
+            .arg("--out")
+            .arg(&out)
+            .arg("--svg-dir")
+            .arg(tmp.join("svg")));
+        assert!(o.status.success(), "{}", stderr(&o));
+        fs::read_to_string(out).unwrap()
+    };
+
+    // Neither file: no extra sections and no "Sweeps" heading above the sweeps.
+    let md = report("none.md");
+    assert!(
+        !md.contains("## Endpoint scale") && !md.contains("## Sweeps"),
+        "{md}"
+    );
+
+    // scripts/bench-endpoints' table alone, as it wrote it (a failed count included).
+    let endpoints = "## Endpoint scale\n\nFrom `scripts/bench-endpoints`.\n\n\
+        | transport | endpoints | connect (ms) |\n|---|---|---|\n\
+        | TCP (loopback) | 1024 | 129.6 |\n\
+        | RDMA (rxe guest) | 1024 | failed: endpoints: connect: timed out | | |\n\n\n";
+    fs::write(dir.join("endpoints.md"), endpoints).unwrap();
+    let md = report("endpoints.md");
+    assert!(md.contains(endpoints.trim_end()), "{md}");
+    let at = |needle: &str| {
+        md.find(needle)
+            .unwrap_or_else(|| panic!("`{needle}` not in {md}"))
+    };
+    assert!(at("## Run") < at("## Endpoint scale"));
+    assert!(at("| RDMA (rxe guest) | 1024 | failed:") < at("## Sweeps"));
+    assert!(at("## Sweeps") < at("### How to read"));
+
+    // With the hot path too: hot path first, then endpoint scale, then the sweeps.
+    fs::write(
+        dir.join("hotpath.md"),
+        "## Hot path\n\n| measure |\n|---|\n",
+    )
+    .unwrap();
+    let md = report("both.md");
+    let at = |needle: &str| {
+        md.find(needle)
+            .unwrap_or_else(|| panic!("`{needle}` not in {md}"))
+    };
+    assert!(at("## Hot path") < at("## Endpoint scale"));
+    assert!(at("## Endpoint scale") < at("## Sweeps"));
+    assert_eq!(md.matches("## Sweeps").count(), 1);
+    let _ = fs::remove_dir_all(&tmp);
+}
+
+#[test]
 fn report_errors_name_the_file() {
     let tmp = scratch("bad");
     // No meta.env.
