@@ -193,17 +193,21 @@ impl RawPeer {
         found.expect("found")
     }
 
-    /// Frames received so far (successful receives), without waiting.
+    /// Frames received so far (successful receives), without waiting. Each receive
+    /// buffer goes back on the receive queue, as a conforming peer's would, so the credit
+    /// it stands for can be returned to rdmx.
     fn frames(&mut self) -> Vec<Vec<u8>> {
         self.poll();
         let mut frames = Vec::new();
+        let conn = &self.conn;
         self.stash.retain_mut(|c| {
             if c.kind != WorkKind::Recv {
                 return true;
             }
             if c.status.is_success() {
-                let buf = c.buffer.as_ref().expect("a receive buffer");
+                let buf = c.buffer.take().expect("a receive buffer");
                 frames.push(buf[..c.byte_len as usize].to_vec());
+                conn.post_recv(buf, 0).map_err(|(e, _)| e).expect("repost");
             }
             false
         });
@@ -676,15 +680,20 @@ fn reads_to_a_peer_gone_silent_are_written_off_when_its_connection_is_reaped() {
         p.pd.register_from(&pattern(MIB, 9), Access::REMOTE_READ)
             .unwrap();
     let remote = source.remote().expect("remote read");
+    // Credits rdmx granted, and credits the peer owes rdmx (one per frame from rdmx: its
+    // credit updates, returned on the next RTS so rdmx can go on updating).
     let mut credits = u32::from(p.rdmx.credits);
+    let mut owed = 0u16;
     for i in 0..MSGS {
         until(&w, "credits from rdmx", || {
             for f in p.frames() {
                 credits += u32::from(wire::decode(&f).expect("a valid frame").header.credits);
+                owed += 1;
             }
             credits > 0
         });
         let mut h = Header::new(Opcode::Rts);
+        h.credits = std::mem::take(&mut owed);
         h.tag = TAG_RNDV;
         h.sreq = i as u64 + 1;
         h.payload_len = RTS_BODY_LEN as u32;
