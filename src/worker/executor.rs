@@ -106,6 +106,7 @@ impl Protocol {
                     if !copied {
                         log::error!("copy of {} bytes into {dst:?} out of range", data.len());
                     }
+                    self.engine.recycle_payload(data);
                 }
                 Action::Complete(c) => self.complete(c, out),
                 Action::CloseConnection { conn, reason } => {
@@ -246,6 +247,11 @@ impl Protocol {
     }
 
     pub(super) fn complete(&mut self, c: rdmx_proto::Completion, out: &mut AfterUnlock) {
+        if c.request.is_immediate() {
+            // A receive done as it was made: `Worker::tag_recv` takes it.
+            self.immediate_recv = Some(c);
+            return;
+        }
         let Some(p) = self.reqs.remove(&c.request) else {
             return;
         };

@@ -166,6 +166,44 @@ fn an_eager_send_with_credit_is_done_as_it_is_made_without_a_request_slot() {
 }
 
 #[test]
+fn a_receive_whose_message_arrived_is_done_as_it_is_made_without_a_request_slot() {
+    let (a, ea, b, eb, _cable) = connected();
+    ea.tag_send(9, pattern(40, 4)).wait().expect("sent");
+    ea.tag_send(10, pattern(40, 5)).wait().expect("sent");
+    // Both arrive unexpected at b.
+    step_until(&a, &b, || {
+        b.driver.state.lock().engine.unexpected_len() == 2
+    });
+    let recv = b.tag_recv(9, TAG_MASK_ALL, vec![0; 64]);
+    // Done before any progress, with the message's bytes, tag and sender; no slot taken.
+    assert!(recv.is_done());
+    assert!(!recv.cancel(), "a completed receive cannot be cancelled");
+    assert_eq!(b.driver.state.lock().requests.open_slots(), 0);
+    let got = recv.wait().expect("received");
+    assert_eq!(
+        (got.tag, got.length, &got.buf[..40], got.conn),
+        (9, 40, &pattern(40, 4)[..], Some(eb.id()))
+    );
+    // Too small a buffer: truncated at once, naming the message's length and tag.
+    match b.tag_recv(10, TAG_MASK_ALL, vec![0; 8]).wait() {
+        Err(crate::Error::Request {
+            status: Status::Truncated,
+            length,
+            tag,
+            ..
+        }) => assert_eq!((length, tag), (40, 10)),
+        other => panic!("a too-small receive gave {other:?}"),
+    }
+    assert_eq!(b.stats().pending_requests, 0);
+    // A receive posted before its message still waits for it in the table.
+    let later = b.tag_recv(11, TAG_MASK_ALL, vec![0; 8]);
+    assert!(!later.is_done());
+    assert_eq!(b.driver.state.lock().requests.open_slots(), 1);
+    ea.tag_send(11, vec![7; 8]).wait().expect("sent");
+    assert_eq!(finished(&a, &b, later).expect("received").buf, [7; 8]);
+}
+
+#[test]
 fn credits_pace_a_sender_far_ahead_of_its_receiver() {
     let (a, ea, b, _eb, _cable) = connected();
     // Far more messages than the receiver's credits (64 by default): the engine queues

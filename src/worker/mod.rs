@@ -227,6 +227,9 @@ struct Protocol {
     held: Vec<(UserBufId, Option<(Tracked, rdmx_proto::Completion)>)>,
     /// The engine's unexpected arrivals as of the last wake-up.
     arrivals_seen: u64,
+    /// The completion of a receive the engine completed as it was made
+    /// (`RequestId::is_immediate`), for `Worker::tag_recv` to take.
+    immediate_recv: Option<rdmx_proto::Completion>,
     conns: HashMap<ConnId, Arc<Conn>>,
     reads: HashMap<u64, ReadCtx>,
     next_read: u64,
@@ -286,6 +289,7 @@ impl Worker {
                 ifaces: ifaces.locked(&cfg),
                 held: Vec::new(),
                 arrivals_seen: 0,
+                immediate_recv: None,
                 conns: HashMap::default(),
                 reads: HashMap::default(),
                 next_read: 0,
@@ -411,20 +415,43 @@ impl Worker {
     /// any endpoint of this worker, in the order messages arrived. A message longer than
     /// `buf` completes the request with [`Status::Truncated`] and is dropped.
     pub fn tag_recv(&self, tag: Tag, mask: Tag, buf: Vec<u8>) -> Request {
-        let slot = self.driver.with_protocol(|st| {
-            let slot = st.requests.open();
+        let made = self.driver.with_protocol_out(|st, out| {
             let cap = buf.len() as u64;
             let bufid = st.new_buf(UserMem::Plain(buf));
             let id = st.engine.tag_recv(tag, mask, bufid, cap);
+            if id.is_immediate() {
+                // Its message had arrived: copied and completed by the actions just queued;
+                // it never takes a slot.
+                st.run_actions(out);
+                let buf = st.take_buf(bufid);
+                let Some(c) = st.immediate_recv.take() else {
+                    log::error!("receive {id:?} done at once reported no completion");
+                    return Made::Done(Outcome {
+                        status: Status::ConnectionClosed,
+                        length: 0,
+                        tag,
+                        buf,
+                        conn: None,
+                    });
+                };
+                return Made::Done(Outcome {
+                    status: c.status,
+                    length: c.length,
+                    tag: c.tag,
+                    buf,
+                    conn: c.conn,
+                });
+            }
+            let slot = st.requests.open();
             st.track(id, bufid, slot.index, None);
-            slot
+            Made::Pending(slot)
         });
         let what = Describe {
             kind: RequestKind::Recv,
             tag,
             peer: None,
         };
-        Request::new(self, slot, what)
+        made.into_request(self, what)
     }
 
     /// Receives into `buf`, blocking until a message matches (see [`Worker::tag_recv`]).

@@ -9,7 +9,9 @@ use std::collections::VecDeque;
 use std::hint::black_box;
 use std::time::Instant;
 
-use rdmx_proto::{Action, Config, ConnId, Engine, RecvBufId, RemoteBuf, Status, UserBufId};
+use rdmx_proto::{
+    Action, Config, ConnId, ConnLimits, Engine, RecvBufId, RemoteBuf, Status, UserBufId,
+};
 
 struct Pair {
     e: [Engine; 2],
@@ -22,10 +24,18 @@ struct Pair {
 impl Pair {
     fn new() -> Pair {
         let cfg = Config::default();
-        let mut e = [Engine::new(cfg.clone()), Engine::new(cfg.clone())];
-        let hs = Engine::new(cfg).local_handshake();
-        e[0].handle_connection_up(ConnId(1), &hs).unwrap();
-        e[1].handle_connection_up(ConnId(0), &hs).unwrap();
+        let mut e = [Engine::new(cfg.clone()), Engine::new(cfg)];
+        // Each side grants what its credit pool offers a new connection, as rdmx's worker
+        // does (32 credits for a worker's first connection with the defaults).
+        let limits = e.each_ref().map(|e| ConnLimits {
+            credits: e.credit_offer(),
+            ..e.default_limits()
+        });
+        let hs = [0, 1].map(|i| e[i].local_handshake_for(&limits[i]));
+        e[0].handle_connection_up_with(ConnId(1), &hs[1], limits[0])
+            .unwrap();
+        e[1].handle_connection_up_with(ConnId(0), &hs[0], limits[1])
+            .unwrap();
         Pair {
             e,
             wires: [VecDeque::new(), VecDeque::new()],
@@ -68,7 +78,8 @@ impl Pair {
                     black_box(len);
                 }
                 Action::CopyToUser { data, .. } => {
-                    black_box(data);
+                    black_box(&data);
+                    self.e[i].recycle_payload(data);
                 }
                 Action::ReleaseSendBuffer { .. } => {}
                 other => panic!("unexpected action in a clean exchange: {other:?}"),

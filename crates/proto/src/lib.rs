@@ -22,7 +22,9 @@
 //!   unexpected queue. Either way the engine never keeps the SRQ buffer: it is the driver's
 //!   to repost once the actions that [`Engine::handle_frame`] queued are executed, so a slow
 //!   application never starves the SRQ. A later matching receive gets an
-//!   [`Action::CopyToUser`].
+//!   [`Action::CopyToUser`] and completes as it is made: its id too is immediate, it is
+//!   never stored, and its [`Action::Complete`] follows the copy among the actions that
+//!   [`Engine::tag_recv`] queued.
 //! * **Rendezvous** — larger messages: the engine asks the driver to expose the send
 //!   buffer ([`Action::ExposeSendBuffer`] → [`Engine::handle_send_buffer_exposed`]), then
 //!   sends RTS(addr, len, rkey, request id). When a receive matches, the receiver issues
@@ -141,10 +143,15 @@ impl RequestId {
         requests::index_of(self)
     }
 
-    /// Whether this names a send that completed as it was made: [`Engine::tag_send`] put its
-    /// frame in the action queue and the engine reports no [`Action::Complete`] for it — the
-    /// driver completes it (status [`Status::Ok`], the send's length and tag) once it has
-    /// executed the actions that call queued. Never true of any other request.
+    /// Whether this names a request that completed as it was made and was never stored:
+    /// - a send: [`Engine::tag_send`] put its frame in the action queue and the engine
+    ///   reports no [`Action::Complete`] for it — the driver completes it (status
+    ///   [`Status::Ok`], the send's length and tag) once it has executed the actions that
+    ///   call queued;
+    /// - a receive: [`Engine::tag_recv`] found its message already arrived eagerly, and its
+    ///   [`Action::Complete`] is the last of the actions that call queued.
+    ///
+    /// Never true of any other request; such an id cannot be cancelled.
     pub fn is_immediate(self) -> bool {
         self.0 & requests::IMMEDIATE != 0
     }

@@ -183,6 +183,7 @@ impl Header {
     ///
     /// # Panics
     /// If `out` is shorter than [`HEADER_LEN`] (a caller bug, never input-dependent).
+    #[inline]
     pub fn write(&self, out: &mut [u8]) {
         let out = &mut out[..HEADER_LEN];
         out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
@@ -361,6 +362,7 @@ impl FrameBuf {
     ///
     /// `header.payload_len` must already describe the whole payload (for EAGER, the user
     /// payload the driver will append).
+    #[inline]
     pub fn encode(header: &Header, rts: Option<&RtsBody>) -> Self {
         let mut buf = [0u8; MAX_CTRL_FRAME];
         header.write(&mut buf);
@@ -376,6 +378,7 @@ impl FrameBuf {
     }
 
     /// The encoded bytes.
+    #[inline]
     pub fn as_bytes(&self) -> &[u8] {
         &self.buf[..self.len as usize]
     }

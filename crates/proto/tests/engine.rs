@@ -44,6 +44,50 @@ fn unexpected_eager_reposts_at_once() {
 }
 
 #[test]
+fn a_receive_whose_eager_message_arrived_completes_as_it_is_made() {
+    let mut e = Engine::new(Config::default());
+    let hs = e.local_handshake();
+    e.handle_connection_up(ConnId(1), &hs).unwrap();
+    let mut h = Header::new(Opcode::Eager);
+    h.tag = 5;
+    h.payload_len = 3;
+    let mut frame = FrameBuf::encode(&h, None).as_bytes().to_vec();
+    frame.extend_from_slice(&[1, 2, 3]);
+    e.handle_frame(ConnId(1), RecvBufId(0), &frame);
+    while e.poll_action().is_some() {}
+    let r = e.tag_recv(5, !0, UserBufId(9), 8);
+    // Never stored: an immediate id, nothing pending, nothing to cancel; the copy, then
+    // the completion, are the actions the call queued.
+    assert!(r.is_immediate());
+    assert_eq!(e.pending_requests(), 0);
+    assert_eq!(
+        e.poll_action(),
+        Some(Action::CopyToUser {
+            dst: UserBufId(9),
+            dst_offset: 0,
+            data: vec![1, 2, 3]
+        })
+    );
+    assert_eq!(
+        e.poll_action(),
+        Some(Action::Complete(Completion {
+            request: r,
+            kind: RequestKind::Recv,
+            status: Status::Ok,
+            length: 3,
+            tag: 5,
+            conn: Some(ConnId(1)),
+        }))
+    );
+    assert_eq!(e.poll_action(), None);
+    assert!(!e.cancel(r));
+    // A receive with nothing to match is stored, as before.
+    let later = e.tag_recv(5, !0, UserBufId(10), 8);
+    assert!(!later.is_immediate());
+    assert_eq!(e.pending_requests(), 1);
+}
+
+#[test]
 fn rendezvous_multi_chunk_pipelined() {
     let mut s = sim3(3);
     let (r, buf) = s.recv(2, 1, !0, 5000);

@@ -105,7 +105,8 @@ impl Engine {
                         );
                     }
                 } else {
-                    self.push_unexpected(conn_id, h.tag, UnexpKind::Eager(payload.to_vec()));
+                    let data = self.payload_copy(payload);
+                    self.push_unexpected(conn_id, h.tag, UnexpKind::Eager(data));
                 }
                 return Ok(!quiet);
             }

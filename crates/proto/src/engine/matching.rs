@@ -33,24 +33,50 @@ impl Engine {
 
     /// Posts a tag receive into the first `capacity` bytes of `buf`, matching messages whose
     /// tag satisfies `(msg_tag & mask) == (tag & mask)` (mask 0 = wildcard).
+    ///
+    /// A receive whose message already arrived eagerly completes as it is made: its id is
+    /// one for which [`RequestId::is_immediate`] holds, it is never stored, and its
+    /// [`Action::Complete`] (after the copy) is among the actions this call queued.
     pub fn tag_recv(&mut self, tag: Tag, mask: Tag, buf: UserBufId, capacity: u64) -> RequestId {
+        let found = self.take_unexpected_match(tag, mask);
+        if let Some(
+            u @ Unexpected {
+                kind: UnexpKind::Eager(_),
+                ..
+            },
+        ) = found
+        {
+            let id = immediate_id(&mut self.next_immediate);
+            self.deliver_eager(id, buf, capacity, u);
+            return id;
+        }
         let id = self.new_req(Req::Recv(RecvReq {
             buf,
             cap: capacity,
             tag: 0,
             reading: None,
         }));
-        if let Some(pos) = self
-            .unexpected
-            .iter()
-            .position(|u| matches(u.tag, tag, mask))
-        {
-            let u = self.unexpected.remove(pos).expect("position is valid");
-            self.deliver_unexpected(id, u);
-        } else {
-            self.posted.push_back(Posted { req: id, tag, mask });
+        match found {
+            Some(u) => self.deliver_unexpected(id, u),
+            None => self.posted.push_back(Posted { req: id, tag, mask }),
         }
         id
+    }
+
+    /// Removes and returns the first unexpected message (in arrival order) matching
+    /// `tag`/`mask`.
+    #[inline]
+    fn take_unexpected_match(&mut self, tag: Tag, mask: Tag) -> Option<Unexpected> {
+        // Most often the oldest message matches: take it without shifting the queue.
+        let front = self.unexpected.front()?;
+        if matches(front.tag, tag, mask) {
+            return self.unexpected.pop_front();
+        }
+        let pos = self
+            .unexpected
+            .iter()
+            .position(|u| matches(u.tag, tag, mask))?;
+        self.unexpected.remove(pos)
     }
 
     /// Looks for an unexpected message matching `tag`/`mask` without receiving it.
@@ -66,11 +92,7 @@ impl Engine {
     /// receive or probe sees it any more; only [`Engine::msg_recv`] with its handle receives
     /// it.
     pub fn probe_remove(&mut self, tag: Tag, mask: Tag) -> Option<ProbeInfo> {
-        let pos = self
-            .unexpected
-            .iter()
-            .position(|u| matches(u.tag, tag, mask))?;
-        let u = self.unexpected.remove(pos)?;
+        let u = self.take_unexpected_match(tag, mask)?;
         let info = u.info();
         self.claimed.insert(u.id, u);
         Some(info)
@@ -156,38 +178,52 @@ impl Engine {
         }
     }
 
+    /// Hands the unexpected message `u` to the receive `req`, stored in the request table.
     pub(super) fn deliver_unexpected(&mut self, req: RequestId, u: Unexpected) {
         match u.kind {
-            UnexpKind::Eager(data) => {
+            UnexpKind::Eager(_) => {
                 let Some(Req::Recv(r)) = self.reqs.get(req) else {
                     return;
                 };
                 let (buf, cap) = (r.buf, r.cap);
-                let len = data.len() as u64;
-                if len > cap {
-                    self.complete(
-                        req,
-                        RequestKind::Recv,
-                        Status::Truncated,
-                        len,
-                        u.tag,
-                        Some(u.conn),
-                    );
-                    return;
-                }
-                if !data.is_empty() {
-                    self.actions.push_back(Action::CopyToUser {
-                        dst: buf,
-                        dst_offset: 0,
-                        data,
-                    });
-                }
-                self.complete(req, RequestKind::Recv, Status::Ok, len, u.tag, Some(u.conn));
+                self.reqs.discard(req);
+                self.deliver_eager(req, buf, cap, u);
             }
             UnexpKind::Rts { sreq, body } => {
                 self.start_rndv(req, u.conn, u.tag, sreq, body);
                 self.flush(u.conn);
             }
         }
+    }
+
+    /// Completes the receive `req` (no longer, or never, in the request table) with the
+    /// unexpected eager message `u`: its bytes are copied into `buf` if they fit in
+    /// `capacity`.
+    fn deliver_eager(&mut self, req: RequestId, buf: UserBufId, capacity: u64, u: Unexpected) {
+        let UnexpKind::Eager(data) = u.kind else {
+            return;
+        };
+        let len = data.len() as u64;
+        let status = if len > capacity {
+            self.recycle_payload(data);
+            Status::Truncated
+        } else {
+            if !data.is_empty() {
+                self.actions.push_back(Action::CopyToUser {
+                    dst: buf,
+                    dst_offset: 0,
+                    data,
+                });
+            }
+            Status::Ok
+        };
+        self.actions.push_back(Action::Complete(Completion {
+            request: req,
+            kind: RequestKind::Recv,
+            status,
+            length: len,
+            tag: u.tag,
+            conn: Some(u.conn),
+        }));
     }
 }

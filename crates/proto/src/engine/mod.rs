@@ -191,6 +191,14 @@ struct Conn {
     data_q: VecDeque<RequestId>,
 }
 
+/// An id for a request that completes as it is made and is never stored, from the engine's
+/// counter `next`.
+fn immediate_id(next: &mut u64) -> RequestId {
+    let id = RequestId(IMMEDIATE | *next);
+    *next = (*next + 1) & !IMMEDIATE;
+    id
+}
+
 fn perr(s: String) -> CloseReason {
     CloseReason::ProtocolError(s)
 }
@@ -208,7 +216,7 @@ pub struct Engine {
     conns: HashMap<ConnId, Conn>,
     credits: CreditPool,
     reqs: Requests<Req>,
-    /// The next id of a send that completed as it was made (see `requests::IMMEDIATE`).
+    /// The next id of a request that completed as it was made (see `requests::IMMEDIATE`).
     next_immediate: u64,
     posted: VecDeque<Posted>,
     unexpected: VecDeque<Unexpected>,
@@ -219,7 +227,15 @@ pub struct Engine {
     actions: VecDeque<Action>,
     /// Emptied lists of outstanding READs, reused by the next rendezvous receives.
     spare_reads: Vec<Vec<(u64, u64)>>,
+    /// Allocations of unexpected eager payloads the driver handed back
+    /// ([`Engine::recycle_payload`]), reused by the next unexpected messages.
+    spare_payloads: Vec<Vec<u8>>,
 }
+
+/// How many handed-back payload allocations the engine keeps for reuse, and the largest it
+/// keeps (a TCP frame): at most 2 MiB held for reuse, usually a few KiB.
+const SPARE_PAYLOADS: usize = 32;
+const SPARE_PAYLOAD_MAX: usize = 64 * 1024;
 
 impl Engine {
     /// Creates an engine with a validated configuration.
@@ -238,6 +254,7 @@ impl Engine {
             draining: Vec::new(),
             actions: VecDeque::new(),
             spare_reads: Vec::new(),
+            spare_payloads: Vec::new(),
         }
     }
 
@@ -285,6 +302,7 @@ impl Engine {
     }
 
     /// Next action for the driver, in order.
+    #[inline]
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
     }
@@ -330,6 +348,34 @@ impl Engine {
     /// What the credit pool did so far (how many credits are granted, grown, refused).
     pub fn credit_stats(&self) -> CreditStats {
         self.credits.stats()
+    }
+
+    /// Hands back the bytes of an executed [`Action::CopyToUser`]: the next unexpected eager
+    /// message is copied into their allocation instead of a new one, so that a steady stream
+    /// of unexpected messages allocates nothing. Optional; a driver may drop them instead.
+    pub fn recycle_payload(&mut self, data: Vec<u8>) {
+        if self.spare_payloads.len() < SPARE_PAYLOADS
+            && data.capacity() > 0
+            && data.capacity() <= SPARE_PAYLOAD_MAX
+        {
+            self.spare_payloads.push(data);
+        }
+    }
+
+    /// An engine-held copy of an unexpected eager payload, in a recycled allocation when
+    /// one is at hand.
+    fn payload_copy(&mut self, payload: &[u8]) -> Vec<u8> {
+        if payload.is_empty() {
+            return Vec::new();
+        }
+        match self.spare_payloads.pop() {
+            Some(mut v) => {
+                v.clear();
+                v.extend_from_slice(payload);
+                v
+            }
+            None => payload.to_vec(),
+        }
     }
 
     fn new_req(&mut self, r: Req) -> RequestId {

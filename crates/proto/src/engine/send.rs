@@ -24,8 +24,7 @@ impl Engine {
         if eager && c.data_q.is_empty() && c.ctrl_q.is_empty() && c.tx_credits >= 2 {
             // Nothing queued ahead and credit to spare: the message goes out now and the send
             // completes with it, never stored (what `flush` would do, without the table).
-            let id = RequestId(IMMEDIATE | self.next_immediate);
-            self.next_immediate = (self.next_immediate + 1) & !IMMEDIATE;
+            let id = immediate_id(&mut self.next_immediate);
             let mut h = Header::new(Opcode::Eager);
             h.tag = tag;
             h.sreq = id.0;
