@@ -161,6 +161,7 @@ pub struct Config {
     pub(crate) rndv_registration: Setting<RndvRegistration>,
     pub(crate) rcache_bytes: Setting<u64>,
     pub(crate) connect_timeout: Setting<Duration>,
+    pub(crate) keepalive: Setting<Duration>,
     pub(crate) transport: Setting<Vec<Transport>>,
     /// The transports a context resolved `transport` to (usable here, in order of
     /// preference); empty before a context resolved them (then RDMA's values apply).
@@ -198,6 +199,9 @@ pub const RCACHE_SIZE_VAR: &str = "RDMX_RCACHE_SIZE";
 pub const TRANSPORT_VAR: &str = "RDMX_TRANSPORT";
 /// `RDMX_CONNECT_TIMEOUT_MS`: how long connect and accept wait for the peer.
 pub const CONNECT_TIMEOUT_VAR: &str = "RDMX_CONNECT_TIMEOUT_MS";
+/// `RDMX_KEEPALIVE_MS`: how often an idle connection checks that its peer is alive (`0`:
+/// never); see [`Config::keepalive`].
+pub const KEEPALIVE_VAR: &str = "RDMX_KEEPALIVE_MS";
 
 impl Default for Config {
     fn default() -> Self {
@@ -214,6 +218,7 @@ impl Default for Config {
             rndv_registration: Setting::default(RndvRegistration::Auto),
             rcache_bytes: Setting::default(256 << 20),
             connect_timeout: Setting::default(Duration::from_secs(5)),
+            keepalive: Setting::default(Duration::from_secs(1)),
             transport: Setting::default(vec![Transport::Auto]),
             resolved: Vec::new(),
         }
@@ -312,6 +317,10 @@ impl Config {
         if let Some(v) = env(CONNECT_TIMEOUT_VAR) {
             let ms = parse_count(CONNECT_TIMEOUT_VAR, &v, 1, 3_600_000)?;
             put(&mut c.connect_timeout, Duration::from_millis(ms), source);
+        }
+        if let Some(v) = env(KEEPALIVE_VAR) {
+            let ms = parse_count(KEEPALIVE_VAR, &v, 0, 3_600_000)?;
+            put(&mut c.keepalive, Duration::from_millis(ms), source);
         }
         Ok(())
     }
@@ -454,6 +463,35 @@ impl Config {
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout.value
     }
+    /// How often an idle connection checks that its peer is alive (`RDMX_KEEPALIVE_MS`,
+    /// default 1 s; zero: never), like UCX's keepalive. The check is the transport's own and
+    /// is answered by the peer's NIC or kernel, not its application, so a peer that does not
+    /// progress is never taken for dead:
+    /// - RDMA: a connection with nothing posted for an interval posts a zero-length RDMA
+    ///   WRITE, and every QP retransmits unacknowledged work 6 times with an ACK timeout
+    ///   sized so that the tries take at most half an interval (exponent 14, 67 ms, for
+    ///   1 s). A dead or unreachable peer fails the connection within 2 intervals and a half.
+    /// - TCP: keepalive after an idle interval (whole seconds), 3 probes an interval apart,
+    ///   and `TCP_USER_TIMEOUT` of 4 intervals for unacknowledged data: within 4 intervals.
+    ///
+    /// Every pending request of a connection that fails this way completes with
+    /// [`crate::Status::ConnectionClosed`].
+    pub fn keepalive(&self) -> Duration {
+        self.keepalive.value
+    }
+
+    /// The RC ACK timeout exponent (4.096 µs × 2^e per try) that the keepalive implies:
+    /// 7 tries within half an interval, between 12 (17 ms) and 20 (4.3 s); `None` (rdmacm's
+    /// default) without a keepalive.
+    pub(crate) fn rc_ack_timeout(&self) -> Option<u8> {
+        let interval = self.keepalive.value;
+        if interval.is_zero() {
+            return None;
+        }
+        let per_try_us = interval.as_secs_f64() * 1e6 / 2.0 / 7.0;
+        let exponent = (per_try_us / 4.096).log2().floor();
+        Some(exponent.clamp(12.0, 20.0) as u8)
+    }
 
     /// Every knob with its value and source.
     pub fn entries(&self) -> Vec<Entry> {
@@ -554,6 +592,12 @@ impl Config {
                 c.connect_timeout.value.as_millis().to_string(),
                 "how long connect and accept wait (ms)",
             ),
+            e(
+                KEEPALIVE_VAR,
+                &c.keepalive,
+                c.keepalive.value.as_millis().to_string(),
+                "how often idle connections check their peer is alive (ms; 0: never)",
+            ),
         ]
     }
 }
@@ -639,6 +683,8 @@ mod tests {
             ("RDMX_PROGRESS_THREAD", "maybe"),
             ("RDMX_RNDV_REG", "sometimes"),
             ("RDMX_CONNECT_TIMEOUT_MS", "0"),
+            ("RDMX_KEEPALIVE_MS", "soon"),
+            ("RDMX_KEEPALIVE_MS", "-1"),
             ("RDMX_TRANSPORT", "carrier-pigeon"),
             ("RDMX_TRANSPORT", "rdma,rdma"),
             ("RDMX_TRANSPORT", "auto,tcp"),
@@ -659,6 +705,31 @@ mod tests {
         let err = c.proto().unwrap_err();
         assert!(matches!(err, Error::Config(_)), "{err:?}");
         assert!(err.to_string().contains("RDMX_SRQ_DEPTH"), "{err}");
+    }
+
+    #[test]
+    fn keepalive_interval_sets_the_rc_ack_timeout() {
+        let c = Config::default();
+        assert_eq!(c.keepalive(), Duration::from_secs(1));
+        // 7 tries of 67 ms fit in half a second.
+        assert_eq!(c.rc_ack_timeout(), Some(14));
+        let at = |ms: &str| {
+            let c = Config::from_lookup(lookup(&[(KEEPALIVE_VAR, ms)])).unwrap();
+            (c.keepalive(), c.rc_ack_timeout())
+        };
+        assert_eq!(at("0"), (Duration::ZERO, None), "off: rdma_cm's default");
+        assert_eq!(at("10000"), (Duration::from_secs(10), Some(17)));
+        assert_eq!(
+            at("1"),
+            (Duration::from_millis(1), Some(12)),
+            "at least 17 ms"
+        );
+        assert_eq!(at("3600000").1, Some(20), "at most 4.3 s");
+        for (ms, exponent) in [("1000", 14u8), ("10000", 17)] {
+            let (interval, _) = at(ms);
+            let tries = 7.0 * 4.096e-6 * f64::from(1u32 << exponent);
+            assert!(tries <= interval.as_secs_f64() / 2.0, "{ms}: {tries}");
+        }
     }
 
     #[test]

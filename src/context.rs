@@ -143,6 +143,10 @@ impl ContextBuilder {
     setter!(
         /// How long connect and accept wait.
         connect_timeout: Duration => connect_timeout);
+    setter!(
+        /// How often idle connections check that their peer is alive (zero: never); see
+        /// [`crate::Config::keepalive`].
+        keepalive: Duration => keepalive);
     /// The transport: `Auto`, or the only one to use.
     pub fn transport(self, transport: Transport) -> Self {
         self.transports(&[transport])

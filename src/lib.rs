@@ -180,7 +180,18 @@
 //! Connecting to nothing fails within the connect timeout. When a peer disconnects or
 //! dies, every pending request on that endpoint completes with
 //! [`Status::ConnectionClosed`] (within seconds: rdmacm reports the disconnect, or the
-//! NIC's retries run out); the worker's other endpoints are untouched. A peer's malformed
+//! NIC's retries run out); the worker's other endpoints are untouched.
+//!
+//! A peer that vanishes without a word (its node crashed, its cable was cut) is found by
+//! the keepalive (`RDMX_KEEPALIVE_MS`, 1 s; [`Config::keepalive`]), like UCX's: the
+//! transport's own check, answered by the peer's NIC or kernel rather than its application,
+//! so a peer that is merely busy is never taken for dead. Over RDMA, a connection with
+//! nothing posted for an interval posts a zero-length RDMA WRITE, and every queue pair
+//! gives up after 6 unacknowledged tries of 67 ms (rdma_cm's defaults would be 2.1 s per try
+//! and, on Soft-RoCE, 7 tries meaning for ever): the endpoint fails within 2.5 intervals
+//! whether it was idle or busy. Over TCP, keepalive probes and `TCP_USER_TIMEOUT` fail it
+//! within 4 intervals (whole seconds). With `RDMX_KEEPALIVE_MS=0` nothing probes, and an
+//! idle endpoint to a vanished peer stays up until it next sends. A peer's malformed
 //! frame — too long for a receive buffer, a length that disagrees with the bytes, an unknown
 //! opcode or version, an RTS advertising an empty, absurdly large (over 2^47 bytes) or
 //! wrapping buffer — closes that endpoint only, and [`Ep::close_reason`] says what was
@@ -222,9 +233,9 @@ mod worker;
 
 pub use config::{
     Config, Entry, RndvRegistration, Source, WaitMode, CONNECT_TIMEOUT_VAR, CREDITS_VAR,
-    DEVICE_VAR, EAGER_THRESHOLD_VAR, PROGRESS_THREAD_VAR, RCACHE_SIZE_VAR, RECV_BUF_SIZE_VAR,
-    RNDV_REG_VAR, SEND_BUFS_VAR, SRQ_DEPTH_VAR, TCP_EAGER_THRESHOLD, TCP_RECV_BUF_SIZE,
-    TRANSPORT_VAR, WAIT_MODE_VAR,
+    DEVICE_VAR, EAGER_THRESHOLD_VAR, KEEPALIVE_VAR, PROGRESS_THREAD_VAR, RCACHE_SIZE_VAR,
+    RECV_BUF_SIZE_VAR, RNDV_REG_VAR, SEND_BUFS_VAR, SRQ_DEPTH_VAR, TCP_EAGER_THRESHOLD,
+    TCP_RECV_BUF_SIZE, TRANSPORT_VAR, WAIT_MODE_VAR,
 };
 pub use context::{Context, ContextBuilder};
 pub use ep::{ConnRequest, Ep, Listener};

@@ -660,13 +660,19 @@ fn cache_regions_never_show_an_earlier_message() {
 ///
 /// The silence is injected (`rdmx::conn::fault::silence`: the peer's QP moves to the error
 /// state without any CM exchange); in one guest nothing else can make a peer vanish without
-/// a word.
+/// a word. The keepalive is off, so that the unanswered READs stay posted (rdma_cm's 2.1 s
+/// ACK timeout, 6 tries) until the reap instead of failing on their own within half a
+/// second (see `a_peer_gone_silent_is_found_by_the_keepalive_and_its_requests_fail`).
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn reads_to_a_peer_gone_silent_are_written_off_when_its_connection_is_reaped() {
     init_log();
     const MSGS: usize = 33;
-    let ctx = builder().credits(32).build().unwrap();
+    let ctx = builder()
+        .credits(32)
+        .keepalive(Duration::ZERO)
+        .build()
+        .unwrap();
     let server = ctx.worker().unwrap();
     let listener = server.listen(&format!("{}:0", addr_a())).unwrap();
     let addr = listener.local_addr().expect("bound");
@@ -795,4 +801,81 @@ fn send_to_a_good_peer(ctx: &Context, server: &Worker, listener: &Listener, data
     let s = sgood.tag_send(TAG_GOOD, data.clone());
     assert!(finish(r, &[server, &good]).expect("good receive").buf == data);
     finish(s, &[server, &good]).expect("good send");
+}
+
+/// A peer that goes silent (its node dies, its cable is cut: the injected silence moves its
+/// QP to the error state, so nothing it was sent is acknowledged and no CM message comes):
+/// - an idle endpoint to it, with nothing posted, is found out by the keepalive
+///   (`RDMX_KEEPALIVE_MS`, 1 s): its zero-length probe goes unacknowledged and the endpoint
+///   closes within 5 s, saying why;
+/// - a send to it fails within 5 s: the QP retries 6 times (rxe retries 7 for ever) with
+///   the ACK timeout the keepalive implies (67 ms), not rdma_cm's 2.1 s;
+/// - without the keepalive, an idle endpoint to a silent peer stays up: nothing tells it.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn a_peer_gone_silent_is_found_by_the_keepalive_and_its_requests_fail() {
+    init_log();
+    const BOUND: Duration = Duration::from_secs(5);
+    for keepalive in [Duration::from_secs(1), Duration::ZERO] {
+        let ctx = builder().keepalive(keepalive).build().unwrap();
+        let server = ctx.worker().unwrap();
+        let listener = server.listen(&format!("{}:0", addr_a())).unwrap();
+        let addr = listener.local_addr().expect("bound");
+        let w = [&server];
+        // Idle: nothing posted on the endpoint when its peer goes silent.
+        let (p, idle) = raw_connect(&listener, addr);
+        rdmx::conn::fault::silence(&p.conn).expect("silence the peer's QP");
+        let silent_at = Instant::now();
+        if keepalive.is_zero() {
+            while silent_at.elapsed() < BOUND {
+                server.progress();
+                thread::yield_now();
+            }
+            assert!(
+                idle.is_connected(),
+                "without a keepalive nothing tells an idle endpoint: {:?}",
+                idle.close_reason()
+            );
+            continue;
+        }
+        until(&w, "the idle endpoint to the silent peer closes", || {
+            !idle.is_connected()
+        });
+        let took = silent_at.elapsed();
+        let why = idle.close_reason().expect("a reason");
+        println!("silent peer, idle endpoint: closed {took:?} after the silence: {why}");
+        assert!(why.contains("keepalive"), "{why}");
+        assert!(took < BOUND, "found out after {took:?}");
+
+        // Busy: a rendezvous send to another silent peer (its RTS goes unacknowledged)
+        // fails, and the worker goes on. (An eager send completes once its data is copied,
+        // as in UCP: the failure is the endpoint's.)
+        let (p2, busy) = raw_connect(&listener, addr);
+        rdmx::conn::fault::silence(&p2.conn).expect("silence the second peer's QP");
+        let silent_at = Instant::now();
+        let send = busy.tag_send(TAG_RNDV, pattern(MIB, 3));
+        let result = finish(send, &w);
+        let took = silent_at.elapsed();
+        println!(
+            "silent peer, pending send: {:?} after {took:?}",
+            result.as_ref().map(|d| d.length).map_err(|e| e.status())
+        );
+        assert_eq!(
+            result.err().and_then(|e| e.status()),
+            Some(Status::ConnectionClosed)
+        );
+        assert!(took < BOUND, "the send failed after {took:?}");
+        assert!(!busy.is_connected());
+        // The worker goes on: a new connection to it works.
+        let client = ctx.worker().unwrap();
+        let (c, a) = (client.clone(), addr.to_string());
+        let t = thread::spawn(move || c.connect(&a).expect("a new connection"));
+        let _sep = accept(&listener);
+        let cep = t.join().unwrap();
+        let both = [&server, &client];
+        let r = server.tag_recv(TAG_GOOD, TAG_MASK_ALL, vec![0; 100]);
+        let s = cep.tag_send(TAG_GOOD, pattern(100, 4));
+        assert_eq!(finish(r, &both).expect("received").buf, pattern(100, 4));
+        finish(s, &both).expect("sent");
+    }
 }

@@ -257,6 +257,14 @@ pub(crate) trait TransportLink: Send + Sync {
     /// shuts the socket down once everything is written).
     fn flush(&self, closing: bool) -> bool;
 
+    /// The keepalive, called at housekeeping with the coarse time `now` (ns): a link whose
+    /// transport checks liveness itself (RDMA: a probe when it has posted nothing for a
+    /// keepalive interval) queues that check. Returns whether it queued work to flush. TCP's
+    /// kernel keepalive needs nothing here.
+    fn keepalive(&self, _now: u64) -> bool {
+        false
+    }
+
     /// Whether output waits for room in the socket (TCP only: RDMA posts never wait).
     fn wants_write(&self) -> bool {
         false

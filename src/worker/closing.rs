@@ -62,6 +62,11 @@ impl Protocol {
             }
         }
         self.closing = keep;
+        for cs in self.conns.values() {
+            if !cs.is_closing() && cs.link.keepalive(now) {
+                out.flush(cs);
+            }
+        }
         self.ifaces.housekeeping(now, &mut out.deferred);
         // A destroyed QP dropped the binds still posted on it.
         self.release_held(out);

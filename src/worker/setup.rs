@@ -92,7 +92,7 @@ impl Worker {
             Transport::Tcp => {
                 let link = rdmx_tcp::connect(addr, &handshake, timeout)
                     .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
-                Box::new(sh.ifaces.tcp.link(id, link))
+                Box::new(sh.ifaces.tcp.link(id, link, sh.cfg.keepalive()))
             }
             Transport::Rdma | Transport::Auto => sh.rdma_connect(id, addr, &handshake, timeout)?,
             #[cfg(test)]
@@ -138,7 +138,9 @@ impl Worker {
         if let Err(e) = sh.admit(id, limits, req.private_data(), &who) {
             return Err(reject_with(req, e));
         }
-        let tcp = |link| -> Box<dyn TransportLink> { Box::new(sh.ifaces.tcp.link(id, link)) };
+        let tcp = |link| -> Box<dyn TransportLink> {
+            Box::new(sh.ifaces.tcp.link(id, link, sh.cfg.keepalive()))
+        };
         #[cfg(feature = "rdma")]
         let link = match (req, rdma) {
             (RawRequest::Rdma(r), Some(rdma)) => r

@@ -283,6 +283,56 @@ impl Connection {
         Ok(())
     }
 
+    /// Sets the QP's ACK timeout exponent (see [`QpConfig::ack_timeout`]) before the
+    /// connection is made; `None` leaves rdma_cm's default.
+    pub(crate) fn set_ack_timeout(&self, exponent: Option<u8>, call: &'static str) -> Result<()> {
+        let Some(mut value) = exponent else {
+            return Ok(());
+        };
+        // SAFETY: the id is valid; value lives across the call and its size is passed.
+        let ret = unsafe {
+            sys::rdma_set_option(
+                self.raw.id(),
+                sys::RDMA_OPTION_ID.0 as i32,
+                sys::RDMA_OPTION_ID_ACK_TIMEOUT.0 as i32,
+                (&mut value as *mut u8).cast(),
+                std::mem::size_of::<u8>(),
+            )
+        };
+        if ret != 0 {
+            return Err(Error::last_os(
+                call,
+                format!(
+                    "cannot set the ACK timeout (exponent {value}) on qp {}",
+                    self.qp_num
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Posts a liveness probe: a zero-length RDMA WRITE. It touches no memory on either side
+    /// (a zero-length operation carries no address and the peer checks no key for it), but
+    /// like any RC work it needs the peer's acknowledgement — from its NIC, not its
+    /// application — so it completes with `IBV_WC_RETRY_EXC_ERR` when the peer is dead or
+    /// unreachable (after [`QpConfig::retry_count`] tries of [`QpConfig::ack_timeout`]).
+    /// Its completion has [`WorkKind::Write`] and no buffer.
+    pub fn post_probe(&self, cookie: u64) -> Result<()> {
+        let mut work = SendWork::new(
+            "ibv_post_send",
+            WorkKind::Write,
+            sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            None,
+            0,
+        );
+        work.remote = Some(RemoteBuf {
+            addr: 0,
+            len: 0,
+            rkey: 0,
+        });
+        self.post(work, cookie).map_err(|(e, _)| e)
+    }
+
     /// SENDs the first `len` bytes of `buf` (inline when `len` is at most
     /// [`Connection::max_inline`]). The completion hands the buffer back.
     pub fn post_send(

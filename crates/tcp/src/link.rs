@@ -92,6 +92,25 @@ impl Link {
         })
     }
 
+    /// Bounds how long a dead or unreachable peer goes unnoticed: TCP keepalive probes an
+    /// idle connection after `interval` (whole seconds, at least 1) without traffic, then
+    /// every `interval`, and gives up after 3 unanswered probes; `TCP_USER_TIMEOUT` fails
+    /// the connection when data it sent stays unacknowledged for 4 × `interval`, and bounds
+    /// the keepalive likewise. The kernel answers probes, so a peer whose application does
+    /// not progress is not mistaken for a dead one. Either way the socket then reports an
+    /// error (`ETIMEDOUT`) and the link breaks.
+    pub fn set_keepalive(&self, interval: std::time::Duration) -> io::Result<()> {
+        use rustix::net::sockopt;
+        let secs = interval.as_secs_f64().ceil().max(1.0) as u64;
+        let every = std::time::Duration::from_secs(secs);
+        sockopt::set_socket_keepalive(&self.stream, true)?;
+        sockopt::set_tcp_keepidle(&self.stream, every)?;
+        sockopt::set_tcp_keepintvl(&self.stream, every)?;
+        sockopt::set_tcp_keepcnt(&self.stream, 3)?;
+        sockopt::set_tcp_user_timeout(&self.stream, (4 * secs * 1000) as u32)?;
+        Ok(())
+    }
+
     /// The peer's address.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.peer

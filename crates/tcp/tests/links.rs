@@ -738,3 +738,34 @@ fn recycled_frame_buffers_carry_only_the_next_frame() {
     assert_eq!(third, b"x");
     assert!(third.capacity() < 1 << 20);
 }
+
+/// The keepalive bounds how long a dead peer goes unnoticed: probes after an idle interval
+/// (rounded up to whole seconds), then every interval, 3 of them, and a user timeout of 4
+/// intervals for unacknowledged data — read back from the socket.
+#[test]
+fn keepalive_sets_the_sockets_probes_and_user_timeout() {
+    use rustix::net::sockopt;
+    let (client, server) = pair();
+    assert!(
+        !sockopt::socket_keepalive(client.fd()).unwrap(),
+        "off by default"
+    );
+    client
+        .set_keepalive(Duration::from_millis(1500))
+        .expect("set");
+    server
+        .set_keepalive(Duration::from_millis(10))
+        .expect("set");
+    let fd = client.fd();
+    assert!(sockopt::socket_keepalive(fd).unwrap());
+    assert_eq!(sockopt::tcp_keepidle(fd).unwrap(), Duration::from_secs(2));
+    assert_eq!(sockopt::tcp_keepintvl(fd).unwrap(), Duration::from_secs(2));
+    assert_eq!(sockopt::tcp_keepcnt(fd).unwrap(), 3);
+    assert_eq!(sockopt::tcp_user_timeout(fd).unwrap(), 8000);
+    // Under a second: one second, the kernel's unit.
+    assert_eq!(
+        sockopt::tcp_keepidle(server.fd()).unwrap(),
+        Duration::from_secs(1)
+    );
+    assert_eq!(sockopt::tcp_user_timeout(server.fd()).unwrap(), 4000);
+}

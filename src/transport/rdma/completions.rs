@@ -79,6 +79,19 @@ impl RdmaLockedIface {
                     }),
                 }
             }
+            // A keepalive probe (the only RDMA WRITE rdmx posts): the peer did not
+            // acknowledge it, so it is dead or out of reach.
+            (WorkKind::Write, COOKIE_SEND) if !ok && wc.status != WcStatus::FLUSHED => {
+                out.push(LinkEvent::Down {
+                    conn,
+                    reason: format!(
+                        "the peer did not answer a keepalive probe ({}): it is dead or out \
+                         of reach",
+                        wc.status.description()
+                    ),
+                    reads_lost: false,
+                });
+            }
             (_, COOKIE_SEND) => {
                 if let Some(buf) = wc.buffer {
                     self.send_pool.give(buf);

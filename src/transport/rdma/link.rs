@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,8 +35,19 @@ pub(super) enum Outgoing {
     },
     /// Bind a memory window on the connection's QP (before the RTS that announces it).
     Bind(MemoryWindow),
+    /// A liveness probe (a zero-length RDMA WRITE: see [`RdmaLink::keepalive`]).
+    Probe,
     /// Disconnect once everything before it is posted.
     Disconnect,
+}
+
+/// When a link last looked at its own activity, for the keepalive.
+#[derive(Default)]
+struct Liveness {
+    /// The coarse time of the next look.
+    next_check: u64,
+    /// Work requests posted (probes aside) as of the last look.
+    posts_seen: u64,
 }
 
 /// An RDMA connection of a worker, with its queue of work to post.
@@ -51,6 +62,9 @@ pub(crate) struct RdmaLink {
     depth: u32,
     /// Work whose post failed, for the worker to report as failed completions.
     failures: Mutex<Vec<Outgoing>>,
+    /// Work requests posted so far, probes aside (the keepalive's sign of activity).
+    posts: AtomicU64,
+    liveness: Mutex<Liveness>,
 }
 
 impl RdmaLink {
@@ -65,6 +79,8 @@ impl RdmaLink {
             queue: Mutex::new(VecDeque::new()),
             in_flight: AtomicU32::new(0),
             failures: Mutex::new(Vec::new()),
+            posts: AtomicU64::new(0),
+            liveness: Mutex::new(Liveness::default()),
         }
     }
 
@@ -112,6 +128,9 @@ impl RdmaLink {
                 break;
             }
             self.in_flight.fetch_add(1, Ordering::AcqRel);
+            if !matches!(item, Outgoing::Probe) {
+                self.posts.fetch_add(1, Ordering::Relaxed);
+            }
             let cookie_send = COOKIE_SEND | self.id.0;
             let result = match item {
                 Outgoing::Inline { bytes, len } => {
@@ -152,6 +171,10 @@ impl RdmaLink {
                         Err(e) => Err((e, Outgoing::Bind(window))),
                     }
                 }
+                Outgoing::Probe => self
+                    .conn
+                    .post_probe(cookie_send)
+                    .map_err(|e| (e, Outgoing::Probe)),
                 Outgoing::Disconnect => unreachable!("handled above"),
             };
             if let Err((e, item)) = result {
@@ -173,6 +196,34 @@ impl RdmaLink {
             }
         }
         failed
+    }
+}
+
+impl RdmaLink {
+    /// The keepalive, at housekeeping (`now`, coarse ns): a link that posted nothing and
+    /// has nothing in flight for a whole interval probes its peer with a zero-length RDMA
+    /// WRITE, which the peer's NIC must acknowledge. A dead or unreachable peer fails the
+    /// probe (`IBV_WC_RETRY_EXC_ERR`, after the QP's tries) and so the connection. Work in
+    /// flight needs no probe: it fails the same way. Returns whether a probe was queued.
+    fn probe_if_idle(&self, now: u64) -> bool {
+        let interval = self.rdma.keepalive_ns;
+        if interval == 0 {
+            return false;
+        }
+        let mut l = self.liveness.lock();
+        if now < l.next_check {
+            return false;
+        }
+        let first = l.next_check == 0;
+        l.next_check = now.saturating_add(interval);
+        let posts = self.posts.load(Ordering::Relaxed);
+        let active = posts != l.posts_seen || self.in_flight() > 0;
+        l.posts_seen = posts;
+        if first || active {
+            return false;
+        }
+        self.push(Outgoing::Probe);
+        true
     }
 }
 
@@ -308,6 +359,11 @@ impl TransportLink for RdmaLink {
                     out.push(LinkEvent::SendFailed { conn });
                 }
                 Outgoing::Inline { .. } => out.push(LinkEvent::SendFailed { conn }),
+                Outgoing::Probe => out.push(LinkEvent::Down {
+                    conn,
+                    reason: "cannot post a keepalive probe".to_string(),
+                    reads_lost: false,
+                }),
                 Outgoing::Read { target, cookie, .. } => out.push(LinkEvent::ReadDone {
                     key: cookie & !COOKIE_KIND,
                     piece: Some(target),
@@ -327,6 +383,10 @@ impl TransportLink for RdmaLink {
 
     fn flush(&self, closing: bool) -> bool {
         self.post(closing)
+    }
+
+    fn keepalive(&self, now: u64) -> bool {
+        self.probe_if_idle(now)
     }
 
     fn idle(&self) -> bool {

@@ -63,6 +63,9 @@ pub(crate) struct Rdma {
     links: AtomicU32,
     /// Receive buffers held back from the SRQ, posted when it runs low (see [`Reserve`]).
     pub(crate) reserve: Reserve,
+    /// How long a connection may post nothing before it probes its peer
+    /// (`RDMX_KEEPALIVE_MS`, in ns; 0: never).
+    pub(crate) keepalive_ns: u64,
 }
 
 /// Receive buffers held back from the SRQ: `RDMX_SRQ_DEPTH` are posted, and an eighth
@@ -216,6 +219,10 @@ impl Rdma {
         let mut qp_config = QpConfig::new(&pd, &cq, Some(&srq));
         qp_config.send_depth = send_depth;
         qp_config.max_inline = INLINE_MAX as u32;
+        // A dead peer must surface as a failed work request in bounded time: 6 tries (rxe
+        // retries 7 for ever) of an ACK timeout the keepalive interval implies.
+        qp_config.retry_count = 6;
+        qp_config.ack_timeout = cfg.rc_ack_timeout();
         log::debug!(
             "worker resources on {}: SRQ {srq_depth} x {} B, CQ {cqe}, send depth {send_depth}",
             device.name(),
@@ -232,6 +239,7 @@ impl Rdma {
                 windows: limits.memory_windows,
                 send_cqes: cqe - srq_depth,
                 links: AtomicU32::new(0),
+                keepalive_ns: cfg.keepalive().as_nanos() as u64,
                 reserve: Reserve {
                     bufs: Mutex::new(Vec::new()),
                     size: reserve as usize,

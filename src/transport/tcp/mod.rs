@@ -47,8 +47,19 @@ impl TcpIface {
         }
     }
 
-    /// The link of the worker's connection `id` over `link`.
-    pub(crate) fn link(&self, id: ConnId, link: rdmx_tcp::Link) -> TcpLink {
+    /// The link of the worker's connection `id` over `link`, its socket's keepalive set to
+    /// `keepalive` (see [`crate::Config::keepalive`]; zero: none).
+    pub(crate) fn link(
+        &self,
+        id: ConnId,
+        link: rdmx_tcp::Link,
+        keepalive: std::time::Duration,
+    ) -> TcpLink {
+        if !keepalive.is_zero() {
+            if let Err(e) = link.set_keepalive(keepalive) {
+                log::warn!("{id:?}: cannot set the socket's keepalive: {e}");
+            }
+        }
         TcpLink::new(id, link, self.exposures.clone())
     }
 
