@@ -471,8 +471,11 @@ impl Config {
     ///   WRITE, and every QP retransmits unacknowledged work 6 times with an ACK timeout
     ///   sized so that the tries take at most half an interval (exponent 14, 67 ms, for
     ///   1 s). A dead or unreachable peer fails the connection within 2 intervals and a half.
-    /// - TCP: keepalive after an idle interval (whole seconds), 3 probes an interval apart,
-    ///   and `TCP_USER_TIMEOUT` of 4 intervals for unacknowledged data: within 4 intervals.
+    /// - TCP: keepalive after an idle interval (whole seconds), 3 probes an interval apart:
+    ///   an idle connection fails within 4 intervals. One with data unacknowledged fails at
+    ///   TCP's retransmission limit (`tcp_retries2`, minutes): `TCP_USER_TIMEOUT` would
+    ///   shorten that, but Linux counts a zero window against it, cutting off peers that
+    ///   are merely slow to read.
     ///
     /// Every pending request of a connection that fails this way completes with
     /// [`crate::Status::ConnectionClosed`].

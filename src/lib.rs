@@ -189,8 +189,9 @@
 //! nothing posted for an interval posts a zero-length RDMA WRITE, and every queue pair
 //! gives up after 6 unacknowledged tries of 67 ms (rdma_cm's defaults would be 2.1 s per try
 //! and, on Soft-RoCE, 7 tries meaning for ever): the endpoint fails within 2.5 intervals
-//! whether it was idle or busy. Over TCP, keepalive probes and `TCP_USER_TIMEOUT` fail it
-//! within 4 intervals (whole seconds). With `RDMX_KEEPALIVE_MS=0` nothing probes, and an
+//! whether it was idle or busy. Over TCP, keepalive probes fail an idle endpoint within 4
+//! intervals (whole seconds); one with data unacknowledged fails at TCP's retransmission
+//! limit (minutes). With `RDMX_KEEPALIVE_MS=0` nothing probes, and an
 //! idle endpoint to a vanished peer stays up until it next sends. A peer's malformed
 //! frame — too long for a receive buffer, a length that disagrees with the bytes, an unknown
 //! opcode or version, an RTS advertising an empty, absurdly large (over 2^47 bytes) or

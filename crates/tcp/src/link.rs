@@ -92,13 +92,15 @@ impl Link {
         })
     }
 
-    /// Bounds how long a dead or unreachable peer goes unnoticed: TCP keepalive probes an
-    /// idle connection after `interval` (whole seconds, at least 1) without traffic, then
-    /// every `interval`, and gives up after 3 unanswered probes; `TCP_USER_TIMEOUT` fails
-    /// the connection when data it sent stays unacknowledged for 4 × `interval`, and bounds
-    /// the keepalive likewise. The kernel answers probes, so a peer whose application does
-    /// not progress is not mistaken for a dead one. Either way the socket then reports an
-    /// error (`ETIMEDOUT`) and the link breaks.
+    /// Bounds how long a dead or unreachable peer of an idle connection goes unnoticed: TCP
+    /// keepalive probes it after `interval` (whole seconds, at least 1) without traffic,
+    /// then every `interval`, and gives up after 3 unanswered probes; the socket then
+    /// reports `ETIMEDOUT` and the link breaks. The peer's kernel answers probes, so a peer
+    /// whose application does not progress is not mistaken for a dead one. A connection with
+    /// data unacknowledged is probed by TCP's retransmissions instead, up to the kernel's
+    /// limit (`tcp_retries2`, minutes). `TCP_USER_TIMEOUT` would bound that too, but Linux
+    /// also counts a zero window against it: a peer slow to read (a full receive buffer for
+    /// a few seconds) would be cut off, which is what the keepalive must never do.
     pub fn set_keepalive(&self, interval: std::time::Duration) -> io::Result<()> {
         use rustix::net::sockopt;
         let secs = interval.as_secs_f64().ceil().max(1.0) as u64;
@@ -107,7 +109,6 @@ impl Link {
         sockopt::set_tcp_keepidle(&self.stream, every)?;
         sockopt::set_tcp_keepintvl(&self.stream, every)?;
         sockopt::set_tcp_keepcnt(&self.stream, 3)?;
-        sockopt::set_tcp_user_timeout(&self.stream, (4 * secs * 1000) as u32)?;
         Ok(())
     }
 
