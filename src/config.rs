@@ -469,8 +469,9 @@ impl Config {
     /// progress is never taken for dead:
     /// - RDMA: a connection with nothing posted for an interval posts a zero-length RDMA
     ///   WRITE, and every QP retransmits unacknowledged work 6 times with an ACK timeout
-    ///   sized so that the tries take at most half an interval (exponent 14, 67 ms, for
-    ///   1 s). A dead or unreachable peer fails the connection within 2 intervals and a half.
+    ///   sized so that the 7 tries take at most an interval (exponent 15, 134 ms, for 1 s;
+    ///   shorter ones made busy emulated guests retransmit needlessly). A dead or
+    ///   unreachable peer fails the connection within 3 intervals.
     /// - TCP: keepalive after an idle interval (whole seconds), 3 probes an interval apart:
     ///   an idle connection fails within 4 intervals. One with data unacknowledged fails at
     ///   TCP's retransmission limit (`tcp_retries2`, minutes): `TCP_USER_TIMEOUT` would
@@ -484,14 +485,14 @@ impl Config {
     }
 
     /// The RC ACK timeout exponent (4.096 µs × 2^e per try) that the keepalive implies:
-    /// 7 tries within half an interval, between 12 (17 ms) and 20 (4.3 s); `None` (rdmacm's
+    /// 7 tries within an interval, between 12 (17 ms) and 20 (4.3 s); `None` (rdmacm's
     /// default) without a keepalive.
     pub(crate) fn rc_ack_timeout(&self) -> Option<u8> {
         let interval = self.keepalive.value;
         if interval.is_zero() {
             return None;
         }
-        let per_try_us = interval.as_secs_f64() * 1e6 / 2.0 / 7.0;
+        let per_try_us = interval.as_secs_f64() * 1e6 / 7.0;
         let exponent = (per_try_us / 4.096).log2().floor();
         Some(exponent.clamp(12.0, 20.0) as u8)
     }
@@ -714,24 +715,24 @@ mod tests {
     fn keepalive_interval_sets_the_rc_ack_timeout() {
         let c = Config::default();
         assert_eq!(c.keepalive(), Duration::from_secs(1));
-        // 7 tries of 67 ms fit in half a second.
-        assert_eq!(c.rc_ack_timeout(), Some(14));
+        // 7 tries of 134 ms fit in a second.
+        assert_eq!(c.rc_ack_timeout(), Some(15));
         let at = |ms: &str| {
             let c = Config::from_lookup(lookup(&[(KEEPALIVE_VAR, ms)])).unwrap();
             (c.keepalive(), c.rc_ack_timeout())
         };
         assert_eq!(at("0"), (Duration::ZERO, None), "off: rdma_cm's default");
-        assert_eq!(at("10000"), (Duration::from_secs(10), Some(17)));
+        assert_eq!(at("10000"), (Duration::from_secs(10), Some(18)));
         assert_eq!(
             at("1"),
             (Duration::from_millis(1), Some(12)),
             "at least 17 ms"
         );
         assert_eq!(at("3600000").1, Some(20), "at most 4.3 s");
-        for (ms, exponent) in [("1000", 14u8), ("10000", 17)] {
+        for (ms, exponent) in [("1000", 15u8), ("10000", 18)] {
             let (interval, _) = at(ms);
             let tries = 7.0 * 4.096e-6 * f64::from(1u32 << exponent);
-            assert!(tries <= interval.as_secs_f64() / 2.0, "{ms}: {tries}");
+            assert!(tries <= interval.as_secs_f64(), "{ms}: {tries}");
         }
     }
 

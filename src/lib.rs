@@ -187,8 +187,8 @@
 //! transport's own check, answered by the peer's NIC or kernel rather than its application,
 //! so a peer that is merely busy is never taken for dead. Over RDMA, a connection with
 //! nothing posted for an interval posts a zero-length RDMA WRITE, and every queue pair
-//! gives up after 6 unacknowledged tries of 67 ms (rdma_cm's defaults would be 2.1 s per try
-//! and, on Soft-RoCE, 7 tries meaning for ever): the endpoint fails within 2.5 intervals
+//! gives up after 6 unacknowledged tries of 134 ms (rdma_cm's defaults would be 2.1 s per try
+//! and, on Soft-RoCE, 7 tries meaning for ever): the endpoint fails within 3 intervals
 //! whether it was idle or busy. Over TCP, keepalive probes fail an idle endpoint within 4
 //! intervals (whole seconds); one with data unacknowledged fails at TCP's retransmission
 //! limit (minutes). With `RDMX_KEEPALIVE_MS=0` nothing probes, and an

@@ -661,7 +661,7 @@ fn cache_regions_never_show_an_earlier_message() {
 /// The silence is injected (`rdmx::conn::fault::silence`: the peer's QP moves to the error
 /// state without any CM exchange); in one guest nothing else can make a peer vanish without
 /// a word. The keepalive is off, so that the unanswered READs stay posted (rdma_cm's 2.1 s
-/// ACK timeout, 6 tries) until the reap instead of failing on their own within half a
+/// ACK timeout, 6 tries) until the reap instead of failing on their own within a
 /// second (see `a_peer_gone_silent_is_found_by_the_keepalive_and_its_requests_fail`).
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
@@ -809,7 +809,7 @@ fn send_to_a_good_peer(ctx: &Context, server: &Worker, listener: &Listener, data
 ///   (`RDMX_KEEPALIVE_MS`, 1 s): its zero-length probe goes unacknowledged and the endpoint
 ///   closes within 5 s, saying why;
 /// - a send to it fails within 5 s: the QP retries 6 times (rxe retries 7 for ever) with
-///   the ACK timeout the keepalive implies (67 ms), not rdma_cm's 2.1 s;
+///   the ACK timeout the keepalive implies (134 ms), not rdma_cm's 2.1 s;
 /// - without the keepalive, an idle endpoint to a silent peer stays up: nothing tells it.
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
