@@ -199,34 +199,6 @@ impl RdmaLink {
     }
 }
 
-impl RdmaLink {
-    /// The keepalive, at housekeeping (`now`, coarse ns): a link that posted nothing and
-    /// has nothing in flight for a whole interval probes its peer with a zero-length RDMA
-    /// WRITE, which the peer's NIC must acknowledge. A dead or unreachable peer fails the
-    /// probe (`IBV_WC_RETRY_EXC_ERR`, after the QP's tries) and so the connection. Work in
-    /// flight needs no probe: it fails the same way. Returns whether a probe was queued.
-    fn probe_if_idle(&self, now: u64) -> bool {
-        let interval = self.rdma.keepalive_ns;
-        if interval == 0 {
-            return false;
-        }
-        let mut l = self.liveness.lock();
-        if now < l.next_check {
-            return false;
-        }
-        let first = l.next_check == 0;
-        l.next_check = now.saturating_add(interval);
-        let posts = self.posts.load(Ordering::Relaxed);
-        let active = posts != l.posts_seen || self.in_flight() > 0;
-        l.posts_seen = posts;
-        if first || active {
-            return false;
-        }
-        self.push(Outgoing::Probe);
-        true
-    }
-}
-
 impl Drop for RdmaLink {
     fn drop(&mut self) {
         self.rdma.link_left();
@@ -385,8 +357,30 @@ impl TransportLink for RdmaLink {
         self.post(closing)
     }
 
+    /// The keepalive, at housekeeping (`now`, coarse ns): a link that posted nothing and
+    /// has nothing in flight for a whole interval probes its peer with a zero-length RDMA
+    /// WRITE, which the peer's NIC must acknowledge. A dead or unreachable peer fails the
+    /// probe (`IBV_WC_RETRY_EXC_ERR`, after the QP's tries) and so the connection. Work in
+    /// flight needs no probe: it fails the same way. Returns whether a probe was queued.
     fn keepalive(&self, now: u64) -> bool {
-        self.probe_if_idle(now)
+        let interval = self.rdma.keepalive_ns;
+        if interval == 0 {
+            return false;
+        }
+        let mut l = self.liveness.lock();
+        if now < l.next_check {
+            return false;
+        }
+        let first = l.next_check == 0;
+        l.next_check = now.saturating_add(interval);
+        let posts = self.posts.load(Ordering::Relaxed);
+        let active = posts != l.posts_seen || self.in_flight() > 0;
+        l.posts_seen = posts;
+        if first || active {
+            return false;
+        }
+        self.push(Outgoing::Probe);
+        true
     }
 
     fn idle(&self) -> bool {

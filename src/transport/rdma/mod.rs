@@ -219,9 +219,8 @@ impl Rdma {
         let mut qp_config = QpConfig::new(&pd, &cq, Some(&srq));
         qp_config.send_depth = send_depth;
         qp_config.max_inline = INLINE_MAX as u32;
-        // A dead peer must surface as a failed work request in bounded time: 6 tries (rxe
-        // retries 7 for ever) of an ACK timeout the keepalive interval implies.
-        qp_config.retry_count = 6;
+        // A dead peer must surface as a failed work request in bounded time: QpConfig's 6
+        // tries (rxe retries 7 for ever) of an ACK timeout the keepalive interval implies.
         qp_config.ack_timeout = cfg.rc_ack_timeout();
         log::debug!(
             "worker resources on {}: SRQ {srq_depth} x {} B, CQ {cqe}, send depth {send_depth}",
