@@ -189,9 +189,16 @@
 //! nothing posted for an interval posts a zero-length RDMA WRITE, and every queue pair
 //! gives up after 6 unacknowledged tries of 134 ms (rdma_cm's defaults would be 2.1 s per try
 //! and, on Soft-RoCE, 7 tries meaning for ever): the endpoint fails within 3 intervals
-//! whether it was idle or busy. Over TCP, keepalive probes fail an idle endpoint within 4
-//! intervals (whole seconds); one with data unacknowledged fails at TCP's retransmission
-//! limit (minutes). With `RDMX_KEEPALIVE_MS=0` nothing probes, and an
+//! whether it was idle or busy. A cable pulled and put back within that retransmission
+//! budget (7 tries: 0.94 s with the default 1 s, 3.8 s with `RDMX_KEEPALIVE_MS=4000`) is
+//! ridden out — the retransmissions after it deliver everything, in order — and a longer cut
+//! fails the endpoint cleanly on both sides. So with the defaults a 1 s cut fails the
+//! connection (the QP's tries run out while the cable is out; across two Soft-RoCE nodes the
+//! endpoint closed 1.6 s after the cut, every pending request failed on both nodes), and
+//! with `RDMX_KEEPALIVE_MS=4000` it is ridden out; a longer keepalive tolerates longer
+//! outages at the price of finding dead peers later. Over TCP, keepalive probes fail an
+//! idle endpoint within 4 intervals (whole seconds); one with data unacknowledged fails at
+//! TCP's retransmission limit (minutes). With `RDMX_KEEPALIVE_MS=0` nothing probes, and an
 //! idle endpoint to a vanished peer stays up until it next sends. A peer's malformed
 //! frame — too long for a receive buffer, a length that disagrees with the bytes, an unknown
 //! opcode or version, an RTS advertising an empty, absurdly large (over 2^47 bytes) or
@@ -203,7 +210,10 @@
 //! regions, file descriptors, buffers and connections return to where they were), 64
 //! endpoints flooding an SRQ of 256 buffers (nothing lost, duplicated or reordered; no RNR),
 //! 1024 endpoints on one worker with the defaults, each sending a burst at once,
-//! connect/close churn, hostile frames, and the host suite under valgrind (`scripts/test`;
+//! connect/close churn, hostile frames, and the host suite under valgrind; across two
+//! Soft-RoCE nodes joined by a wire: traffic both ways, the cable pulled mid-rendezvous (for
+//! good, and for 1 s with each keepalive above), 1% packet loss, the peer node paused past
+//! the bound and crashed (every pending request fails within 5 s) (`scripts/test`;
 //! full-size campaigns in `scripts/stress`, the decoder fuzzing campaign in `scripts/fuzz`).
 
 // A TCP-only build (`--no-default-features`) keeps the transport-neutral code whole; the
