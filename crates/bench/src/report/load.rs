@@ -344,6 +344,7 @@ impl RunData {
         };
         let hotpath = read_text(&dir.join("hotpath.md"))?;
         let endpoints = read_text(&dir.join("endpoints.md"))?;
+        let twonode = read_text(&dir.join("twonode.md"))?;
         Ok(RunData {
             meta,
             missing: l.missing,
@@ -352,6 +353,7 @@ impl RunData {
             tcp,
             hotpath,
             endpoints,
+            twonode,
         })
     }
 }

@@ -162,6 +162,8 @@ pub struct RunData {
     pub hotpath: Option<String>,
     /// The endpoint-scale table `scripts/bench-endpoints` wrote (`endpoints.md`), as Markdown.
     pub endpoints: Option<String>,
+    /// The across-the-wire table `scripts/bench-twonode` wrote (`twonode.md`), as Markdown.
+    pub twonode: Option<String>,
 }
 
 /// The whole Markdown report. `plots` are `(title, relative link)` pairs.
@@ -227,9 +229,9 @@ pub fn render_markdown(data: &RunData, plots: &[(String, String)]) -> String {
             files.join("; ")
         );
     }
-    // Sections as scripts/bench-hotpath and scripts/bench-endpoints wrote them (each a
-    // level-2 heading first), before the sweeps.
-    let sections: Vec<&String> = [&data.hotpath, &data.endpoints]
+    // Sections as scripts/bench-hotpath, scripts/bench-endpoints and scripts/bench-twonode
+    // wrote them (each a level-2 heading first), before the sweeps.
+    let sections: Vec<&String> = [&data.hotpath, &data.endpoints, &data.twonode]
         .into_iter()
         .flatten()
         .collect();
