@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use rdmx::{Context, Ep, Request, Status, Transport, Worker, TAG_MASK_ALL};
 
+mod pingpong_util;
+use pingpong_util::{pingpong_env, rows, start_server, text, KillOnDrop};
+
 const MIB: usize = 1 << 20;
 /// Bound of every wait that is not a fault's bound: a test that exceeds it fails.
 const LONG: Duration = Duration::from_secs(120);
@@ -711,4 +714,175 @@ fn both_ways(w: &Worker, ep: &Ep, eager: u32, rndv: usize) -> Duration {
     assert!(got.buf == expected_big, "{rndv} bytes intact");
     finish(send).expect("rendezvous send");
     start.elapsed()
+}
+
+/// The demo across the wire, as a user runs it between two machines: `pingpong --server` on
+/// node A (awaited by its "listening" line), `pingpong --client` on node B, eager and
+/// rendezvous sizes, over RDMA.
+#[test]
+#[ignore = "runs on two Soft-RoCE nodes: scripts/test runs it with scripts/softroce-twonode"]
+fn pingpong_demo_across_the_wire() {
+    const PORT: u16 = 7661;
+    let rdma = [("RDMX_TRANSPORT", "rdma")];
+    if is_server() {
+        let (mut server, bound) =
+            start_server(&format!("{}:{PORT}", env("RDMX_NODE_ADDR")), &rdma, "rdma");
+        println!("node A: pingpong listening on {bound}");
+        twonode(&["signal", "pingpong-listening"]);
+        let deadline = Instant::now() + LONG;
+        let status = loop {
+            if let Some(status) = server.0.try_wait().expect("the server's status") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "the pingpong server still runs");
+            thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "the pingpong server failed: {status}");
+    } else {
+        twonode(&["wait", "pingpong-listening", "120"]);
+        let addr = format!("{}:{PORT}", env("RDMX_PEER_ADDR"));
+        let out = pingpong_env(&["--client", &addr, "-s", "8,4K,64K,1M", "-n", "20"], &rdma);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        println!("node B: pingpong across the wire:\n{stdout}");
+        let protocols: Vec<(String, String)> = rows(&stdout)
+            .into_iter()
+            .map(|(size, protocol, n)| {
+                assert_eq!(n, 20, "iterations of {size}");
+                (size, protocol)
+            })
+            .map(|(s, p)| (s.split_whitespace().next().unwrap_or("").to_string(), p))
+            .collect();
+        assert_eq!(
+            protocols
+                .iter()
+                .map(|(_, p)| p.as_str())
+                .collect::<Vec<_>>(),
+            ["eager", "eager", "rndv", "rndv"],
+            "{protocols:?}"
+        );
+    }
+}
+
+/// A peer process killed (SIGKILL) across the wire in the middle of a rendezvous stream, in
+/// each direction: node A runs the peer (this binary again, in the victim role), node B talks
+/// to it. When the victim READs B's sends, B's pending sends fail within 5 s of the kill;
+/// when B READs the victim's sends, B's endpoint closes and its matched receives fail within
+/// 5 s. (The kernel destroys a dead process's QP and rdma_cm tells the peer.)
+#[test]
+#[ignore = "runs on two Soft-RoCE nodes: scripts/test runs it with scripts/softroce-twonode"]
+fn peer_process_killed_mid_rendezvous_fails_pending_requests_across_the_wire() {
+    const MSGS: usize = 4;
+    const LEN: usize = 64 * MIB;
+    if let Ok(role) = std::env::var("RDMX_TWONODE_VICTIM") {
+        return victim(&role, MSGS, LEN);
+    }
+    for (role, port) in [("recv", 7671u16), ("send", 7672)] {
+        let asked = format!("kill-asked-{port}");
+        if is_server() {
+            use std::io::{BufRead, BufReader};
+            let mut child = KillOnDrop(
+                Command::new(std::env::current_exe().expect("this test binary"))
+                    .args([
+                        "--ignored",
+                        "--exact",
+                        "peer_process_killed_mid_rendezvous_fails_pending_requests_across_the_wire",
+                        "--nocapture",
+                        "--test-threads=1",
+                    ])
+                    .env("RDMX_TWONODE_VICTIM", role)
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("start the victim"),
+            );
+            if role == "recv" {
+                // It says READY once its READs of B's stream have run for a while.
+                let stdout = child.0.stdout.take().expect("the victim's stdout");
+                let ready = BufReader::new(stdout)
+                    .lines()
+                    .any(|l| l.is_ok_and(|l| l.contains("READY")));
+                assert!(ready, "the victim ended before it was ready");
+            } else {
+                // B says when its READs of the victim's stream have run for a while.
+                twonode(&["wait", &format!("reading-{port}"), "120"]);
+            }
+            twonode(&["signal", &asked]);
+            child.0.kill().expect("SIGKILL the victim");
+            child.0.wait().expect("the victim's status");
+            println!("node A: killed the {role} victim");
+            twonode(&["wait", &format!("b-done-{port}"), "120"]);
+            continue;
+        }
+        let ctx = context(Transport::Rdma);
+        let w = ctx.worker().unwrap();
+        let ep = connected(&w, port);
+        if role == "recv" {
+            let sends = (0..MSGS)
+                .map(|i| ep.tag_send(9, stamped(LEN, i as u8)))
+                .collect();
+            let sent = sends_until_done(&w, sends, &asked);
+            let took = sent.last_failure.expect("sends failed after the kill");
+            println!(
+                "node B: the victim reading our sends was killed: {} sends completed, {} \
+                 failed, the last {took:?} after A asked for the kill",
+                sent.ok, sent.failed
+            );
+            assert!(
+                took < BOUND,
+                "sends failed {took:?} after the kill was asked"
+            );
+        } else {
+            let recvs = receives_mid_stream(&w, 9, MSGS, LEN);
+            twonode(&["signal", &format!("reading-{port}")]);
+            let signal =
+                std::path::PathBuf::from(env("RDMX_NODE_JOB")).join(format!("sync/s.{asked}"));
+            let deadline = Instant::now() + LONG;
+            let mut last_check = Instant::now();
+            let reference = loop {
+                w.progress();
+                if last_check.elapsed() > Duration::from_millis(10) {
+                    last_check = Instant::now();
+                    if signal.exists() {
+                        break Instant::now();
+                    }
+                }
+                assert!(Instant::now() < deadline, "A never asked for the kill");
+            };
+            let closed = closed_within(&ep, &w, reference);
+            let (ok, failed, unmatched) = receives_after_close(recvs);
+            println!(
+                "node B: the victim we were reading from was killed: closed {closed:?} after \
+                 A asked; receives: {ok} completed, {failed} failed, {unmatched} never matched"
+            );
+            assert!(failed >= 1, "the receives reading from the victim fail");
+        }
+        twonode(&["signal", &format!("b-done-{port}")]);
+    }
+}
+
+/// The victim process on node A (see the test above): `recv` receives B's rendezvous stream
+/// and says READY once its READs ran for a while; `send` sends B one. Either then progresses
+/// until it is killed.
+fn victim(role: &str, msgs: usize, len: usize) {
+    let port = if role == "recv" { 7671 } else { 7672 };
+    let payloads: Vec<Vec<u8>> = if role == "send" {
+        (0..msgs).map(|i| stamped(len, i as u8)).collect()
+    } else {
+        Vec::new()
+    };
+    let ctx = context(Transport::Rdma);
+    let w = ctx.worker().unwrap();
+    let ep = connected(&w, port);
+    let _requests: Vec<Request> = if role == "recv" {
+        let recvs = receives_mid_stream(&w, 9, msgs, len);
+        println!("READY");
+        recvs
+    } else {
+        payloads.into_iter().map(|p| ep.tag_send(9, p)).collect()
+    };
+    let deadline = Instant::now() + LONG;
+    while Instant::now() < deadline {
+        w.progress();
+    }
+    panic!("the {role} victim was not killed within {LONG:?}");
 }
