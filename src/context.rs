@@ -141,6 +141,9 @@ impl ContextBuilder {
         /// Bytes the registration cache may keep registered.
         rcache_bytes: u64 => rcache_bytes);
     setter!(
+        /// Bytes each RDMA READ of a rendezvous fetches; see [`crate::Config::rndv_chunk`].
+        rndv_chunk: u64 => rndv_chunk);
+    setter!(
         /// How long connect and accept wait.
         connect_timeout: Duration => connect_timeout);
     setter!(

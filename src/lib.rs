@@ -212,8 +212,9 @@
 //! 1024 endpoints on one worker with the defaults, each sending a burst at once,
 //! connect/close churn, hostile frames, and the host suite under valgrind; across two
 //! Soft-RoCE nodes joined by a wire: traffic both ways, the cable pulled mid-rendezvous (for
-//! good, and for 1 s with each keepalive above), 1% packet loss, the peer node paused past
-//! the bound and crashed (every pending request fails within 5 s) (`scripts/test`;
+//! good, and for 1 s with each keepalive above), 1% packet loss, a peer process killed, the
+//! peer node paused past the bound and crashed (every pending request fails within 5 s)
+//! (`scripts/test`;
 //! full-size campaigns in `scripts/stress`, the decoder fuzzing campaign in `scripts/fuzz`).
 
 // A TCP-only build (`--no-default-features`) keeps the transport-neutral code whole; the
