@@ -85,6 +85,39 @@ fn connected(w: &Worker, port: u16) -> Ep {
     }
 }
 
+/// Messages and bytes of each fault test's rendezvous stream: long enough that a fault asked
+/// for once READs are under way lands mid-stream (about 20 MB/s across the emulated wire).
+const MSGS: usize = 4;
+const LEN: usize = 64 * MIB;
+
+/// A fault test's RDMA endpoint on `port` over `ctx` (node A listens, node B connects), with
+/// node B's stamped payloads of the stream, made before it connects: an emulated debug build
+/// takes seconds to fill them, during which the worker would not progress.
+struct FaultStream {
+    w: Worker,
+    ep: Ep,
+    payloads: Vec<Vec<u8>>,
+    _ctx: Context,
+}
+
+impl FaultStream {
+    fn new(ctx: Context, port: u16) -> FaultStream {
+        let payloads = if is_server() {
+            Vec::new()
+        } else {
+            (0..MSGS).map(|i| stamped(LEN, i as u8)).collect()
+        };
+        let w = ctx.worker().unwrap();
+        let ep = connected(&w, port);
+        FaultStream {
+            w,
+            ep,
+            payloads,
+            _ctx: ctx,
+        }
+    }
+}
+
 /// Runs the host runner's helper (`twonode ARGS...`), failing the test if it fails.
 fn twonode(args: &[&str]) {
     let out = Command::new("twonode")
@@ -175,21 +208,10 @@ fn messages_cross_the_wire_both_ways_byte_exact() {
 #[test]
 #[ignore = "runs on two Soft-RoCE nodes: scripts/test runs it with scripts/softroce-twonode"]
 fn cable_pulled_mid_rendezvous_fails_every_pending_request_within_5s() {
-    // Long enough that the cut, asked for once the first message is in, lands mid-stream
-    // (about 20 MB/s across the emulated wire).
-    const MSGS: usize = 4;
-    const LEN: usize = 64 * MIB;
     let node = env("RDMX_NODE");
-    // Made before the stream starts: an emulated debug build takes seconds to fill them,
-    // during which the worker would not progress.
-    let payloads: Vec<Vec<u8>> = if is_server() {
-        Vec::new()
-    } else {
-        (0..MSGS).map(|i| stamped(LEN, i as u8)).collect()
-    };
-    let ctx = context(Transport::Rdma);
-    let w = ctx.worker().unwrap();
-    let ep = connected(&w, 7611);
+    let FaultStream {
+        w, ep, payloads, ..
+    } = FaultStream::new(context(Transport::Rdma), 7611);
     if is_server() {
         let recvs = receives_mid_stream(&w, 9, MSGS, LEN);
         // B takes this signal as its reference point: it comes before the cut.
@@ -339,6 +361,28 @@ fn receives_after_close(recvs: Vec<Request>) -> (usize, usize, usize) {
     (ok, failed, unmatched)
 }
 
+/// Node A's side of a fault that silences node B mid-stream: READs of B's stream under way,
+/// then `twonode host FAULT...` (after the `signal` B takes as its reference point, if
+/// any); the endpoint must close within [`BOUND`] and the receives reading then fail. Marks
+/// `A-failed` on the runner's timeline.
+fn node_a_silences_b_mid_stream(w: &Worker, ep: &Ep, signal: Option<&str>, fault: &[&str]) {
+    let recvs = receives_mid_stream(w, 9, MSGS, LEN);
+    if let Some(signal) = signal {
+        twonode(&["signal", signal]);
+    }
+    let asked = Instant::now();
+    twonode(&[&["host"][..], fault].concat());
+    let closed = closed_within(ep, w, asked);
+    let (ok, failed, unmatched) = receives_after_close(recvs);
+    let fault = fault.join(" ");
+    println!(
+        "node A: closed {closed:?} after `{fault}` was asked for; receives: {ok} completed, \
+         {failed} failed, {unmatched} never matched (cancelled)"
+    );
+    assert!(failed >= 1, "the receives reading when `{fault}` came fail");
+    twonode(&["mark", "A-failed"]);
+}
+
 /// How node B's sends of a fault test ended.
 struct Sent {
     ok: usize,
@@ -411,15 +455,8 @@ fn sends_until_done(w: &Worker, sends: Vec<Request>, signal: &str) -> Sent {
 #[test]
 #[ignore = "runs on two Soft-RoCE nodes: scripts/test runs it with scripts/softroce-twonode"]
 fn cable_pulled_for_one_second_fails_cleanly_or_with_a_longer_keepalive_survives() {
-    const MSGS: usize = 4;
-    const LEN: usize = 64 * MIB;
     let node = env("RDMX_NODE");
     for (keepalive, port, must_survive) in [(1000u64, 7631u16, false), (4000, 7632, true)] {
-        let payloads: Vec<Vec<u8>> = if is_server() {
-            Vec::new()
-        } else {
-            (0..MSGS).map(|i| stamped(LEN, i as u8)).collect()
-        };
         let _ = env_logger::builder().is_test(true).try_init();
         let ctx = Context::builder()
             .env_lookup(|_| None)
@@ -427,8 +464,9 @@ fn cable_pulled_for_one_second_fails_cleanly_or_with_a_longer_keepalive_survives
             .keepalive(Duration::from_millis(keepalive))
             .build()
             .expect("context");
-        let w = ctx.worker().unwrap();
-        let ep = connected(&w, port);
+        let FaultStream {
+            w, ep, payloads, ..
+        } = FaultStream::new(ctx, port);
         let asked = format!("cut1-asked-{port}");
         let survived: bool;
         if is_server() {
@@ -558,30 +596,13 @@ fn cable_pulled_for_one_second_fails_cleanly_or_with_a_longer_keepalive_survives
 #[test]
 #[ignore = "runs on two Soft-RoCE nodes: scripts/test runs it with scripts/softroce-twonode"]
 fn peer_node_paused_past_the_bound_fails_every_pending_request() {
-    const MSGS: usize = 4;
-    const LEN: usize = 64 * MIB;
     const PAUSE: Duration = Duration::from_secs(8);
-    let payloads: Vec<Vec<u8>> = if is_server() {
-        Vec::new()
-    } else {
-        (0..MSGS).map(|i| stamped(LEN, i as u8)).collect()
-    };
-    let ctx = context(Transport::Rdma);
-    let w = ctx.worker().unwrap();
-    let ep = connected(&w, 7641);
+    let FaultStream {
+        w, ep, payloads, ..
+    } = FaultStream::new(context(Transport::Rdma), 7641);
     if is_server() {
-        let recvs = receives_mid_stream(&w, 9, MSGS, LEN);
-        twonode(&["signal", "pause-asked"]);
-        let asked = Instant::now();
-        twonode(&["host", "pause", "B", &PAUSE.as_secs().to_string()]);
-        let closed = closed_within(&ep, &w, asked);
-        let (ok, failed, unmatched) = receives_after_close(recvs);
-        println!(
-            "node A: closed {closed:?} after B's pause was asked for; receives: {ok} \
-             completed, {failed} failed, {unmatched} never matched (cancelled)"
-        );
-        assert!(failed >= 1, "the receives reading when B stopped fail");
-        twonode(&["mark", "A-failed"]);
+        let secs = PAUSE.as_secs().to_string();
+        node_a_silences_b_mid_stream(&w, &ep, Some("pause-asked"), &["pause", "B", &secs]);
         // B reports once it ran again and found out.
         twonode(&["wait", "B-paused-failed", "120"]);
     } else {
@@ -612,28 +633,11 @@ fn peer_node_paused_past_the_bound_fails_every_pending_request() {
 #[test]
 #[ignore = "runs on two Soft-RoCE nodes: scripts/test runs it with scripts/softroce-twonode"]
 fn peer_node_crashed_mid_rendezvous_fails_every_pending_request_within_5s() {
-    const MSGS: usize = 4;
-    const LEN: usize = 64 * MIB;
-    let payloads: Vec<Vec<u8>> = if is_server() {
-        Vec::new()
-    } else {
-        (0..MSGS).map(|i| stamped(LEN, i as u8)).collect()
-    };
-    let ctx = context(Transport::Rdma);
-    let w = ctx.worker().unwrap();
-    let ep = connected(&w, 7651);
+    let FaultStream {
+        w, ep, payloads, ..
+    } = FaultStream::new(context(Transport::Rdma), 7651);
     if is_server() {
-        let recvs = receives_mid_stream(&w, 9, MSGS, LEN);
-        let asked = Instant::now();
-        twonode(&["host", "crash", "B"]);
-        let closed = closed_within(&ep, &w, asked);
-        let (ok, failed, unmatched) = receives_after_close(recvs);
-        println!(
-            "node A: closed {closed:?} after B's crash was asked for; receives: {ok} \
-             completed, {failed} failed, {unmatched} never matched (cancelled)"
-        );
-        assert!(failed >= 1, "the receives reading when B crashed fail");
-        twonode(&["mark", "A-failed"]);
+        node_a_silences_b_mid_stream(&w, &ep, None, &["crash", "B"]);
     } else {
         let sends: Vec<Request> = payloads.into_iter().map(|p| ep.tag_send(9, p)).collect();
         // Progress until the host kills this node; reaching the end is the failure.
@@ -803,10 +807,8 @@ fn pingpong_demo_across_the_wire() {
 #[test]
 #[ignore = "runs on two Soft-RoCE nodes: scripts/test runs it with scripts/softroce-twonode"]
 fn peer_process_killed_mid_rendezvous_fails_pending_requests_across_the_wire() {
-    const MSGS: usize = 4;
-    const LEN: usize = 64 * MIB;
     if let Ok(role) = std::env::var("RDMX_TWONODE_VICTIM") {
-        return victim(&role, MSGS, LEN);
+        return victim(&role);
     }
     for (role, port) in [("recv", 7671u16), ("send", 7672)] {
         let asked = format!("kill-asked-{port}");
@@ -894,10 +896,10 @@ fn peer_process_killed_mid_rendezvous_fails_pending_requests_across_the_wire() {
 /// The victim process on node A (see the test above): `recv` receives B's rendezvous stream
 /// and says READY once its READs ran for a while; `send` sends B one. Either then progresses
 /// until it is killed.
-fn victim(role: &str, msgs: usize, len: usize) {
+fn victim(role: &str) {
     let port = if role == "recv" { 7671 } else { 7672 };
     let payloads: Vec<Vec<u8>> = if role == "send" {
-        (0..msgs).map(|i| stamped(len, i as u8)).collect()
+        (0..MSGS).map(|i| stamped(LEN, i as u8)).collect()
     } else {
         Vec::new()
     };
@@ -905,7 +907,7 @@ fn victim(role: &str, msgs: usize, len: usize) {
     let w = ctx.worker().unwrap();
     let ep = connected(&w, port);
     let _requests: Vec<Request> = if role == "recv" {
-        let recvs = receives_mid_stream(&w, 9, msgs, len);
+        let recvs = receives_mid_stream(&w, 9, MSGS, LEN);
         println!("READY");
         recvs
     } else {
