@@ -392,11 +392,17 @@ struct Sent {
     last_failure: Option<Duration>,
 }
 
+/// The file the runner's helper creates for `twonode signal NAME` (what `twonode wait`
+/// waits for), for a test that checks it while it progresses.
+fn signal_file(name: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env("RDMX_NODE_JOB")).join(format!("sync/s.{name}"))
+}
+
 /// Progresses node B's `sends` until all are done (at most [`LONG`]), watching for A's
 /// `signal`. A send may complete or fail with [`Status::ConnectionClosed`]; nothing else.
 fn sends_until_done(w: &Worker, sends: Vec<Request>, signal: &str) -> Sent {
     let mut sends: Vec<Option<Request>> = sends.into_iter().map(Some).collect();
-    let signal = std::path::PathBuf::from(env("RDMX_NODE_JOB")).join(format!("sync/s.{signal}"));
+    let signal = signal_file(signal);
     let (mut ok, mut failed) = (0, 0);
     let mut reference: Option<Instant> = None;
     let mut last_check = Instant::now();
@@ -867,8 +873,7 @@ fn peer_process_killed_mid_rendezvous_fails_pending_requests_across_the_wire() {
         } else {
             let recvs = receives_mid_stream(&w, 9, MSGS, LEN);
             twonode(&["signal", &format!("reading-{port}")]);
-            let signal =
-                std::path::PathBuf::from(env("RDMX_NODE_JOB")).join(format!("sync/s.{asked}"));
+            let signal = signal_file(&asked);
             let deadline = Instant::now() + LONG;
             let mut last_check = Instant::now();
             let reference = loop {

@@ -28,13 +28,14 @@ impl Driver {
         let now = self.now_ns();
         let housekeeping = self.cm_check_due(now);
         let srq_low = housekeeping && self.ifaces.srq_low();
-        let fd_links = self.fd_links.load(Ordering::Acquire) > 0;
+        let fd_links = self.fd_links.load(Ordering::Acquire);
         // READ requests the links answered as they read (no event for them).
         let mut answered = 0;
         let links = self.links.load(Ordering::Acquire);
-        if fd_links || (housekeeping && links > 0) {
+        if fd_links > 0 || (housekeeping && links > 0) {
             let conns = self.conn_list.read();
-            if !self.read_the_only_link(&conns, housekeeping, links, ready) {
+            let only_stream = !housekeeping && links == 1 && fd_links == 1;
+            if !(only_stream && read_the_only_link(&conns, ready)) {
                 // One epoll_wait says which links have input (TCP data, rdmacm events) or
                 // room for output they hold back: only those are read or written.
                 if let Err(e) = self.registry.wait(ready, Some(Duration::ZERO)) {
@@ -105,38 +106,6 @@ impl Driver {
         drop(scratch);
         self.finish(&mut out);
         work
-    }
-
-    /// With exactly one link, a stream (TCP) with no output held back, outside the
-    /// housekeeping tick: marks it readable in `ready` without asking epoll, and returns
-    /// true. Its read is then the readiness check — one system call per idle poll either
-    /// way, and one instead of two (epoll_wait, then recv) per arriving batch: 8 B TCP
-    /// one-way 3.36 -> 3.06-3.14 µs, pinned (ucx_perftest 3.22 in the same runs). With
-    /// more links, reading each on every poll would cost a call per link: epoll says which.
-    /// The tick's epoll_wait still sees what a read cannot (rdmacm events, room to write).
-    fn read_the_only_link(
-        &self,
-        conns: &HashMap<u64, Arc<Conn>>,
-        housekeeping: bool,
-        links: usize,
-        ready: &mut Vec<Ready>,
-    ) -> bool {
-        if housekeeping || links != 1 || self.fd_links.load(Ordering::Acquire) != 1 {
-            return false;
-        }
-        let Some(cs) = conns.values().next() else {
-            return false;
-        };
-        if !cs.link.frames_on_event_fd() || cs.write_watched.load(Ordering::Acquire) {
-            return false;
-        }
-        ready.clear();
-        ready.push(Ready {
-            token: TOKEN_CONN + cs.id.0,
-            readable: true,
-            writable: false,
-        });
-        true
     }
 
     /// Event-mode wait: arm, re-progress, sleep on every fd, take the events, progress.
@@ -233,4 +202,30 @@ impl Driver {
             }
         }
     }
+}
+
+/// The worker's only link (`conns` holds one), a stream (TCP) with no output held back:
+/// marks it readable in `ready` without asking epoll, and returns true. Its read is then the
+/// readiness check — one system call per idle poll either way, and one instead of two
+/// (epoll_wait, then recv) per arriving batch: 8 B TCP one-way 3.36 -> 3.06-3.14 µs,
+/// pinned (ucx_perftest 3.22 in the same runs). With more links, reading each on every poll
+/// would cost a call per link: epoll says which. Outside the housekeeping tick only: its
+/// epoll_wait still sees what a read cannot (rdmacm events, room to write).
+fn read_the_only_link(conns: &HashMap<u64, Arc<Conn>>, ready: &mut Vec<Ready>) -> bool {
+    // (The counts the caller checked move apart from the list for a moment as links come
+    // and go: look again.)
+    let Some(cs) = conns.values().next() else {
+        return false;
+    };
+    if conns.len() != 1 || !cs.link.frames_on_event_fd() || cs.write_watched.load(Ordering::Acquire)
+    {
+        return false;
+    }
+    ready.clear();
+    ready.push(Ready {
+        token: TOKEN_CONN + cs.id.0,
+        readable: true,
+        writable: false,
+    });
+    true
 }
