@@ -16,6 +16,7 @@ fn net() -> api::Net {
         transport: rdmx::Transport::Rdma,
         addr_a: env("SOFTROCE_ADDR_A"),
         addr_b: env("SOFTROCE_ADDR_B"),
+        sides: api::Sides::Threads,
     }
 }
 

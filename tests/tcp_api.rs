@@ -9,6 +9,7 @@ fn net() -> api::Net {
         transport: rdmx::Transport::Tcp,
         addr_a: "127.0.0.1".into(),
         addr_b: "127.0.0.1".into(),
+        sides: api::Sides::Threads,
     }
 }
 

@@ -34,62 +34,52 @@ fn burst_len(ep: usize, k: usize, threshold: usize) -> usize {
 /// RNR events (past 4096 / 4 = 1024 endpoints' initial grants, RNR retry is the backstop)
 /// are reported.
 pub fn a_thousand_endpoints_on_one_worker() {
-    init_log();
-    raise_fd_limit();
-    // RDMX_SCALE_EPS: fewer under valgrind (scripts/test).
-    let n = env_count("RDMX_SCALE_EPS", if is_rdma() { 256 } else { 1024 });
-    const BURST: usize = 8;
-    const CLIENTS: usize = 4;
-    // The defaults (not the suite's smaller SRQ): no setting needs changing.
-    let ctx = Context::builder()
-        .env_lookup(test_env)
-        .transport(crate::net().transport)
-        .build()
-        .unwrap();
+    two_sided("a_thousand_endpoints_on_one_worker", |p| {
+        raise_fd_limit();
+        // RDMX_SCALE_EPS: fewer under valgrind (scripts/test).
+        let n = env_count("RDMX_SCALE_EPS", if is_rdma() { 256 } else { 1024 });
+        // The defaults (not the suite's smaller SRQ): no setting needs changing.
+        let ctx = Context::builder()
+            .env_lookup(test_env)
+            .transport(crate::net().transport)
+            .build()
+            .unwrap();
+        let mut stages: Vec<usize> = [1, 64, 256].into_iter().filter(|&s| s < n).collect();
+        stages.push(n);
+        if p.is_server() {
+            thousand_server(p, &ctx, n, &stages);
+        } else {
+            thousand_clients(p, &ctx, &stages);
+        }
+    });
+}
+
+const BURST: usize = 8;
+const CLIENTS: usize = 4;
+/// The tag bit of the greeting each new endpoint sends.
+const HELLO: u64 = 1 << 63;
+
+/// The server of [`a_thousand_endpoints_on_one_worker`]: accepts the endpoints in stages,
+/// each greeting it once, then takes every endpoint's burst by wildcard receives.
+fn thousand_server(p: &Peer, ctx: &Context, n: usize, stages: &[usize]) {
     let threshold = ctx.config().eager_threshold() as usize;
-    let server = new_worker(&ctx);
-    let listener = server.listen(&format!("{}:0", addr_a())).unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let clients: Vec<Worker> = (0..CLIENTS).map(|_| new_worker(&ctx)).collect();
+    let server = new_worker(ctx);
+    let listener = p.listen(&server);
     let started = Instant::now();
     let mut sep: Vec<Ep> = Vec::new();
-    let mut cep: Vec<Vec<Ep>> = vec![Vec::new(); CLIENTS];
     let mut memory = Vec::new();
-    let mut stages: Vec<usize> = [1, 64, 256].into_iter().filter(|&s| s < n).collect();
-    stages.push(n);
-    for &stage in &stages {
+    for &stage in stages {
         let have = sep.len();
-        let connecting: Vec<_> = clients
-            .iter()
-            .enumerate()
-            .map(|(c, w)| {
-                let (w, a) = (w.clone(), addr.clone());
-                let mine = (have..stage).filter(|i| i % CLIENTS == c).count();
-                thread::spawn(move || {
-                    (0..mine)
-                        .map(|_| w.connect(&a).expect("connect"))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        for _ in have..stage {
-            sep.push(listener.accept().expect("accept"));
-        }
-        for (c, t) in connecting.into_iter().enumerate() {
-            cep[c].extend(t.join().expect("client thread"));
-        }
+        sep.extend(accept_n(&listener, stage - have, "a stage of endpoints"));
         // One message from each new endpoint, so that every connection was read from.
-        let hello = 1 << 63;
-        let recvs: Vec<_> = (have..stage)
-            .map(|i| server.tag_recv(hello | i as u64, TAG_MASK_ALL, vec![0; 8]))
-            .collect();
-        for i in have..stage {
-            let ep = &cep[i % CLIENTS][i / CLIENTS];
-            finish(ep.tag_send(hello | i as u64, (i as u64).to_le_bytes().to_vec())).unwrap();
+        for r in (have..stage)
+            .map(|i| server.tag_recv(HELLO | i as u64, TAG_MASK_ALL, vec![0; 8]))
+            .collect::<Vec<_>>()
+        {
+            let got = finish(r).unwrap();
+            assert_eq!(got.buf, (got.tag & !HELLO).to_le_bytes());
         }
-        for (i, r) in (have..stage).zip(recvs) {
-            assert_eq!(finish(r).unwrap().buf, (i as u64).to_le_bytes());
-        }
+        p.barrier();
         let st = server.stats();
         assert_eq!(st.eps, stage);
         println!(
@@ -113,8 +103,87 @@ pub fn a_thousand_endpoints_on_one_worker() {
             "TCP receive memory grows with endpoints: {memory:?}"
         );
     }
-    // Every endpoint sends its burst at once; the server takes them all by wildcard receives.
+    // Every endpoint sends its burst at once; this side takes them all by wildcard receives.
     let rnr_before = rnr_events();
+    let total = n * BURST;
+    let mut next = vec![0usize; n];
+    let mut posted = std::collections::VecDeque::new();
+    let post = |posted: &mut std::collections::VecDeque<Request>| {
+        posted.push_back(server.tag_recv(0, TAG_MASK_ANY, vec![0; threshold + 101]));
+    };
+    for _ in 0..256.min(total) {
+        post(&mut posted);
+    }
+    for got in 0..total {
+        let done = finish(posted.pop_front().unwrap()).expect("receive");
+        if got + posted.len() < total {
+            post(&mut posted);
+        }
+        let (ep_i, k) = ((done.tag >> 32) as usize, (done.tag & 0xffff_ffff) as usize);
+        assert!(ep_i < n && k < BURST, "tag {:#x}", done.tag);
+        assert_eq!(k, next[ep_i], "ep {ep_i}: out of order, lost or duplicated");
+        next[ep_i] += 1;
+        let len = burst_len(ep_i, k, threshold);
+        assert_eq!(done.length, len, "ep {ep_i} message {k}");
+        assert!(
+            done.buf[..len] == pattern(len, (ep_i ^ k) as u8)[..],
+            "ep {ep_i} message {k}: bytes differ"
+        );
+    }
+    assert!(next.iter().all(|&k| k == BURST));
+    let st = server.stats();
+    assert_eq!(st.unexpected_messages, 0, "nothing extra arrived");
+    let rnr_after = rnr_events();
+    println!(
+        "{n} eps x {BURST}: {total} messages in {:?}; credits {:?}; RNR events {rnr_before:?} -> {rnr_after:?}",
+        started.elapsed(),
+        st.credits
+    );
+    assert!(
+        st.credits.granted >= 4 * n as u64,
+        "every endpoint holds at least the initial grant: {:?}",
+        st.credits
+    );
+    if rnr_after.is_none() && is_rdma() {
+        println!("this device exposes no RNR counter");
+    }
+    p.barrier();
+    drop(sep);
+}
+
+/// The clients of [`a_thousand_endpoints_on_one_worker`]: [`CLIENTS`] workers connect
+/// endpoint `i` from worker `i % CLIENTS`, in the server's stages, and each endpoint
+/// greets it; then every endpoint sends its burst at once.
+fn thousand_clients(p: &Peer, ctx: &Context, stages: &[usize]) {
+    let threshold = ctx.config().eager_threshold() as usize;
+    let clients: Vec<Worker> = (0..CLIENTS).map(|_| new_worker(ctx)).collect();
+    let addr = p.server_addr();
+    let mut cep: Vec<Vec<Ep>> = vec![Vec::new(); CLIENTS];
+    let mut have = 0;
+    for &stage in stages {
+        let connecting: Vec<_> = clients
+            .iter()
+            .enumerate()
+            .map(|(c, w)| {
+                let (w, a) = (w.clone(), addr.clone());
+                let mine = (have..stage).filter(|i| i % CLIENTS == c).count();
+                thread::spawn(move || {
+                    (0..mine)
+                        .map(|_| connect_retrying(&w, &a))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for (c, t) in connecting.into_iter().enumerate() {
+            cep[c].extend(t.join().expect("client thread"));
+        }
+        for i in have..stage {
+            let ep = &cep[i % CLIENTS][i / CLIENTS];
+            finish(ep.tag_send(HELLO | i as u64, (i as u64).to_le_bytes().to_vec())).unwrap();
+        }
+        p.barrier();
+        have = stage;
+    }
     let senders: Vec<_> = cep
         .into_iter()
         .enumerate()
@@ -136,53 +205,12 @@ pub fn a_thousand_endpoints_on_one_worker() {
             })
         })
         .collect();
-    let total = n * BURST;
-    let mut next = vec![0usize; n];
-    let mut posted = std::collections::VecDeque::new();
-    let post = |posted: &mut std::collections::VecDeque<Request>| {
-        posted.push_back(server.tag_recv(0, TAG_MASK_ANY, vec![0; threshold + 101]));
-    };
-    for _ in 0..256.min(total) {
-        post(&mut posted);
-    }
-    for got in 0..total {
-        let done = posted.pop_front().unwrap().wait().expect("receive");
-        if got + posted.len() < total {
-            post(&mut posted);
-        }
-        let (ep_i, k) = ((done.tag >> 32) as usize, (done.tag & 0xffff_ffff) as usize);
-        assert!(ep_i < n && k < BURST, "tag {:#x}", done.tag);
-        assert_eq!(k, next[ep_i], "ep {ep_i}: out of order, lost or duplicated");
-        next[ep_i] += 1;
-        let len = burst_len(ep_i, k, threshold);
-        assert_eq!(done.length, len, "ep {ep_i} message {k}");
-        assert!(
-            done.buf[..len] == pattern(len, (ep_i ^ k) as u8)[..],
-            "ep {ep_i} message {k}: bytes differ"
-        );
-    }
     let eps: Vec<Vec<Ep>> = senders
         .into_iter()
         .map(|t| t.join().expect("sender"))
         .collect();
-    assert!(next.iter().all(|&k| k == BURST));
-    let st = server.stats();
-    assert_eq!(st.unexpected_messages, 0, "nothing extra arrived");
-    let rnr_after = rnr_events();
-    println!(
-        "{n} eps x {BURST}: {total} messages in {:?}; credits {:?}; RNR events {rnr_before:?} -> {rnr_after:?}",
-        started.elapsed(),
-        st.credits
-    );
-    assert!(
-        st.credits.granted >= 4 * n as u64,
-        "every endpoint holds at least the initial grant: {:?}",
-        st.credits
-    );
-    if rnr_after.is_none() && is_rdma() {
-        println!("this device exposes no RNR counter");
-    }
-    drop((eps, sep));
+    p.barrier();
+    drop(eps);
 }
 
 /// An overcommitted SRQ: 48 endpoints granted 4 credits each (192) towards a worker with 64
@@ -190,90 +218,109 @@ pub fn a_thousand_endpoints_on_one_worker() {
 /// low, the device raises its limit event and the worker posts its reserve before the SRQ
 /// runs dry; senders past that meet RNR and retry. Every message arrives once, in order.
 pub fn overcommitted_srq_posts_its_reserve_and_loses_nothing() {
-    init_log();
-    let eps_n = 48;
-    let per_ep = 6;
-    let ctx = builder().srq_depth(64).credits(4).build().unwrap();
-    let (server, _seps, client, ceps) = connect_n(&ctx, &addr_a(), eps_n);
-    let rnr_before = rnr_events();
-    let sender = thread::spawn(move || {
-        let mut sends = Vec::new();
-        for seq in 0..per_ep {
-            for (ep_i, ep) in ceps.iter().enumerate() {
-                let tag = ((ep_i as u64) << 32) | seq as u64;
-                sends.push(ep.tag_send(tag, pattern(100 + ep_i, seq as u8)));
+    two_sided(
+        "overcommitted_srq_posts_its_reserve_and_loses_nothing",
+        |p| {
+            let eps_n = 48;
+            let per_ep = 6;
+            let ctx = builder().srq_depth(64).credits(4).build().unwrap();
+            let (w, eps) = p.endpoints(&ctx, eps_n);
+            if !p.is_server() {
+                let mut sends = Vec::new();
+                for seq in 0..per_ep {
+                    for (ep_i, ep) in eps.iter().enumerate() {
+                        let tag = ((ep_i as u64) << 32) | seq as u64;
+                        sends.push(ep.tag_send(tag, pattern(100 + ep_i, seq as u8)));
+                    }
+                }
+                for s in sends {
+                    finish(s).expect("send");
+                }
+                p.barrier();
+                return;
             }
-        }
-        for s in sends {
-            s.wait().expect("send");
-        }
-        drop(client);
-        ceps
-    });
-    // The server does not progress while the first frames pour in.
-    thread::sleep(Duration::from_secs(2));
-    let mut next = vec![0usize; eps_n];
-    for _ in 0..eps_n * per_ep {
-        let done = finish(server.tag_recv(0, TAG_MASK_ANY, vec![0; 200])).expect("receive");
-        let (ep_i, seq) = ((done.tag >> 32) as usize, (done.tag & 0xffff_ffff) as usize);
-        assert_eq!(
-            seq, next[ep_i],
-            "ep {ep_i}: out of order, lost or duplicated"
+            let rnr_before = rnr_events();
+            // This side does not progress while the first frames pour in.
+            thread::sleep(Duration::from_secs(2));
+            let mut next = vec![0usize; eps_n];
+            for _ in 0..eps_n * per_ep {
+                let done = finish(w.tag_recv(0, TAG_MASK_ANY, vec![0; 200])).expect("receive");
+                let (ep_i, seq) = ((done.tag >> 32) as usize, (done.tag & 0xffff_ffff) as usize);
+                // The client's endpoint i is this side's i (one client connects them in order).
+                assert_eq!(
+                    seq, next[ep_i],
+                    "ep {ep_i}: out of order, lost or duplicated"
+                );
+                next[ep_i] += 1;
+                assert_eq!(done.buf[..done.length], pattern(100 + ep_i, seq as u8)[..]);
+            }
+            let st = w.stats();
+            println!(
+            "overcommitted SRQ: {} SRQ limit events; credits {:?}; RNR events {rnr_before:?} -> {:?}",
+            st.srq_limit_events,
+            st.credits,
+            rnr_events()
         );
-        next[ep_i] += 1;
-        assert_eq!(done.buf[..done.length], pattern(100 + ep_i, seq as u8)[..]);
-    }
-    let ceps = sender.join().expect("sender");
-    let st = server.stats();
-    println!(
-        "overcommitted SRQ: {} SRQ limit events; credits {:?}; RNR events {rnr_before:?} -> {:?}",
-        st.srq_limit_events,
-        st.credits,
-        rnr_events()
+            assert!(
+                st.credits.granted > u64::from(st.srq_depth),
+                "{:?}",
+                st.credits
+            );
+            if is_rdma() {
+                assert!(
+                    st.srq_limit_events > 0,
+                    "the SRQ never reported running low"
+                );
+            } else {
+                assert_eq!(st.srq_limit_events, 0, "TCP has no SRQ");
+            }
+            p.barrier();
+        },
     );
-    assert!(
-        st.credits.granted > u64::from(st.srq_depth),
-        "{:?}",
-        st.credits
-    );
-    if is_rdma() {
-        assert!(
-            st.srq_limit_events > 0,
-            "the SRQ never reported running low"
-        );
-    } else {
-        assert_eq!(st.srq_limit_events, 0, "TCP has no SRQ");
-    }
-    drop(ceps);
 }
 
+/// The server closes one of two endpoints while the client's rendezvous send on it waits to
+/// be received: the send fails within 5 s (ConnectionClosed, its buffer back), new sends on
+/// it fail at once, and the other endpoint keeps working.
 pub fn peer_close_fails_pending_requests_only_on_that_ep() {
-    init_log();
-    let ctx = builder().build().unwrap();
-    let (server, mut seps, _client, ceps) = connect_n(&ctx, &addr_a(), 2);
-    // A rendezvous send on ep 0 that the peer never receives, then the peer closes ep 0.
-    let pending = ceps[0].tag_send(1, pattern(1 << 20, 1));
-    wait_for_message(&server, 1, TAG_MASK_ALL);
-    let closed_at = Instant::now();
-    seps.remove(0).close().unwrap();
-    let mut err = finish(pending).expect_err("the peer closed");
-    println!(
-        "pending send failed {:?} after the peer closed",
-        closed_at.elapsed()
-    );
-    assert_eq!(err.status(), Some(Status::ConnectionClosed));
-    assert_eq!(err.take_buffer(), pattern(1 << 20, 1));
-    assert!(closed_at.elapsed() < Duration::from_secs(5));
-    assert!(!ceps[0].is_connected());
-    // New sends on the closed ep fail at once, with the buffer back.
-    let err = finish(ceps[0].tag_send(2, vec![1; 3])).expect_err("closed");
-    assert_eq!(err.status(), Some(Status::ConnectionClosed));
-    // The other ep keeps working, both ways.
-    let r = server.tag_recv(3, TAG_MASK_ALL, vec![0; 1 << 20]);
-    let s = ceps[1].tag_send(3, pattern(1 << 20, 3));
-    // One thread drives both workers: the receive first (the server reads), then the send.
-    assert_eq!(finish(r).unwrap().buf, pattern(1 << 20, 3));
-    finish(s).unwrap();
+    two_sided("peer_close_fails_pending_requests_only_on_that_ep", |p| {
+        let ctx = builder().build().unwrap();
+        let (w, mut eps) = p.endpoints(&ctx, 2);
+        if p.is_server() {
+            wait_for_message(&w, 1, TAG_MASK_ALL);
+            eps.remove(0).close().unwrap();
+            p.barrier(); // closed
+            let r = w.tag_recv(3, TAG_MASK_ALL, vec![0; 1 << 20]);
+            assert_eq!(finish(r).unwrap().buf, pattern(1 << 20, 3));
+            let r = w.tag_recv(4, TAG_MASK_ALL, vec![0; 8]);
+            eps[0].send(4, b"back").unwrap();
+            assert_eq!(&finish(r).unwrap().buf[..4], b"ok!!");
+            p.barrier();
+            return;
+        }
+        // A rendezvous send on ep 0 that the peer never receives, then the peer closes ep 0.
+        let pending = eps[0].tag_send(1, pattern(1 << 20, 1));
+        p.barrier();
+        let closed_at = Instant::now();
+        let mut err = finish(pending).expect_err("the peer closed");
+        println!(
+            "pending send failed {:?} after the peer closed",
+            closed_at.elapsed()
+        );
+        assert_eq!(err.status(), Some(Status::ConnectionClosed));
+        assert_eq!(err.take_buffer(), pattern(1 << 20, 1));
+        assert!(closed_at.elapsed() < Duration::from_secs(5));
+        assert!(!eps[0].is_connected());
+        // New sends on the closed ep fail at once, with the buffer back.
+        let err = finish(eps[0].tag_send(2, vec![1; 3])).expect_err("closed");
+        assert_eq!(err.status(), Some(Status::ConnectionClosed));
+        // The other ep keeps working, both ways.
+        finish(eps[1].tag_send(3, pattern(1 << 20, 3))).unwrap();
+        let (got, _) = w.recv_vec(4, TAG_MASK_ALL).unwrap();
+        assert_eq!(got, b"back");
+        eps[1].send(4, b"ok!!").unwrap();
+        p.barrier();
+    });
 }
 
 pub fn connect_failures_are_errors() {
@@ -352,84 +399,80 @@ fn flood_len(ep: usize, seq: usize, threshold: usize) -> usize {
 /// the device counts no RNR (receiver not ready) event. `RDMX_FLOOD_MSGS` messages per
 /// endpoint (CI: 300; `scripts/stress`: 10 000).
 pub fn flood_through_a_small_srq() {
-    init_log();
-    let eps_n = 64;
-    let per_ep = env_count("RDMX_FLOOD_MSGS", 300);
-    let ctx = builder().srq_depth(256).credits(4).build().unwrap();
-    let threshold = ctx.config().eager_threshold() as usize;
-    let (server, _seps, client, ceps) = connect_n(&ctx, &addr_a(), eps_n);
-    let rnr_before = rnr_events();
-    let started = Instant::now();
-    let total = eps_n * per_ep;
-    let sender = thread::spawn(move || {
-        let mut in_flight = std::collections::VecDeque::new();
-        for seq in 0..per_ep {
-            for (ep_i, ep) in ceps.iter().enumerate() {
-                let len = flood_len(ep_i, seq, threshold);
-                let tag = ((ep_i as u64) << 32) | seq as u64;
-                in_flight.push_back(ep.tag_send(tag, pattern(len, (seq ^ ep_i) as u8)));
-                if in_flight.len() >= 512 {
-                    in_flight.pop_front().unwrap().wait().expect("send");
+    two_sided("flood_through_a_small_srq", |p| {
+        let eps_n = 64;
+        let per_ep = env_count("RDMX_FLOOD_MSGS", 300);
+        let ctx = builder().srq_depth(256).credits(4).build().unwrap();
+        let threshold = ctx.config().eager_threshold() as usize;
+        let (w, eps) = p.endpoints(&ctx, eps_n);
+        let total = eps_n * per_ep;
+        if !p.is_server() {
+            let mut in_flight = std::collections::VecDeque::new();
+            for seq in 0..per_ep {
+                for (ep_i, ep) in eps.iter().enumerate() {
+                    let len = flood_len(ep_i, seq, threshold);
+                    let tag = ((ep_i as u64) << 32) | seq as u64;
+                    in_flight.push_back(ep.tag_send(tag, pattern(len, (seq ^ ep_i) as u8)));
+                    if in_flight.len() >= 512 {
+                        finish(in_flight.pop_front().unwrap()).expect("send");
+                    }
                 }
             }
+            for r in in_flight {
+                finish(r).expect("send");
+            }
+            p.barrier();
+            return;
         }
-        for r in in_flight {
-            r.wait().expect("send");
-        }
-        drop(client);
-        ceps
-    });
-    // Receives posted ahead, any tag; they match in the order posted, so waiting for them in
-    // that order sees each endpoint's messages in the order they were matched.
-    let mut next = vec![0usize; eps_n];
-    let mut posted = std::collections::VecDeque::new();
-    let post = |posted: &mut std::collections::VecDeque<Request>| {
-        posted.push_back(server.tag_recv(0, TAG_MASK_ANY, vec![0; threshold + 1001]));
-    };
-    for _ in 0..128.min(total) {
-        post(&mut posted);
-    }
-    for n in 0..total {
-        let done = posted.pop_front().unwrap().wait().expect("receive");
-        if n + posted.len() < total {
+        let rnr_before = rnr_events();
+        let started = Instant::now();
+        // Receives posted ahead, any tag; they match in the order posted, so waiting for them
+        // in that order sees each endpoint's messages in the order they were matched.
+        let mut next = vec![0usize; eps_n];
+        let mut posted = std::collections::VecDeque::new();
+        let post = |posted: &mut std::collections::VecDeque<Request>| {
+            posted.push_back(w.tag_recv(0, TAG_MASK_ANY, vec![0; threshold + 1001]));
+        };
+        for _ in 0..128.min(total) {
             post(&mut posted);
         }
-        let (ep_i, seq) = ((done.tag >> 32) as usize, (done.tag & 0xffff_ffff) as usize);
-        assert!(ep_i < eps_n, "tag {:#x}", done.tag);
-        assert_eq!(
-            seq, next[ep_i],
-            "ep {ep_i}: out of order, lost or duplicated"
+        for n in 0..total {
+            let done = finish(posted.pop_front().unwrap()).expect("receive");
+            if n + posted.len() < total {
+                post(&mut posted);
+            }
+            let (ep_i, seq) = ((done.tag >> 32) as usize, (done.tag & 0xffff_ffff) as usize);
+            assert!(ep_i < eps_n, "tag {:#x}", done.tag);
+            assert_eq!(
+                seq, next[ep_i],
+                "ep {ep_i}: out of order, lost or duplicated"
+            );
+            next[ep_i] += 1;
+            let len = flood_len(ep_i, seq, threshold);
+            assert_eq!(done.length, len);
+            assert!(
+                done.buf[..len] == pattern(len, (seq ^ ep_i) as u8)[..],
+                "ep {ep_i} message {seq}: bytes differ"
+            );
+        }
+        assert!(next.iter().all(|&n| n == per_ep));
+        assert_eq!(w.stats().unexpected_messages, 0, "nothing extra arrived");
+        let rnr_after = rnr_events();
+        println!(
+            "flood: {total} messages from {eps_n} eps through SRQ 256 in {:?}; RNR events {rnr_before:?} -> {rnr_after:?}",
+            started.elapsed()
         );
-        next[ep_i] += 1;
-        let len = flood_len(ep_i, seq, threshold);
-        assert_eq!(done.length, len);
-        assert!(
-            done.buf[..len] == pattern(len, (seq ^ ep_i) as u8)[..],
-            "ep {ep_i} message {seq}: bytes differ"
-        );
-    }
-    let ceps = sender.join().expect("sender");
-    assert!(next.iter().all(|&n| n == per_ep));
-    assert_eq!(
-        server.stats().unexpected_messages,
-        0,
-        "nothing extra arrived"
-    );
-    let rnr_after = rnr_events();
-    println!(
-        "flood: {total} messages from {eps_n} eps through SRQ 256 in {:?}; RNR events {rnr_before:?} -> {rnr_after:?}",
-        started.elapsed()
-    );
-    if let (Some(a), Some(b)) = (rnr_before, rnr_after) {
-        assert_eq!(
-            b - a,
-            0,
-            "the device saw RNR events: flow control let a sender overrun the SRQ"
-        );
-    } else if is_rdma() {
-        println!("flood: this device exposes no RNR counter");
-    }
-    drop(ceps);
+        if let (Some(a), Some(b)) = (rnr_before, rnr_after) {
+            assert_eq!(
+                b - a,
+                0,
+                "the device saw RNR events: flow control let a sender overrun the SRQ"
+            );
+        } else if is_rdma() {
+            println!("flood: this device exposes no RNR counter");
+        }
+        p.barrier();
+    });
 }
 
 fn rss_kib() -> usize {
@@ -517,63 +560,84 @@ pub fn connect_close_churn_leaks_nothing() {
 
 /// The close modes UCP offers, and a drop that never blocks: each with a rendezvous send the
 /// peer has not received.
+/// The three ways to end an endpoint with a rendezvous send pending that the peer has not
+/// received (it does not progress meanwhile): a force close fails the send; a flush-then-
+/// close with a deadline it cannot meet is a timeout error, fails the send and closes anyway;
+/// a drop returns at once and the endpoint lingers until the peer has the message.
 pub fn close_modes_and_drop_never_block() {
-    init_log();
-    let ctx = builder().build().unwrap();
-    let big = 1 << 20; // rendezvous on both transports
-                       // Force: the pending send fails without waiting for the peer (which does not progress
-                       // here): at once over TCP; over RDMA once the NIC gave the exposed buffer back, which
-                       // only this side's progress has to see.
-    let (server, sep, client, cep) = pair(&ctx);
-    let s = cep.tag_send(1, pattern(big, 1));
-    wait_for_message(&server, 1, TAG_MASK_ALL); // its RTS
-    cep.close_force();
-    assert!(!cep.is_connected());
-    if !is_rdma() {
-        assert!(s.is_done(), "a force close fails the pending send at once");
-    }
-    let deadline = Instant::now() + long();
-    while !s.is_done() {
-        assert!(
-            Instant::now() < deadline,
-            "the force-closed send never failed"
-        );
-        client.progress();
-    }
-    let err = s.wait().expect_err("force-closed");
-    assert_eq!(err.status(), Some(Status::ConnectionClosed), "{err}");
-    wait_closed(&server, &sep);
-
-    // Flush-then-close with a deadline the unreceived send cannot meet: a timeout error,
-    // the send fails, and the endpoint is closed anyway.
-    let (server, sep, _client, cep) = pair(&ctx);
-    let s = cep.tag_send(2, pattern(big, 2));
-    wait_for_message(&server, 2, TAG_MASK_ALL); // its RTS
-    let err = cep
-        .close_timeout(Duration::from_millis(20))
-        .expect_err("nobody receives the send");
-    assert!(matches!(err, rdmx::Error::Timeout(..)), "{err}");
-    assert!(!cep.is_connected());
-    let err = finish(s).expect_err("closed at the deadline");
-    assert_eq!(err.status(), Some(Status::ConnectionClosed), "{err}");
-    wait_closed(&server, &sep);
-
-    // Drop with the send in flight (its request dropped too: fire and forget): the drop
-    // returns at once — the peer has not progressed, so a drop that waited for the send
-    // would wait for its whole timeout and then fail it — and the endpoint lingers until
-    // the peer receives the message, then closes by itself.
-    let (server, sep, _client, cep) = pair(&ctx);
-    drop(cep.tag_send(3, pattern(big, 3)));
-    wait_for_message(&server, 3, TAG_MASK_ALL); // its RTS
-    drop(cep);
-    assert!(
-        sep.is_connected(),
-        "the dropped endpoint lingers while its send is pending"
-    );
-    let r = server.tag_recv(3, TAG_MASK_ALL, vec![0; big]);
-    let got = finish(r).expect("the message of a dropped endpoint arrives");
-    assert!(got.buf == pattern(big, 3));
-    wait_closed(&server, &sep);
+    two_sided("close_modes_and_drop_never_block", |p| {
+        let ctx = builder().build().unwrap();
+        let big = 1 << 20; // rendezvous on both transports
+        for tag in 1..=3u64 {
+            let (w, eps) = p.endpoints(&ctx, 1);
+            if p.is_server() {
+                wait_for_message(&w, tag, TAG_MASK_ALL); // its RTS
+                p.barrier();
+                p.barrier(); // the client closed (or dropped) its endpoint
+                if tag == 3 {
+                    assert!(
+                        eps[0].is_connected(),
+                        "the dropped endpoint lingers while its send is pending"
+                    );
+                    let r = w.tag_recv(3, TAG_MASK_ALL, vec![0; big]);
+                    let got = finish(r).expect("the message of a dropped endpoint arrives");
+                    assert!(got.buf == pattern(big, 3));
+                }
+                wait_closed(&w, &eps[0]);
+                p.barrier();
+                continue;
+            }
+            let ep = eps.into_iter().next().expect("an endpoint");
+            let s = ep.tag_send(tag, pattern(big, tag as u8));
+            p.barrier(); // the server has its RTS
+            match tag {
+                1 => {
+                    // Force: the pending send fails without waiting for the peer: at once
+                    // over TCP; over RDMA once the NIC gave the exposed buffer back, which
+                    // only this side's progress has to see.
+                    ep.close_force();
+                    assert!(!ep.is_connected());
+                    if !is_rdma() {
+                        assert!(s.is_done(), "a force close fails the pending send at once");
+                    }
+                    let err = finish(s).expect_err("force-closed");
+                    assert_eq!(err.status(), Some(Status::ConnectionClosed), "{err}");
+                    p.barrier();
+                }
+                2 => {
+                    // Flush-then-close with a deadline the unreceived send cannot meet: a
+                    // timeout error, the send fails, and the endpoint is closed anyway.
+                    let err = ep
+                        .close_timeout(Duration::from_millis(20))
+                        .expect_err("nobody receives the send");
+                    assert!(matches!(err, rdmx::Error::Timeout(..)), "{err}");
+                    assert!(!ep.is_connected());
+                    let err = finish(s).expect_err("closed at the deadline");
+                    assert_eq!(err.status(), Some(Status::ConnectionClosed), "{err}");
+                    p.barrier();
+                }
+                _ => {
+                    // Drop with the send in flight (its request dropped too: fire and
+                    // forget): the drop returns at once — the peer has not progressed, so a
+                    // drop that waited for the send would wait for its whole timeout and then
+                    // fail it — and the endpoint lingers until the peer receives the message,
+                    // then closes by itself (this side progresses until it has).
+                    drop(s);
+                    drop(ep);
+                    p.barrier();
+                    let deadline = Instant::now() + long();
+                    while w.stats().connections > 0 {
+                        assert!(
+                            Instant::now() < deadline,
+                            "the dropped endpoint never closed"
+                        );
+                        w.progress();
+                    }
+                }
+            }
+            p.barrier();
+        }
+    });
 }
 
 /// Progresses this thread's workers until `ep` (the peer of a closed endpoint) sees the close.

@@ -3,9 +3,9 @@
 
 use super::*;
 
-/// Sends every size both ways around the threshold and checks each byte; with the receive
-/// posted first (`expected`) or the messages sent first (unexpected).
-fn sizes_roundtrip(ctx: &Context, expected: bool) {
+/// The client sends every size around the threshold and the server checks each byte; with
+/// the receives posted first (`expected`) or the messages sent first (unexpected).
+fn sizes_roundtrip(p: &Peer, ctx: &Context, expected: bool) {
     let thr = ctx.config().eager_threshold() as usize;
     let sizes = [
         0,
@@ -18,32 +18,45 @@ fn sizes_roundtrip(ctx: &Context, expected: bool) {
         (1 << 20) + 3,
         (16 << 20) + 5,
     ];
-    let (server, _sep, client, cep) = pair(ctx);
+    let (w, eps) = p.endpoints(ctx, 1);
+    if !p.is_server() {
+        if expected {
+            p.barrier(); // the receives are posted
+        }
+        let sends: Vec<_> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| eps[0].tag_send(i as u64, pattern(len, i as u8)))
+            .collect();
+        for (i, s) in sends.into_iter().enumerate() {
+            let done = finish(s).expect("send ok");
+            assert_eq!(done.buf.len(), sizes[i], "the send buffer comes back whole");
+            assert!(
+                done.buf == pattern(sizes[i], i as u8),
+                "send buffer unchanged"
+            );
+        }
+        return;
+    }
     let mut recvs = Vec::new();
     if expected {
         for (i, &len) in sizes.iter().enumerate() {
-            recvs.push(server.tag_recv(i as u64, TAG_MASK_ALL, vec![0; len]));
+            recvs.push(w.tag_recv(i as u64, TAG_MASK_ALL, vec![0; len]));
         }
-    }
-    let sends: Vec<_> = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &len)| cep.tag_send(i as u64, pattern(len, i as u8)))
-        .collect();
-    if !expected {
-        // Let every message arrive (eager data, or the RTS of rendezvous) before receiving;
-        // the sender progresses too (past its initial window of credits, sends wait for the
-        // credits the receiver returns).
+        p.barrier();
+    } else {
+        // Let every message arrive (eager data, or the RTS of rendezvous) before receiving
+        // (past its initial window of credits, the sender waits for the credits this side
+        // returns as it progresses).
         let deadline = Instant::now() + long();
-        while server.stats().unexpected_messages < sizes.len() {
+        while w.stats().unexpected_messages < sizes.len() {
             assert!(Instant::now() < deadline, "messages did not all arrive");
-            server.progress();
-            client.progress();
+            w.progress();
         }
-        let probed = server.probe(3, TAG_MASK_ALL).expect("probe sees message 3");
+        let probed = w.probe(3, TAG_MASK_ALL).expect("probe sees message 3");
         assert_eq!(probed.len as usize, thr - 1);
         for (i, &len) in sizes.iter().enumerate() {
-            recvs.push(server.tag_recv(i as u64, TAG_MASK_ALL, vec![0; len]));
+            recvs.push(w.tag_recv(i as u64, TAG_MASK_ALL, vec![0; len]));
         }
     }
     for (i, r) in recvs.into_iter().enumerate() {
@@ -56,76 +69,86 @@ fn sizes_roundtrip(ctx: &Context, expected: bool) {
             sizes[i]
         );
     }
-    for (i, s) in sends.into_iter().enumerate() {
-        let done = finish(s).expect("send ok");
-        assert_eq!(done.buf.len(), sizes[i], "the send buffer comes back whole");
-        assert!(
-            done.buf == pattern(sizes[i], i as u8),
-            "send buffer unchanged"
-        );
-    }
 }
 
 pub fn eager_and_rendezvous_expected() {
-    init_log();
-    sizes_roundtrip(&builder().build().unwrap(), true);
+    two_sided("eager_and_rendezvous_expected", |p| {
+        sizes_roundtrip(p, &builder().build().unwrap(), true)
+    });
 }
 
 pub fn eager_and_rendezvous_unexpected() {
-    init_log();
-    sizes_roundtrip(&builder().build().unwrap(), false);
+    two_sided("eager_and_rendezvous_unexpected", |p| {
+        sizes_roundtrip(p, &builder().build().unwrap(), false)
+    });
 }
 
 pub fn registration_cache_mode_and_small_threshold() {
-    init_log();
-    let ctx = builder()
-        .rndv_registration(RndvRegistration::Cache)
-        .eager_threshold(512)
-        .build()
-        .unwrap();
-    sizes_roundtrip(&ctx, true);
-    sizes_roundtrip(&ctx, false);
+    two_sided("registration_cache_mode_and_small_threshold", |p| {
+        let ctx = builder()
+            .rndv_registration(RndvRegistration::Cache)
+            .eager_threshold(512)
+            .build()
+            .unwrap();
+        sizes_roundtrip(p, &ctx, true);
+        sizes_roundtrip(p, &ctx, false);
+    });
 }
 
 pub fn per_operation_registration_mode() {
-    init_log();
-    let ctx = builder()
-        .rndv_registration(RndvRegistration::PerOperation)
-        .build()
-        .unwrap();
-    sizes_roundtrip(&ctx, true);
-    sizes_roundtrip(&ctx, false);
+    two_sided("per_operation_registration_mode", |p| {
+        let ctx = builder()
+            .rndv_registration(RndvRegistration::PerOperation)
+            .build()
+            .unwrap();
+        sizes_roundtrip(p, &ctx, true);
+        sizes_roundtrip(p, &ctx, false);
+    });
 }
 
+/// Event mode: the sizes, then a receive waited for while nothing arrives for 2 s (the
+/// waiting thread sleeps), then a ping-pong.
 pub fn event_wait_mode_roundtrips_and_idles() {
-    init_log();
-    let ctx = builder().wait_mode(WaitMode::Event).build().unwrap();
-    sizes_roundtrip(&ctx, true);
-    let (server, _sep, _client, cep) = pair(&ctx);
-    // A receive waited for in event mode: the waiting thread sleeps.
-    let r = server.tag_recv(9, TAG_MASK_ALL, vec![0; 16]);
-    let waiter = thread::spawn(move || {
-        let before = thread_cpu_ticks();
-        let done = r.wait().expect("receive");
-        (done, thread_cpu_ticks() - before)
+    two_sided("event_wait_mode_roundtrips_and_idles", |p| {
+        let ctx = builder().wait_mode(WaitMode::Event).build().unwrap();
+        sizes_roundtrip(p, &ctx, true);
+        let (w, eps) = p.endpoints(&ctx, 1);
+        let idle = Duration::from_secs(2);
+        if !p.is_server() {
+            p.barrier(); // the server waits
+            thread::sleep(idle);
+            eps[0].send(9, b"wake up").unwrap();
+            for i in 0..50u64 {
+                let got = w.recv_vec(100 + i, TAG_MASK_ALL).expect("ping");
+                assert_eq!(got.0, i.to_le_bytes());
+                eps[0].send(100 + i, &i.to_le_bytes()).unwrap();
+            }
+            return;
+        }
+        let r = w.tag_recv(9, TAG_MASK_ALL, vec![0; 16]);
+        let waiter = thread::spawn(move || {
+            let before = thread_cpu_ticks();
+            let done = r.wait().expect("receive");
+            (done, thread_cpu_ticks() - before)
+        });
+        p.barrier();
+        let (done, ticks) = waiter.join().unwrap();
+        assert_eq!(&done.buf[..done.length], b"wake up");
+        let percent = ticks as f64 / (idle.as_secs_f64() * 100.0) * 100.0;
+        println!(
+            "event-mode waiter used {ticks} CPU ticks (100/s) in {idle:?} asleep: {percent:.1} %"
+        );
+        assert!(
+            ticks <= 10,
+            "an event-mode waiter must sleep, used {ticks} ticks"
+        );
+        // Ping-pong in event mode.
+        for i in 0..50u64 {
+            let r = w.tag_recv(100 + i, TAG_MASK_ALL, vec![0; 8]);
+            eps[0].send(100 + i, &i.to_le_bytes()).unwrap();
+            assert_eq!(finish(r).unwrap().buf, i.to_le_bytes());
+        }
     });
-    let idle = Duration::from_secs(2);
-    thread::sleep(idle);
-    cep.send(9, b"wake up").unwrap();
-    let (done, ticks) = waiter.join().unwrap();
-    assert_eq!(&done.buf[..done.length], b"wake up");
-    let percent = ticks as f64 / (idle.as_secs_f64() * 100.0) * 100.0;
-    println!("event-mode waiter used {ticks} CPU ticks (100/s) in {idle:?} asleep: {percent:.1} %");
-    assert!(
-        ticks <= 10,
-        "an event-mode waiter must sleep, used {ticks} ticks"
-    );
-    // Ping-pong in event mode.
-    for i in 0..50u64 {
-        let r = server.tag_recv(100 + i, TAG_MASK_ALL, vec![0; 8]);
-        cep.send(100 + i, &i.to_le_bytes()).unwrap();
-        assert_eq!(finish(r).unwrap().buf, i.to_le_bytes());
-    }
 }
 
 /// utime + stime of the calling thread, in clock ticks.
@@ -142,137 +165,184 @@ fn thread_cpu_ticks() -> u64 {
 }
 
 pub fn wildcard_and_masked_tags() {
-    init_log();
-    let ctx = builder().build().unwrap();
-    let (server, _sep, _client, cep) = pair(&ctx);
-    // Unexpected messages first, in this order.
-    for (tag, body) in [(0x10u64, "a"), (0x21, "b"), (0x12, "c"), (0x30, "d")] {
-        cep.send(tag, body.as_bytes()).unwrap();
-    }
-    let recv = |tag, mask| {
-        let r = server.tag_recv(tag, mask, vec![0; 8]);
-        assert!(r.wait_for(long()));
-        let d = finish(r).unwrap();
-        (
-            d.tag,
-            String::from_utf8(d.buf[..d.length].to_vec()).unwrap(),
-        )
-    };
-    // High nibble 1: the first such message in arrival order.
-    assert_eq!(recv(0x10, 0xf0), (0x10, "a".into()));
-    assert_eq!(recv(0x1f, 0xf0), (0x12, "c".into()));
-    // Wildcard: the oldest remaining.
-    assert_eq!(recv(0, TAG_MASK_ANY), (0x21, "b".into()));
-    assert_eq!(recv(0x30, TAG_MASK_ALL), (0x30, "d".into()));
-    // Posted wildcard receives match in posting order.
-    let r1 = server.tag_recv(0, TAG_MASK_ANY, vec![0; 8]);
-    let r2 = server.tag_recv(0, TAG_MASK_ANY, vec![0; 8]);
-    assert!(!r1.test() && !r2.is_done(), "nothing sent yet");
-    cep.send(5, b"first").unwrap();
-    cep.send(6, b"second").unwrap();
-    assert_eq!(finish(r1).unwrap().tag, 5);
-    assert_eq!(finish(r2).unwrap().tag, 6);
+    two_sided("wildcard_and_masked_tags", |p| {
+        let ctx = builder().build().unwrap();
+        let (w, eps) = p.endpoints(&ctx, 1);
+        if !p.is_server() {
+            // Unexpected messages first, in this order.
+            for (tag, body) in [(0x10u64, "a"), (0x21, "b"), (0x12, "c"), (0x30, "d")] {
+                eps[0].send(tag, body.as_bytes()).unwrap();
+            }
+            p.barrier(); // the server posted two wildcard receives
+            eps[0].send(5, b"first").unwrap();
+            eps[0].send(6, b"second").unwrap();
+            p.barrier(); // the server has them
+            return;
+        }
+        let recv = |tag, mask| {
+            let r = w.tag_recv(tag, mask, vec![0; 8]);
+            let d = finish(r).unwrap();
+            (
+                d.tag,
+                String::from_utf8(d.buf[..d.length].to_vec()).unwrap(),
+            )
+        };
+        // Let all four arrive: an early receive must not match a later message.
+        let deadline = Instant::now() + long();
+        while w.stats().unexpected_messages < 4 {
+            assert!(Instant::now() < deadline, "the messages did not all arrive");
+            w.progress();
+        }
+        // High nibble 1: the first such message in arrival order.
+        assert_eq!(recv(0x10, 0xf0), (0x10, "a".into()));
+        assert_eq!(recv(0x1f, 0xf0), (0x12, "c".into()));
+        // Wildcard: the oldest remaining.
+        assert_eq!(recv(0, TAG_MASK_ANY), (0x21, "b".into()));
+        assert_eq!(recv(0x30, TAG_MASK_ALL), (0x30, "d".into()));
+        // Posted wildcard receives match in posting order.
+        let r1 = w.tag_recv(0, TAG_MASK_ANY, vec![0; 8]);
+        let r2 = w.tag_recv(0, TAG_MASK_ANY, vec![0; 8]);
+        assert!(!r1.test() && !r2.is_done(), "nothing sent yet");
+        p.barrier();
+        assert_eq!(finish(r1).unwrap().tag, 5);
+        assert_eq!(finish(r2).unwrap().tag, 6);
+        p.barrier();
+    });
 }
 
 pub fn truncation_on_both_protocols() {
-    init_log();
-    let ctx = builder().build().unwrap();
-    let thr = ctx.config().eager_threshold() as usize;
-    let (server, _sep, _client, cep) = pair(&ctx);
-    // Eager: the receiver gets Truncated (the sender already completed).
-    let r = server.tag_recv(1, TAG_MASK_ALL, vec![0; 10]);
-    cep.send(1, &pattern(100, 1)).unwrap();
-    let mut err = finish(r).expect_err("truncated");
-    assert_eq!(err.status(), Some(Status::Truncated));
-    assert_eq!(err.take_buffer().len(), 10, "the buffer comes back");
-    // Rendezvous: both sides fail, nothing delivered.
-    let r = server.tag_recv(2, TAG_MASK_ALL, vec![0xee; thr + 100]);
-    let s = cep.tag_send(2, pattern(thr * 4, 2));
-    let mut err = finish(r).expect_err("truncated");
-    assert_eq!(err.status(), Some(Status::Truncated));
-    assert!(
-        err.take_buffer().iter().all(|&b| b == 0xee),
-        "nothing delivered"
-    );
-    let mut err = finish(s).expect_err("remote truncated");
-    assert_eq!(err.status(), Some(Status::RemoteTruncated));
-    assert_eq!(err.take_buffer(), pattern(thr * 4, 2));
-    // The connection still works.
-    let r = server.tag_recv(3, TAG_MASK_ALL, vec![0; 4]);
-    cep.send(3, b"fine").unwrap();
-    assert_eq!(finish(r).unwrap().buf, b"fine");
+    two_sided("truncation_on_both_protocols", |p| {
+        let ctx = builder().build().unwrap();
+        let thr = ctx.config().eager_threshold() as usize;
+        let (w, eps) = p.endpoints(&ctx, 1);
+        if !p.is_server() {
+            // Eager: the receiver gets Truncated (the sender already completed).
+            eps[0].send(1, &pattern(100, 1)).unwrap();
+            // Rendezvous: both sides fail, nothing delivered.
+            let s = eps[0].tag_send(2, pattern(thr * 4, 2));
+            let mut err = finish(s).expect_err("remote truncated");
+            assert_eq!(err.status(), Some(Status::RemoteTruncated));
+            assert_eq!(err.take_buffer(), pattern(thr * 4, 2));
+            // The connection still works.
+            eps[0].send(3, b"fine").unwrap();
+            p.barrier(); // the server got it
+            return;
+        }
+        let r = w.tag_recv(1, TAG_MASK_ALL, vec![0; 10]);
+        let mut err = finish(r).expect_err("truncated");
+        assert_eq!(err.status(), Some(Status::Truncated));
+        assert_eq!(err.take_buffer().len(), 10, "the buffer comes back");
+        let r = w.tag_recv(2, TAG_MASK_ALL, vec![0xee; thr + 100]);
+        let mut err = finish(r).expect_err("truncated");
+        assert_eq!(err.status(), Some(Status::Truncated));
+        assert!(
+            err.take_buffer().iter().all(|&b| b == 0xee),
+            "nothing delivered"
+        );
+        let r = w.tag_recv(3, TAG_MASK_ALL, vec![0; 4]);
+        assert_eq!(finish(r).unwrap().buf, b"fine");
+        p.barrier();
+    });
 }
 
 pub fn cancel_receive_and_rendezvous_send() {
-    init_log();
-    let ctx = builder().build().unwrap();
-    let (server, sep, client, cep) = pair(&ctx);
-    let r = server.tag_recv(1, TAG_MASK_ALL, vec![7; 32]);
-    assert!(r.cancel(), "an unmatched receive can be cancelled");
-    let mut err = finish(r).expect_err("cancelled");
-    assert_eq!(err.status(), Some(Status::Cancelled));
-    assert_eq!(err.take_buffer(), vec![7; 32]);
-    // A rendezvous send whose RTS reached the peer cannot be withdrawn any more (a cancelled
-    // send is never received, and this one may be matched at any moment): cancel says no,
-    // the late receiver gets the message whole, and the send completes normally.
-    let big = pattern(1 << 20, 9);
-    let s = cep.tag_send(2, big.clone());
-    // Let the RTS arrive.
-    wait_for_message(&server, 2, TAG_MASK_ALL);
-    assert!(
-        !s.cancel(),
-        "an announced rendezvous send cannot be cancelled"
-    );
-    let r = server.tag_recv(2, TAG_MASK_ALL, vec![0; 1 << 20]);
-    let got = finish(r).expect("the message arrives whole");
-    assert!(got.buf == big, "the late receiver got other bytes");
-    assert_eq!(finish(s).expect("the send completes").buf.len(), 1 << 20);
-    // The endpoint carries on: a later rendezvous and an eager message on it complete (on
-    // RDMA a withdrawn exposure used to break the queue pair and hang the next one).
-    let again = pattern(1 << 20, 10);
-    let r = server.tag_recv(5, TAG_MASK_ALL, vec![0; 1 << 20]);
-    let s = cep.tag_send(5, again.clone());
-    assert!(finish(r).expect("a later rendezvous").buf == again);
-    finish(s).expect("its send");
-    let r = server.tag_recv(4, TAG_MASK_ALL, vec![0; 8]);
-    cep.send(4, b"alive").unwrap();
-    assert_eq!(&finish(r).unwrap().buf[..5], b"alive");
-    assert!(cep.is_connected() && sep.is_connected());
-    // A send still queued for credits (nothing of it left) can be cancelled, and is never
-    // received: the server does not progress while the client sends three times its credits.
-    let n = 3 * usize::from(ctx.config().credits());
-    let sends: Vec<Request> = (0..n as u32)
-        .map(|k| cep.tag_send(6, k.to_le_bytes().to_vec()))
-        .collect();
-    let last = sends.last().expect("sends");
-    assert!(!last.is_done(), "the last send waits for credits");
-    assert!(last.cancel(), "a queued send can be cancelled");
-    for k in 0..n as u32 - 1 {
-        let r = server.tag_recv(6, TAG_MASK_ALL, vec![0; 4]);
-        let got = finish(r).expect("a queued message");
-        assert_eq!(got.buf, k.to_le_bytes(), "in order, none lost");
-    }
-    for (k, s) in sends.into_iter().enumerate() {
-        let status = finish(s).err().and_then(|e| e.status());
-        let want = (k == n - 1).then_some(Status::Cancelled);
-        assert_eq!(status, want, "send {k}");
-    }
-    // Whatever else arrives, the cancelled message never does.
-    let r = server.tag_recv(7, TAG_MASK_ALL, vec![0; 8]);
-    cep.send(7, b"after").unwrap();
-    finish(r).expect("a later message");
-    assert!(
-        server.probe(6, TAG_MASK_ALL).is_none(),
-        "the cancelled send was received"
-    );
-    drop(client);
-    // Dropping an unfinished receive cancels it: the next message goes to the next receive.
-    let (server, _sep, _client, cep) = pair(&ctx);
-    drop(server.tag_recv(3, TAG_MASK_ALL, vec![0; 8]));
-    let r = server.tag_recv(3, TAG_MASK_ALL, vec![0; 8]);
-    cep.send(3, b"x").unwrap();
-    assert_eq!(finish(r).unwrap().length, 1);
-    assert_eq!(server.stats().pending_requests, 0);
+    two_sided("cancel_receive_and_rendezvous_send", |p| {
+        let ctx = builder().build().unwrap();
+        let n = 3 * usize::from(ctx.config().credits());
+        let (w, eps) = p.endpoints(&ctx, 1);
+        let ep = &eps[0];
+        if p.is_server() {
+            let r = w.tag_recv(1, TAG_MASK_ALL, vec![7; 32]);
+            assert!(r.cancel(), "an unmatched receive can be cancelled");
+            let mut err = finish(r).expect_err("cancelled");
+            assert_eq!(err.status(), Some(Status::Cancelled));
+            assert_eq!(err.take_buffer(), vec![7; 32]);
+            // The client's rendezvous send: its RTS arrives, the client finds it cannot
+            // cancel it any more, then this side receives it.
+            wait_for_message(&w, 2, TAG_MASK_ALL);
+            p.barrier();
+            p.barrier();
+            let r = w.tag_recv(2, TAG_MASK_ALL, vec![0; 1 << 20]);
+            let got = finish(r).expect("the message arrives whole");
+            assert!(
+                got.buf == pattern(1 << 20, 9),
+                "the late receiver got other bytes"
+            );
+            // The endpoint carries on: a later rendezvous and an eager message on it
+            // complete (on RDMA a withdrawn exposure used to break the queue pair and hang
+            // the next one).
+            let r = w.tag_recv(5, TAG_MASK_ALL, vec![0; 1 << 20]);
+            assert!(finish(r).expect("a later rendezvous").buf == pattern(1 << 20, 10));
+            let r = w.tag_recv(4, TAG_MASK_ALL, vec![0; 8]);
+            assert_eq!(&finish(r).unwrap().buf[..5], b"alive");
+            assert!(ep.is_connected());
+            // The client sends three times its credits while this side does not progress
+            // (it waits at the barriers), and cancels the last, still queued for credits.
+            p.barrier();
+            p.barrier();
+            for k in 0..n as u32 - 1 {
+                let r = w.tag_recv(6, TAG_MASK_ALL, vec![0; 4]);
+                let got = finish(r).expect("a queued message");
+                assert_eq!(got.buf, k.to_le_bytes(), "in order, none lost");
+            }
+            // Whatever else arrives, the cancelled message never does.
+            let r = w.tag_recv(7, TAG_MASK_ALL, vec![0; 8]);
+            finish(r).expect("a later message");
+            assert!(
+                w.probe(6, TAG_MASK_ALL).is_none(),
+                "the cancelled send was received"
+            );
+            p.barrier();
+        } else {
+            // A rendezvous send whose RTS reached the peer cannot be withdrawn any more (a
+            // cancelled send is never received, and this one may be matched at any moment):
+            // cancel says no, the late receiver gets the message whole, and the send
+            // completes normally.
+            let s = ep.tag_send(2, pattern(1 << 20, 9));
+            p.barrier(); // the RTS arrived
+            assert!(
+                !s.cancel(),
+                "an announced rendezvous send cannot be cancelled"
+            );
+            p.barrier();
+            assert_eq!(finish(s).expect("the send completes").buf.len(), 1 << 20);
+            finish(ep.tag_send(5, pattern(1 << 20, 10))).expect("a later rendezvous");
+            ep.send(4, b"alive").unwrap();
+            p.barrier(); // the server got it, and stops progressing
+                         // A send still queued for credits (nothing of it left) can be cancelled, and is
+                         // never received.
+            let sends: Vec<Request> = (0..n as u32)
+                .map(|k| ep.tag_send(6, k.to_le_bytes().to_vec()))
+                .collect();
+            let last = sends.last().expect("sends");
+            assert!(!last.is_done(), "the last send waits for credits");
+            assert!(last.cancel(), "a queued send can be cancelled");
+            p.barrier();
+            for (k, s) in sends.into_iter().enumerate() {
+                let status = finish(s).err().and_then(|e| e.status());
+                let want = (k == n - 1).then_some(Status::Cancelled);
+                assert_eq!(status, want, "send {k}");
+            }
+            ep.send(7, b"after").unwrap();
+            p.barrier();
+        }
+        drop((w, eps));
+        // Dropping an unfinished receive cancels it: the next message goes to the next
+        // receive.
+        let (w, eps) = p.endpoints(&ctx, 1);
+        if p.is_server() {
+            drop(w.tag_recv(3, TAG_MASK_ALL, vec![0; 8]));
+            let r = w.tag_recv(3, TAG_MASK_ALL, vec![0; 8]);
+            p.barrier();
+            assert_eq!(finish(r).unwrap().length, 1);
+            assert_eq!(w.stats().pending_requests, 0);
+            p.barrier();
+        } else {
+            p.barrier();
+            eps[0].send(3, b"x").unwrap();
+            p.barrier();
+        }
+    });
 }
 
 pub fn typed_messages_and_second_device() {
@@ -339,78 +409,77 @@ pub fn typed_messages_and_second_device() {
 
 /// Every receive and probe names the endpoint its message came from ([`Ep::id`]): eight
 /// peers send one eager and one rendezvous message each, received by wildcard receives,
-/// `recv_vec` and after a probe, and each is traced back to the right endpoint.
+/// `recv_vec` and after a probe, and each is traced back to the right endpoint (the eager
+/// message carries its sender's address, which is the peer address of exactly one of the
+/// server's endpoints).
 pub fn receives_name_the_sending_endpoint() {
-    init_log();
-    let ctx = builder().build().unwrap();
-    let n = 8;
-    let (sw, se, _cw, ce) = connect_n(&ctx, &addr_a(), n);
-    // The server's endpoint of each client: the one whose peer is the client's local end.
-    let server_ep_of = |client: &Ep| -> rdmx::ConnId {
-        se.iter()
-            .find(|s| s.peer_addr() == client.local_addr())
-            .map(Ep::id)
-            .expect("a server endpoint for every client")
-    };
-    let ids: Vec<rdmx::ConnId> = ce.iter().map(server_ep_of).collect();
-    let mut distinct = ids.clone();
-    distinct.sort_by_key(|c| c.0);
-    distinct.dedup();
-    assert_eq!(distinct.len(), n, "each endpoint has its own id");
-    let big = 1 << 20; // rendezvous on both transports
-                       // The client worker progresses (answering the READs) in the thread that waits for sends.
-    let sender = thread::spawn(move || {
-        let sends: Vec<Request> = ce
-            .iter()
-            .enumerate()
-            .flat_map(|(i, ep)| {
-                [
-                    ep.tag_send(0x100 + i as u64, vec![i as u8; 8]),
-                    ep.tag_send(0x200 + i as u64, vec![i as u8; big]),
-                ]
-            })
-            .collect();
-        for s in sends {
-            s.wait().expect("send");
+    two_sided("receives_name_the_sending_endpoint", |p| {
+        let ctx = builder().build().unwrap();
+        let n = 8;
+        let big = 1 << 20; // rendezvous on both transports
+        let (w, eps) = p.endpoints(&ctx, n);
+        if !p.is_server() {
+            let sends: Vec<Request> = eps
+                .iter()
+                .enumerate()
+                .flat_map(|(i, ep)| {
+                    let me = format!("{i} {}", ep.local_addr().expect("a local address"));
+                    [
+                        ep.tag_send(0x100 + i as u64, me.into_bytes()),
+                        ep.tag_send(0x200 + i as u64, vec![i as u8; big]),
+                    ]
+                })
+                .collect();
+            for s in sends {
+                finish(s).expect("send");
+            }
+            p.barrier();
+            return;
         }
-        ce
-    });
-    // Eager messages: wildcard receives; the payload says which client sent it.
-    for _ in 0..n {
-        let got = sw
-            .tag_recv(0x100, !0xff, vec![0; 8])
-            .wait()
-            .expect("eager receive");
-        let i = got.buf[0] as usize;
-        assert_eq!(got.tag, 0x100 + i as u64);
-        assert_eq!(got.conn, Some(ids[i]), "eager message of client {i}");
-    }
-    // Rendezvous messages: a probe first for half of them, recv_vec for the rest.
-    for k in 0..n {
-        let (buf, info) = if k % 2 == 0 {
-            let probed = wait_for_message(&sw, 0x200, !0xff);
-            let got = sw
-                .tag_recv(probed.tag, TAG_MASK_ALL, vec![0; big])
-                .wait()
-                .expect("rendezvous receive");
-            assert_eq!(
-                got.conn,
-                Some(probed.conn),
-                "the probe and the receive agree"
-            );
-            let info = rdmx::RecvInfo {
-                tag: got.tag,
-                length: got.length,
-                conn: got.conn,
+        let mut ids: Vec<Option<rdmx::ConnId>> = vec![None; n];
+        // Eager messages: wildcard receives; the payload says which client sent it.
+        for _ in 0..n {
+            let got = finish(w.tag_recv(0x100, !0xff, vec![0; 64])).expect("eager receive");
+            let text = String::from_utf8(got.buf[..got.length].to_vec()).unwrap();
+            let (i, addr) = text.split_once(' ').expect("index and address");
+            let i: usize = i.parse().unwrap();
+            let ep = eps
+                .iter()
+                .find(|s| s.peer_addr().map(|a| a.to_string()).as_deref() == Some(addr))
+                .unwrap_or_else(|| panic!("no endpoint of this side has peer {addr}"));
+            assert_eq!(got.tag, 0x100 + i as u64);
+            assert_eq!(got.conn, Some(ep.id()), "eager message of client {i}");
+            ids[i] = got.conn;
+        }
+        let mut distinct: Vec<_> = ids.iter().map(|c| c.expect("every client").0).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), n, "each endpoint has its own id");
+        // Rendezvous messages: a probe first for half of them, recv_vec for the rest.
+        for k in 0..n {
+            let (buf, info) = if k % 2 == 0 {
+                let probed = wait_for_message(&w, 0x200, !0xff);
+                let got = finish(w.tag_recv(probed.tag, TAG_MASK_ALL, vec![0; big]))
+                    .expect("rendezvous receive");
+                assert_eq!(
+                    got.conn,
+                    Some(probed.conn),
+                    "the probe and the receive agree"
+                );
+                let info = rdmx::RecvInfo {
+                    tag: got.tag,
+                    length: got.length,
+                    conn: got.conn,
+                };
+                (got.buf, info)
+            } else {
+                w.recv_vec(0x200, !0xff).expect("recv_vec")
             };
-            (got.buf, info)
-        } else {
-            sw.recv_vec(0x200, !0xff).expect("recv_vec")
-        };
-        let i = (info.tag - 0x200) as usize;
-        assert_eq!(info.length, big);
-        assert!(buf.iter().all(|&b| b == i as u8));
-        assert_eq!(info.conn, Some(ids[i]), "rendezvous message of client {i}");
-    }
-    drop(sender.join().expect("sender thread"));
+            let i = (info.tag - 0x200) as usize;
+            assert_eq!(info.length, big);
+            assert!(buf.iter().all(|&b| b == i as u8));
+            assert_eq!(info.conn, ids[i], "rendezvous message of client {i}");
+        }
+        p.barrier();
+    });
 }

@@ -12,11 +12,14 @@ mod messaging;
 mod peer_death;
 mod steady_state;
 mod threads;
+mod two_sided;
 pub use endpoints::*;
 pub use messaging::*;
 pub use peer_death::*;
 pub use steady_state::steady_state_messaging_allocates_nothing;
 pub use threads::*;
+#[allow(unused_imports)] // Side: only the binaries that run a side per node name it
+pub use two_sided::{accept_n, connect_retrying, two_sided, Peer, Side, Sides};
 
 /// Every test binary of the suite counts heap allocations (dhat, idle unless a test starts
 /// its profiler): see [`steady_state_messaging_allocates_nothing`].
@@ -51,6 +54,8 @@ pub struct Net {
     pub addr_a: String,
     /// A second local address (RDMA: on the second device).
     pub addr_b: String,
+    /// Where the two sides of two-sided tests ([`two_sided`]) run.
+    pub sides: Sides,
 }
 
 /// Generates one `#[test]` per suite function, each with the attributes in brackets.
@@ -66,8 +71,9 @@ macro_rules! api_tests {
     };
 }
 
-/// Every test of the suite, with the given attributes (e.g. an `#[ignore]`).
-macro_rules! all_api_tests {
+/// The tests of the suite written two-sided ([`two_sided`]): they also run across the wire
+/// (`tests/twonode_api.rs`), a side per node.
+macro_rules! two_sided_api_tests {
     ($($attr:tt)*) => {
         api_tests!([$($attr)*];
             eager_and_rendezvous_expected,
@@ -78,22 +84,31 @@ macro_rules! all_api_tests {
             wildcard_and_masked_tags,
             truncation_on_both_protocols,
             cancel_receive_and_rendezvous_send,
+            receives_name_the_sending_endpoint,
+            matched_probes_from_several_threads,
+            progress_thread_wakes_a_blocked_recv_vec,
+            several_threads_receive_on_one_worker,
             several_threads_send_on_one_worker,
-            a_thousand_endpoints_on_one_worker,
-            overcommitted_srq_posts_its_reserve_and_loses_nothing,
             peer_close_fails_pending_requests_only_on_that_ep,
-            connect_failures_are_errors,
+            close_modes_and_drop_never_block,
             progress_thread_completes_requests,
+            flood_through_a_small_srq,
+            overcommitted_srq_posts_its_reserve_and_loses_nothing,
+            a_thousand_endpoints_on_one_worker,
+        );
+    };
+}
+
+/// Every test of the suite, with the given attributes (e.g. an `#[ignore]`).
+macro_rules! all_api_tests {
+    ($($attr:tt)*) => {
+        two_sided_api_tests!($($attr)*);
+        api_tests!([$($attr)*];
+            connect_failures_are_errors,
             typed_messages_and_second_device,
             peer_death_fails_pending_requests,
-            flood_through_a_small_srq,
             connect_close_churn_leaks_nothing,
-            several_threads_receive_on_one_worker,
-            progress_thread_wakes_a_blocked_recv_vec,
             steady_state_messaging_allocates_nothing,
-            receives_name_the_sending_endpoint,
-            close_modes_and_drop_never_block,
-            matched_probes_from_several_threads,
         );
     };
 }

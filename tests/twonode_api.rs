@@ -1,0 +1,32 @@
+//! The endpoint API suite's two-sided tests (`tests/api`, [`api::two_sided`]) across a wire:
+//! each node of `scripts/softroce-twonode` runs this binary, node A the server side and node B
+//! the client side of every test, so every message of the suite crosses from one kernel's rxe
+//! to the other's. `#[ignore]`d everywhere else; `scripts/test` runs it with the fault tests
+//! of `tests/twonode.rs` (nextest profiles `twonode-A` and `twonode-B`).
+
+// Only the two-sided part of the suite runs here.
+#[macro_use]
+#[allow(dead_code, unused_imports, unused_macros)]
+mod api;
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run these tests through scripts/softroce-twonode (scripts/test does)")
+    })
+}
+
+fn net() -> api::Net {
+    let (me, server_ip) = if env("RDMX_NODE") == "A" {
+        (api::Side::Server, env("RDMX_NODE_ADDR"))
+    } else {
+        (api::Side::Client, env("RDMX_PEER_ADDR"))
+    };
+    api::Net {
+        transport: rdmx::Transport::Rdma,
+        addr_a: server_ip.clone(),
+        addr_b: server_ip.clone(),
+        sides: api::Sides::Nodes { me, server_ip },
+    }
+}
+
+two_sided_api_tests!(#[ignore = "needs two Soft-RoCE nodes: scripts/test runs it with scripts/softroce-twonode"]);
