@@ -13,23 +13,16 @@ mod api;
 #[allow(dead_code)]
 mod hostile;
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: run these tests through scripts/softroce-twonode (scripts/test does)")
-    })
-}
-
 fn net() -> api::Net {
-    let (me, server_ip) = if env("RDMX_NODE") == "A" {
-        (api::Side::Server, env("RDMX_NODE_ADDR"))
-    } else {
-        (api::Side::Client, env("RDMX_PEER_ADDR"))
+    let sides = api::Sides::from_twonode_env();
+    let api::Sides::Nodes { server_ip, .. } = &sides else {
+        unreachable!("a side per node")
     };
     api::Net {
         transport: rdmx::Transport::Rdma,
         addr_a: server_ip.clone(),
         addr_b: server_ip.clone(),
-        sides: api::Sides::Nodes { me, server_ip },
+        sides,
     }
 }
 

@@ -19,7 +19,7 @@ pub use peer_death::*;
 pub use steady_state::steady_state_messaging_allocates_nothing;
 pub use threads::*;
 #[allow(unused_imports)] // Side: only the binaries that run a side per node name it
-pub use two_sided::{accept_n, connect_retrying, two_sided, Peer, Side, Sides};
+pub use two_sided::{accept_n, connect_retrying, two_sided, Endpoints, Peer, Side, Sides};
 
 /// Every test binary of the suite counts heap allocations (dhat, idle unless a test starts
 /// its profiler): see [`steady_state_messaging_allocates_nothing`].

@@ -57,7 +57,7 @@ use rdmx::{
     Context, ContextBuilder, Ep, Listener, Request, Status, Transport, Worker, TAG_MASK_ALL,
 };
 
-use crate::api::{accept_n, two_sided, Peer};
+use crate::api::{accept_n, two_sided, Endpoints, Peer};
 
 /// A generous bound for anything to happen in the emulated guest (a hang guard, not a timing).
 pub const LONG: Duration = Duration::from_secs(30);

@@ -37,54 +37,6 @@ fn devices_and_ports_are_listed() {
 
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
-fn connect_accept_and_reject_carry_private_data() {
-    for ip in [addr_a(), addr_b()] {
-        let server = Verbs::new(ip, Some(16), false);
-        let client = Verbs::new(ip, Some(16), false);
-        let (listener, addr) = listen(ip);
-        let accepted = accept_one(listener, server.config(), b"accepted-by-server");
-        let conn = connect(&dst(addr), &client.config(), b"hello-from-client", LONG).unwrap();
-        let (listener, server_conn, request_data) = accepted.join().unwrap();
-        assert!(
-            request_data.starts_with(b"hello-from-client"),
-            "{request_data:?}"
-        );
-        assert!(conn.peer_private_data().starts_with(b"accepted-by-server"));
-        assert_eq!(conn.peer_addr().map(|a| a.port()), Some(addr.port()));
-        assert_eq!(server_conn.peer_addr().map(|a| a.ip()), Some(ip));
-        assert_ne!(conn.qp_num(), server_conn.qp_num());
-
-        // A rejected request: the client gets ECONNREFUSED and the server's reason.
-        let rejecter = thread::spawn(move || {
-            let request = listener.get_request(Some(LONG)).unwrap().unwrap();
-            assert!(request.private_data().starts_with(b"may I?"));
-            request.reject(b"not today").unwrap();
-            listener
-        });
-        let err = connect(&dst(addr), &client.config(), b"may I?", LONG).unwrap_err();
-        assert!(err.is_refused(), "{err}");
-        assert!(err.message().contains("rejected"), "{err}");
-        assert!(
-            err.reject_data().starts_with(b"not today"),
-            "{:?}",
-            err.reject_data()
-        );
-        rejecter.join().unwrap();
-
-        // Private data past the connect limit is refused before anything is sent.
-        let err = connect(
-            &dst(addr),
-            &client.config(),
-            &[0u8; MAX_CONNECT_PRIVATE_DATA + 1],
-            LONG,
-        )
-        .unwrap_err();
-        assert_eq!(err.errno(), libc::EINVAL);
-    }
-}
-
-#[test]
-#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn connections_share_one_srq_and_one_cq() {
     const CLIENTS: usize = 3;
     let ip = addr_a();

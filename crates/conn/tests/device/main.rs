@@ -14,6 +14,7 @@ mod connections;
 mod events;
 mod reads;
 mod teardown;
+mod two_sided;
 mod windows;
 
 const LONG: Duration = Duration::from_secs(30);
@@ -155,7 +156,6 @@ struct Pair {
     server: Verbs,
     client: Verbs,
     listener: Listener,
-    addr: SocketAddr,
     server_conn: Connection,
     client_conn: Connection,
 }
@@ -177,7 +177,6 @@ fn connected_pair(
         server,
         client,
         listener,
-        addr,
         server_conn,
         client_conn,
     }
