@@ -345,66 +345,79 @@ pub fn cancel_receive_and_rendezvous_send() {
     });
 }
 
-pub fn typed_messages_and_second_device() {
-    init_log();
+/// Typed messages (`send_obj` / `recv_obj`, bincode): a rendezvous-sized object each way,
+/// a masked receive that says which tag came, a message of the wrong type (a decode error, not
+/// a panic), and receives with a timeout (nothing matching: `Error::Timeout`, no receive left
+/// behind; a message sent later is received by the next call).
+pub fn typed_messages_and_timeouts() {
     #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
     struct Job {
         id: u32,
         name: String,
         weights: Vec<f64>,
     }
-    fn job_copy(j: &Job) -> Job {
-        Job {
-            id: j.id,
-            name: j.name.clone(),
-            weights: j.weights.clone(),
-        }
-    }
-    let ctx = builder().build().unwrap();
-    // On rxe1 this time.
-    let (sw, mut se, _cw, mut ce) = connect_n(&ctx, &addr_b(), 1);
-    let (sep, cep) = (se.remove(0), ce.remove(0));
-    if is_rdma() {
-        assert_eq!(sw.stats().device.as_deref(), Some("rxe1"));
-    }
-    let job = Job {
+    let job = || Job {
         id: 7,
         name: "train".into(),
         weights: (0..5000).map(f64::from).collect(), // 40 KB: rendezvous
     };
-    // A blocking rendezvous send needs the receiver to progress: send from another thread.
-    let sender = {
-        let cep = cep.clone();
-        let job = job_copy(&job);
-        thread::spawn(move || cep.send_obj(5, &job))
-    };
-    let (got, info): (Job, _) = sw.recv_obj(5, TAG_MASK_ALL).unwrap();
-    assert_eq!(got, job);
-    assert_eq!(info.tag, 5);
-    sender.join().unwrap().unwrap();
-    sep.send_obj(6, &("ok", 1u8)).unwrap();
-    // A masked receive: the tag says which of the matching tags came.
-    let ((word, n), info): ((String, u8), _) = cep.worker().recv_obj(6, !1).unwrap();
-    assert_eq!((word.as_str(), n, info.tag), ("ok", 1, 6));
-    // A message that is not the expected type is a decode error, not a panic.
-    cep.send(7, b"\x01").unwrap();
-    assert!(sw.recv_obj::<Job>(7, TAG_MASK_ALL).is_err());
-    // With a timeout: nothing matching arrives, so the wait ends with Error::Timeout and
-    // leaves no receive behind; a message sent later is received by the next call.
-    let wait = Duration::from_millis(50);
-    match sw.recv_vec_timeout(8, TAG_MASK_ALL, wait) {
-        Err(rdmx::Error::Timeout(waited, what)) => {
-            assert_eq!(waited, wait);
-            assert!(what.contains("0x8"), "{what}");
+    two_sided("typed_messages_and_timeouts", |p| {
+        let ctx = builder().build().unwrap();
+        let (w, eps) = p.endpoints(&ctx, 1);
+        let ep = &eps[0];
+        if !p.is_server() {
+            // A blocking rendezvous send: the receiver progresses on its side.
+            ep.send_obj(5, &job()).unwrap();
+            // A masked receive: the tag says which of the matching tags came.
+            let ((word, n), info): ((String, u8), _) = w.recv_obj(6, !1).unwrap();
+            assert_eq!((word.as_str(), n, info.tag), ("ok", 1, 6));
+            ep.send(7, b"\x01").unwrap();
+            p.barrier(); // the server timed out waiting for tag 8
+            ep.send_obj(8, &77u32).unwrap();
+            p.barrier();
+            return;
         }
-        other => panic!("expected a timeout, got {other:?}"),
+        let (got, info): (Job, _) = w.recv_obj(5, TAG_MASK_ALL).unwrap();
+        assert_eq!(got, job());
+        assert_eq!(info.tag, 5);
+        ep.send_obj(6, &("ok", 1u8)).unwrap();
+        // A message that is not the expected type is a decode error, not a panic.
+        assert!(w.recv_obj::<Job>(7, TAG_MASK_ALL).is_err());
+        let wait = Duration::from_millis(50);
+        match w.recv_vec_timeout(8, TAG_MASK_ALL, wait) {
+            Err(rdmx::Error::Timeout(waited, what)) => {
+                assert_eq!(waited, wait);
+                assert!(what.contains("0x8"), "{what}");
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(w.recv_obj_timeout::<u32>(8, TAG_MASK_ALL, wait).is_err());
+        p.barrier();
+        let (v, info) = w
+            .recv_obj_timeout::<u32>(8, TAG_MASK_ALL, Duration::from_secs(30))
+            .unwrap();
+        assert_eq!((v, info.tag), (77, 8));
+        p.barrier();
+    });
+}
+
+/// A second local address (RDMA: the second device, rxe1): a worker listening there takes
+/// its endpoints on that device, and messages flow both ways.
+pub fn second_address_serves_endpoints() {
+    init_log();
+    let ctx = builder().build().unwrap();
+    let (sw, mut se, cw, mut ce) = connect_n(&ctx, &addr_b(), 1);
+    let (sep, cep) = (se.remove(0), ce.remove(0));
+    if is_rdma() {
+        assert_eq!(sw.stats().device.as_deref(), Some("rxe1"));
     }
-    assert!(sw.recv_obj_timeout::<u32>(8, TAG_MASK_ALL, wait).is_err());
-    cep.send_obj(8, &77u32).unwrap();
-    let (v, info) = sw
-        .recv_obj_timeout::<u32>(8, TAG_MASK_ALL, Duration::from_secs(30))
-        .unwrap();
-    assert_eq!((v, info.tag), (77, 8));
+    let r = sw.tag_recv(1, TAG_MASK_ALL, vec![0; 1 << 20]);
+    let s = cep.tag_send(1, pattern(1 << 20, 1));
+    assert!(finish(r).unwrap().buf == pattern(1 << 20, 1));
+    finish(s).unwrap();
+    let r = cw.tag_recv(2, TAG_MASK_ALL, vec![0; 8]);
+    sep.send(2, b"back").unwrap();
+    assert_eq!(&finish(r).unwrap().buf[..4], b"back");
 }
 
 /// Every receive and probe names the endpoint its message came from ([`Ep::id`]): eight

@@ -95,6 +95,7 @@ macro_rules! two_sided_api_tests {
             flood_through_a_small_srq,
             overcommitted_srq_posts_its_reserve_and_loses_nothing,
             a_thousand_endpoints_on_one_worker,
+            typed_messages_and_timeouts,
         );
     };
 }
@@ -105,7 +106,7 @@ macro_rules! all_api_tests {
         two_sided_api_tests!($($attr)*);
         api_tests!([$($attr)*];
             connect_failures_are_errors,
-            typed_messages_and_second_device,
+            second_address_serves_endpoints,
             peer_death_fails_pending_requests,
             connect_close_churn_leaks_nothing,
             steady_state_messaging_allocates_nothing,

@@ -15,7 +15,6 @@ mod events;
 mod reads;
 mod teardown;
 mod two_sided;
-mod windows;
 
 const LONG: Duration = Duration::from_secs(30);
 
