@@ -12,7 +12,6 @@ use rdmx_conn::*;
 
 mod connections;
 mod events;
-mod reads;
 mod teardown;
 mod two_sided;
 
