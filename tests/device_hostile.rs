@@ -2,7 +2,7 @@
 //! (`tests/hostile`). The two-sided tests there run here a thread each (the worker under
 //! attack, and the raw peer); the tests below make a peer fall silent, which only one process
 //! can inject (`rdmx::conn::fault::silence`; across the wire the cable-pull tests of
-//! `tests/twonode.rs` do it for real).
+//! `tests/twonode/` do it for real).
 //!
 //! `#[ignore]`d on the host, which has no RDMA; `scripts/test` runs them in the guest (rxe0
 //! on $SOFTROCE_ADDR_A, rxe1 on $SOFTROCE_ADDR_B).

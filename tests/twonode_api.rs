@@ -3,7 +3,7 @@
 //! each node of `scripts/softroce-twonode` runs this binary, node A the server side and node B
 //! the client side of every test, so every message of the suite crosses from one kernel's rxe
 //! to the other's. `#[ignore]`d everywhere else; `scripts/test` runs it with the fault tests
-//! of `tests/twonode.rs` (nextest profiles `twonode-A` and `twonode-B`).
+//! of `tests/twonode/` (nextest profiles `twonode-A` and `twonode-B`).
 
 // Only the two-sided parts of the suites run here.
 #[macro_use]

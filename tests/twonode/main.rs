@@ -1,0 +1,134 @@
+//! Tests across a wire: two Soft-RoCE nodes (`scripts/softroce-twonode`), each running this
+//! binary, node A the server and node B the client of every test, so that every RoCE packet
+//! leaves one kernel and enters another (unlike the one-guest device tests, where rxe takes
+//! its loopback path). Both nodes run the same tests in the same order; a client waits for
+//! its server by retrying to connect, and faults are asked of the host runner with its
+//! `twonode host` helper. `#[ignore]`d everywhere else; `scripts/test` runs it with
+//! `--ignored` on both nodes.
+
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rdmx::{Context, Ep, Request, Status, Transport, Worker, TAG_MASK_ALL};
+
+#[path = "../pingpong_util/mod.rs"]
+mod pingpong_util;
+
+mod cable;
+mod loss;
+mod nodes;
+mod peer_process;
+mod stream;
+mod traffic;
+
+const MIB: usize = 1 << 20;
+/// Bound of every wait that is not a fault's bound: a test that exceeds it fails.
+const LONG: Duration = Duration::from_secs(120);
+/// The bound a fault's victims must meet: every pending request fails within it.
+const BOUND: Duration = Duration::from_secs(5);
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run these tests through scripts/softroce-twonode (scripts/test does)")
+    })
+}
+
+fn is_server() -> bool {
+    env("RDMX_NODE") == "A"
+}
+
+fn context(transport: Transport) -> Context {
+    let _ = env_logger::builder().is_test(true).try_init();
+    Context::builder()
+        .env_lookup(|_| None)
+        .transport(transport)
+        .build()
+        .expect("context")
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 11) as u8)
+        .collect()
+}
+
+/// `len` bytes of `seed`, each 4 KiB block starting with its index: cheap to make in an
+/// emulated debug build, and no block can stand in for another.
+fn stamped(len: usize, seed: u8) -> Vec<u8> {
+    let mut v = vec![seed; len];
+    for (i, block) in v.chunks_mut(4096).enumerate() {
+        let n = block.len().min(4);
+        block[..n].copy_from_slice(&(i as u32).to_le_bytes()[..n]);
+    }
+    v
+}
+
+/// Node A listens on `port` and accepts one endpoint; node B connects to it, retrying
+/// until A listens.
+fn connected(w: &Worker, port: u16) -> Ep {
+    if is_server() {
+        let listener = w
+            .listen(&format!("{}:{port}", env("RDMX_NODE_ADDR")))
+            .expect("listen");
+        return listener
+            .next_request(Some(LONG))
+            .expect("a connection request")
+            .expect("a client within the bound")
+            .accept()
+            .expect("accept");
+    }
+    let addr = format!("{}:{port}", env("RDMX_PEER_ADDR"));
+    let deadline = Instant::now() + LONG;
+    loop {
+        match w.connect(&addr) {
+            Ok(ep) => return ep,
+            Err(e) if Instant::now() < deadline => {
+                log::debug!("connect to {addr}: {e}; retrying");
+                thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("cannot connect to {addr}: {e}"),
+        }
+    }
+}
+
+/// Runs the host runner's helper (`twonode ARGS...`), failing the test if it fails.
+fn twonode(args: &[&str]) {
+    let out = Command::new("twonode")
+        .args(args)
+        .output()
+        .expect("the twonode helper (on PATH under scripts/softroce-twonode)");
+    assert!(
+        out.status.success(),
+        "twonode {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Waits for `r`, progressing its worker, at most `LONG`.
+fn finish(r: Request) -> rdmx::Result<rdmx::Done> {
+    assert!(
+        r.wait_for(LONG),
+        "{r:?} did not complete within {LONG:?}; this node's queue pairs and rxe counters:\n{}",
+        qp_report()
+    );
+    r.wait()
+}
+
+/// What the kernel says of this node's RDMA queue pairs (`rdma res show qp`, with their
+/// PSNs) and rxe's counters, for a test that found its transfers stalled.
+fn qp_report() -> String {
+    let mut report = String::new();
+    for cmd in [
+        "rdma -d res show qp",
+        "grep -H . /sys/class/infiniband/rxe0/ports/1/hw_counters/*",
+    ] {
+        let out = Command::new("sh").args(["-c", cmd]).output();
+        report.push_str(&format!("$ {cmd}\n"));
+        match out {
+            Ok(o) => report.push_str(&String::from_utf8_lossy(&o.stdout)),
+            Err(e) => report.push_str(&format!("({e})\n")),
+        }
+    }
+    report
+}
