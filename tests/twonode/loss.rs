@@ -8,13 +8,18 @@ use super::*;
 /// printed. READs of 16 KiB (`RDMX_RNDV_CHUNK=16k`, what a lossy link wants): about 1.9x
 /// slower than without loss, against 5x with the default 256 KiB, whose READs of 256
 /// packets rarely arrive whole. Soft-RoCE (Linux 6.1) stalls now and then under loss — no
-/// completion and no error, on both nodes' transfers at once — 1 run in 4 to 6 at 1 % with
-/// either READ size, most runs at 5 % (so 5 % is not here): a stalled run fails, printing
-/// the queue pairs and rxe's counters.
+/// completion and no error — 1 run in 4 to 6 at 1 % with either READ size, more often at 5 %
+/// (`RDMX_TWONODE_LOSS=5%` runs it by hand: 2 of 3 runs passed, 7.7x slower): a stalled run
+/// fails, printing the queue pairs and rxe's counters. In the stalls seen, each node's
+/// receive PSN equals the other's send PSN (everything transmitted arrived) while one node
+/// still has work in flight: its requester stopped transmitting. A zero-length WRITE posted
+/// behind the stuck work every second did not go out either (tried: it does not unstick it).
 #[test]
 #[ignore = "runs on two Soft-RoCE nodes: scripts/test runs it with scripts/softroce-twonode"]
 fn lossy_wire_loses_nothing_reorders_nothing() {
-    let (loss, rndv) = ("1%", 64 * MIB);
+    // RDMX_TWONODE_LOSS: another rate, by hand (e.g. 5%).
+    let loss = std::env::var("RDMX_TWONODE_LOSS").unwrap_or_else(|_| "1%".into());
+    let (loss, rndv) = (loss.as_str(), 64 * MIB);
     let _ = env_logger::builder().is_test(true).try_init();
     let ctx = Context::builder()
         .env_lookup(|_| None)
