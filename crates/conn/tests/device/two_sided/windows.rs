@@ -132,20 +132,12 @@ fn memory_window_grants_read_of_its_range_to_one_qp_only() {
                 .register_from(&source[..LEN], Access::WINDOW_READ)
                 .unwrap();
             let whole = MemoryWindow::new(&exact, LEN).unwrap();
-            let (listener, s4) = accept_on(listener, &server);
-            s4.post_bind(&whole, 80).unwrap();
-            assert!(collect(&server.cq, 1).pop().unwrap().status.is_success());
-            p.barrier();
-            tell(&s4, &server, whole.remote().unwrap());
+            let (listener, _s4) = bind_and_tell(p, listener, &server, &whole, 80);
             p.barrier();
             drop(whole);
 
             let window2 = MemoryWindow::new(&piece, LEN).unwrap();
-            let (_listener, s3) = accept_on(listener, &server);
-            s3.post_bind(&window2, 79).unwrap();
-            assert!(collect(&server.cq, 1).pop().unwrap().status.is_success());
-            p.barrier();
-            tell(&s3, &server, window2.remote().unwrap());
+            let (_listener, _s3) = bind_and_tell(p, listener, &server, &window2, 79);
             p.barrier(); // the client read through it
             assert_eq!(live_windows(), windows_before + 2);
             drop(window);
@@ -153,10 +145,28 @@ fn memory_window_grants_read_of_its_range_to_one_qp_only() {
             assert_eq!(live_windows(), windows_before, "dropping invalidates");
             p.barrier();
             p.barrier(); // the client's READ was refused
-                         // The region was never written and can be reassembled and released.
+
+            // The region was never written and can be reassembled and released.
             piece.unsplit(tail).unwrap();
             region.unsplit(piece).unwrap();
             assert!(region[..] == source[..]);
         },
     );
+}
+
+/// The server accepts the client's next connection, binds `window` to it (`cookie`), and
+/// once the client has its receive posted, SENDs it the window's remote buffer.
+fn bind_and_tell(
+    p: &Peer,
+    listener: Listener,
+    server: &Verbs,
+    window: &MemoryWindow,
+    cookie: u64,
+) -> (Listener, Connection) {
+    let (listener, conn) = accept_on(listener, server);
+    conn.post_bind(window, cookie).unwrap();
+    assert!(collect(&server.cq, 1).pop().unwrap().status.is_success());
+    p.barrier();
+    tell(&conn, server, window.remote().unwrap());
+    (listener, conn)
 }
