@@ -147,17 +147,9 @@ impl RawPeer {
         let cq = CompletionQueue::new(&device, 256, false).unwrap();
         let mut config = QpConfig::new(&pd, &cq, None);
         config.recv_depth = u32::from(RAW_CREDITS);
-        let deadline = Instant::now() + LONG;
-        let conn = loop {
-            match connect(&dst, &config, &raw_handshake(), LONG) {
-                Ok(conn) => break conn,
-                Err(e) if Instant::now() < deadline => {
-                    log::debug!("raw connect to {addr}: {e}; retrying");
-                    thread::sleep(Duration::from_millis(200));
-                }
-                Err(e) => panic!("raw connect to {addr}: {e}"),
-            }
-        };
+        let conn = rdmx_two_sided::retry(&format!("raw connect to {addr}"), LONG, || {
+            connect(&dst, &config, &raw_handshake(), LONG)
+        });
         for buf in pd
             .register_chunks(RAW_RECV_BUF, RAW_CREDITS.into(), Access::LOCAL_WRITE)
             .unwrap()
