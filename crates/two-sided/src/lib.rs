@@ -83,7 +83,11 @@ pub struct Peer<'a> {
 
 enum Meet<'a> {
     Threads(&'a Shared),
-    Nodes { server_ip: String },
+    Nodes {
+        server_ip: String,
+        /// The runner's helper command.
+        helper: String,
+    },
 }
 
 /// What the two threads of a test share: the server's listening addresses, barrier counts,
@@ -128,7 +132,11 @@ impl Shared {
 pub fn two_sided(test: &'static str, sides: Sides, bound: Duration, body: impl Fn(&Peer) + Sync) {
     match sides {
         Sides::Nodes { me, server_ip } => {
-            body(&Peer::new(me, test, Meet::Nodes { server_ip }, bound))
+            let meet = Meet::Nodes {
+                server_ip,
+                helper: HELPER.into(),
+            };
+            on_node(&Peer::new(me, test, meet, bound), body)
         }
         Sides::Threads => {
             let shared = Shared::default();
@@ -151,6 +159,26 @@ pub fn two_sided(test: &'static str, sides: Sides, bound: Duration, body: impl F
                 std::panic::resume_unwind(panic);
             }
         }
+    }
+}
+
+/// Runs this node's side of a test across nodes.
+fn on_node(peer: &Peer, body: impl Fn(&Peer)) {
+    // Both nodes start the test together: a node whose last test failed early waits here for
+    // the other to finish that one, instead of failing this one while waiting for it.
+    let start = format!("{}-start", peer.test);
+    let secs = START_BOUND.as_secs().to_string();
+    assert_eq!(
+        peer.twonode(&["barrier", &start, &secs, &peer.failed_signal(1)]),
+        Some(0),
+        "{}: the other node did not start it within {START_BOUND:?}",
+        peer.test
+    );
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(peer)));
+    if let Err(panic) = r {
+        // The other node's barriers stop waiting for this one.
+        peer.twonode(&["signal", &peer.failed_signal(0)]);
+        std::panic::resume_unwind(panic);
     }
 }
 
@@ -190,11 +218,14 @@ impl<'a> Peer<'a> {
             Meet::Nodes { .. } => {
                 let name = format!("{}-{n}", self.test);
                 let secs = self.bound.as_secs().max(1).to_string();
-                let out = Command::new("twonode")
-                    .args(["barrier", &name, &secs])
-                    .output()
-                    .expect("the twonode helper (on PATH under scripts/softroce-twonode)");
-                assert!(out.status.success(), "{what}: the other node did not come");
+                match self.twonode(&["barrier", &name, &secs, &self.failed_signal(1)]) {
+                    Some(0) => {}
+                    Some(ABORTED) => panic!("{what}: the other node failed"),
+                    _ => panic!(
+                        "{what}: the other node did not come within {:?}",
+                        self.bound
+                    ),
+                }
             }
         }
     }
@@ -208,7 +239,7 @@ impl<'a> Peer<'a> {
         let k = self.next_listener();
         match &self.meet {
             Meet::Threads(_) => format!("{local_ip}:0"),
-            Meet::Nodes { server_ip } => format!("{server_ip}:{}", self.port(k)),
+            Meet::Nodes { server_ip, .. } => format!("{server_ip}:{}", self.port(k)),
         }
     }
 
@@ -230,7 +261,7 @@ impl<'a> Peer<'a> {
                 shared.wait_until(&what, self.bound, |st| st.addrs.len() > usize::from(k));
                 shared.state.lock().unwrap().addrs[usize::from(k)].clone()
             }
-            Meet::Nodes { server_ip } => format!("{server_ip}:{}", self.port(k)),
+            Meet::Nodes { server_ip, .. } => format!("{server_ip}:{}", self.port(k)),
         }
     }
 
@@ -238,6 +269,30 @@ impl<'a> Peer<'a> {
     /// client when the server listens), returning its first success.
     pub fn retry<T, E: Display>(&self, what: &str, connect: impl FnMut() -> Result<T, E>) -> T {
         retry(what, self.bound, connect)
+    }
+
+    /// The signal a node raises when its side of the test failed: this side's (`0`) or the
+    /// other's (`1`).
+    fn failed_signal(&self, whose: usize) -> String {
+        let side = match (self.side, whose) {
+            (Side::Server, 0) | (Side::Client, 1) => "server",
+            _ => "client",
+        };
+        format!("{}-failed-{side}", self.test)
+    }
+
+    /// Runs the runner's helper (across nodes only): its exit status.
+    fn twonode(&self, args: &[&str]) -> Option<i32> {
+        let Meet::Nodes { helper, .. } = &self.meet else {
+            unreachable!("one process has no other node");
+        };
+        Command::new(helper)
+            .args(args)
+            .status()
+            .unwrap_or_else(|e| {
+                panic!("the helper {helper} (on PATH under scripts/softroce-twonode): {e}")
+            })
+            .code()
     }
 
     fn next_listener(&self) -> u16 {
@@ -255,6 +310,16 @@ impl<'a> Peer<'a> {
         20_000 + (hash % 4_000) as u16 * 8 + k
     }
 }
+
+/// How long a node waits for the other to start a test: the other may still be in its last
+/// test until nextest's slow-timeout ends it (`.config/nextest.toml`: 120 s x 5).
+const START_BOUND: Duration = Duration::from_secs(660);
+
+/// The runner's helper command, on PATH under `scripts/softroce-twonode`.
+const HELPER: &str = "twonode";
+
+/// The helper's exit status for a barrier the other node's failure signal ended.
+const ABORTED: i32 = 3;
 
 /// Retries `connect` within `bound` while it fails, returning its first success.
 ///
@@ -340,6 +405,7 @@ mod tests {
                 test,
                 Meet::Nodes {
                     server_ip: "x".into(),
+                    helper: HELPER.into(),
                 },
                 BOUND,
             )
@@ -347,6 +413,80 @@ mod tests {
         let (a, b) = (meet("one_test"), meet("another_test"));
         assert_ne!(a.server_addr(), b.server_addr());
         assert_ne!(a.server_addr(), a.server_addr());
+    }
+
+    /// Two nodes in one process: each side's thread runs the runner's own `twonode` helper
+    /// (taken from `scripts/softroce-twonode`) as its node, through a job directory of its own.
+    fn on_two_nodes(
+        test: &'static str,
+        body: impl Fn(&Peer) + Sync,
+    ) -> [std::thread::Result<()>; 2] {
+        use std::os::unix::fs::PermissionsExt;
+        let runner = include_str!("../../../scripts/softroce-twonode");
+        let helper = runner
+            .split("<<'HELPER'\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\nHELPER\n").next())
+            .expect("the helper in scripts/softroce-twonode");
+        let job = std::env::temp_dir().join(format!("two-sided-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(job.join("sync")).unwrap();
+        let write_exec = |name: &str, text: String| {
+            let path = job.join(name);
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            path.to_str().unwrap().to_string()
+        };
+        let real = write_exec("twonode", format!("{helper}\n"));
+        let node = |me: &str, peer: &str| {
+            let wrapper = format!(
+                "#!/bin/sh\nRDMX_NODE={me} RDMX_PEER_NODE={peer} RDMX_NODE_JOB={} exec {real} \"$@\"\n",
+                job.display()
+            );
+            write_exec(&format!("node-{me}"), wrapper)
+        };
+        let (a, b) = (node("A", "B"), node("B", "A"));
+        let run = |side, helper: String| {
+            let meet = Meet::Nodes {
+                server_ip: "127.0.0.1".into(),
+                helper,
+            };
+            let peer = Peer::new(side, test, meet, Duration::from_secs(60));
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| on_node(&peer, &body)))
+        };
+        let results = thread::scope(|s| {
+            let client = s.spawn(|| run(Side::Client, b));
+            [run(Side::Server, a), client.join().unwrap()]
+        });
+        std::fs::remove_dir_all(&job).unwrap();
+        results
+    }
+
+    #[test]
+    fn nodes_meet_at_barriers_through_the_runners_helper() {
+        let step = AtomicU32::new(0);
+        let [server, client] = on_two_nodes("meet", |p| {
+            if p.is_server() {
+                step.store(1, Ordering::SeqCst);
+            }
+            p.barrier();
+            assert_eq!(step.load(Ordering::SeqCst), 1, "the server ran first");
+        });
+        assert!(server.is_ok() && client.is_ok());
+    }
+
+    #[test]
+    fn a_failing_node_releases_the_other_at_once() {
+        let [server, client] = on_two_nodes("release", |p| {
+            if p.is_server() {
+                panic!("the server fails");
+            }
+            // Would wait a minute (the bound) for a server that is gone.
+            p.barrier();
+        });
+        assert!(server.is_err());
+        let client = client.expect_err("the client's barrier fails");
+        let why = client.downcast_ref::<String>().expect("a panic message");
+        assert!(why.ends_with("the other node failed"), "{why}");
     }
 
     #[test]
