@@ -7,13 +7,12 @@ use super::*;
 /// once, in order, byte-exact. The same transfers without loss first give the slowdown,
 /// printed. READs of 16 KiB (`RDMX_RNDV_CHUNK=16k`, what a lossy link wants): about 1.9x
 /// slower than without loss, against 5x with the default 256 KiB, whose READs of 256
-/// packets rarely arrive whole. Soft-RoCE (Linux 6.1) stalls now and then under loss — no
-/// completion and no error — 1 run in 4 to 6 at 1 % with either READ size, more often at 5 %
-/// (`RDMX_TWONODE_LOSS=5%` runs it by hand: 2 of 3 runs passed, 7.7x slower): a stalled run
-/// fails, printing the queue pairs and rxe's counters. In the stalls seen, each node's
-/// receive PSN equals the other's send PSN (everything transmitted arrived) while one node
-/// still has work in flight: its requester stopped transmitting. A zero-length WRITE posted
-/// behind the stuck work every second did not go out either (tried: it does not unstick it).
+/// packets rarely arrive whole. Runs used to stall now and then (1 in 4 to 6 at 1 %, no
+/// completion and no error): rxe's retransmission executed again the memory window bind
+/// posted behind unacknowledged sends, which failed and wedged the QP; rdmx now posts a bind
+/// on Soft-RoCE only when nothing else is in flight (`src/transport/rdma/link.rs`).
+/// A stalled run fails, printing the queue pairs and rxe's counters. `RDMX_TWONODE_LOSS=5%`
+/// runs it at another rate by hand.
 #[test]
 #[ignore = "runs on two Soft-RoCE nodes: scripts/test runs it with scripts/softroce-twonode"]
 fn lossy_wire_loses_nothing_reorders_nothing() {

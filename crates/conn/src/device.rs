@@ -69,6 +69,18 @@ pub struct DeviceLimits {
     pub phys_port_cnt: u8,
     /// Whether the device supports type-2 memory windows ([`crate::MemoryWindow`]).
     pub memory_windows: bool,
+    /// The vendor's IEEE OUI (`ibv_device_attr::vendor_id`).
+    pub vendor_id: u32,
+}
+
+impl DeviceLimits {
+    /// The vendor id Soft-RoCE (the kernel's `rdma_rxe`) reports (`RXE_VENDOR_ID`).
+    pub const SOFT_ROCE_VENDOR_ID: u32 = 0xff_ffff;
+
+    /// Whether the device is Soft-RoCE (`rdma_rxe`), whose quirks rdmx works around.
+    pub fn is_soft_roce(&self) -> bool {
+        self.vendor_id == Self::SOFT_ROCE_VENDOR_ID
+    }
 }
 
 impl Device {
@@ -229,6 +241,7 @@ impl Device {
                     & (sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0
                         | sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0)
                     != 0,
+            vendor_id: attr.vendor_id,
         })
     }
 

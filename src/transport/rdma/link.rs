@@ -123,7 +123,18 @@ impl RdmaLink {
                 continue;
             }
             let depth = self.depth.min(self.rdma.link_share());
-            if self.in_flight.load(Ordering::Acquire) >= depth {
+            let in_flight = self.in_flight.load(Ordering::Acquire);
+            // Soft-RoCE (Linux 6.1, at least) retransmits from the oldest unacknowledged work
+            // request and executes again a bind it finds on the way that already took effect
+            // and waits only for the work before it to complete. The window is bound by then,
+            // so the bind fails, which puts the QP's sender in its error state; there it drops
+            // every acknowledgement, so the work before the bind never completes, and no error
+            // is ever reported: the connection hangs for good (seen across two guests: a
+            // retransmission on a timeout, the RTS of a rendezvous two sends later). Posted on
+            // an idle queue, the bind completes at once and no retransmission can reach it.
+            if in_flight >= depth
+                || (in_flight > 0 && self.rdma.bind_when_idle && matches!(item, Outgoing::Bind(_)))
+            {
                 stalled.push_front(item);
                 break;
             }

@@ -57,6 +57,10 @@ pub(crate) struct Rdma {
     /// Whether rendezvous sends are exposed through memory windows (the device has type-2
     /// windows): each bound to one connection's QP, over exactly one message.
     pub(crate) windows: bool,
+    /// Whether a connection posts a memory window bind only when nothing else it posted is
+    /// still in flight (see [`link::RdmaLink`]'s posting): Soft-RoCE's way around a bind that
+    /// its retransmission would execute again.
+    pub(crate) bind_when_idle: bool,
     /// Completion queue entries left for send work once every SRQ buffer has its own.
     send_cqes: u32,
     /// Connections over these resources (see [`Rdma::link_share`]).
@@ -236,6 +240,7 @@ impl Rdma {
                 qp_config,
                 recv_bytes: u64::from(srq_depth + reserve) * u64::from(cfg.recv_buf_size()),
                 windows: limits.memory_windows,
+                bind_when_idle: limits.memory_windows && limits.is_soft_roce(),
                 send_cqes: cqe - srq_depth,
                 links: AtomicU32::new(0),
                 keepalive_ns: cfg.keepalive().as_nanos() as u64,

@@ -14,7 +14,9 @@ fn devices_and_ports_are_listed() {
         assert_eq!(ports.len(), 1);
         assert_eq!(ports[0].state, "ACTIVE");
         assert_eq!(ports[0].link_layer, "Ethernet");
-        assert!(device.limits().unwrap().max_srq_wr > 0);
+        let limits = device.limits().unwrap();
+        assert!(limits.max_srq_wr > 0);
+        assert!(limits.is_soft_roce(), "{want} is rxe: {limits:?}");
     }
     assert_eq!(
         Device::for_local_addr(addr_a()).unwrap().name(),
