@@ -107,9 +107,14 @@ fn twonode(args: &[&str]) {
 
 /// Waits for `r`, progressing its worker, at most `LONG`.
 fn finish(r: Request) -> rdmx::Result<rdmx::Done> {
+    finish_within(r, LONG)
+}
+
+/// Waits for `r`, progressing its worker, at most `bound`.
+fn finish_within(r: Request, bound: Duration) -> rdmx::Result<rdmx::Done> {
     assert!(
-        r.wait_for(LONG),
-        "{r:?} did not complete within {LONG:?}; this node's queue pairs and rxe counters:\n{}",
+        r.wait_for(bound),
+        "{r:?} did not complete within {bound:?}; this node's queue pairs and rxe counters:\n{}",
         qp_report()
     );
     r.wait()
