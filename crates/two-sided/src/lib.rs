@@ -168,12 +168,14 @@ fn on_node(peer: &Peer, body: impl Fn(&Peer)) {
     // the other to finish that one, instead of failing this one while waiting for it.
     let start = format!("{}-start", peer.test);
     let secs = START_BOUND.as_secs().to_string();
-    assert_eq!(
-        peer.twonode(&["barrier", &start, &secs, &peer.failed_signal(1)]),
-        Some(0),
-        "{}: the other node did not start it within {START_BOUND:?}",
-        peer.test
-    );
+    match peer.twonode(&["barrier", &start, &secs, &peer.failed_signal(1)]) {
+        Some(0) => {}
+        Some(ABORTED) => panic!("{}: the other node failed", peer.test),
+        _ => panic!(
+            "{}: the other node did not start it within {START_BOUND:?}",
+            peer.test
+        ),
+    }
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(peer)));
     if let Err(panic) = r {
         // The other node's barriers stop waiting for this one.
