@@ -22,9 +22,7 @@ fn one_percent_loss_loses_nothing_reorders_nothing() {
 /// The same at 5 % loss. rxe recovers a lost READ response only by a retransmission timeout,
 /// resending everything after it (go-back-N), so each request gets 4x the usual bound: the
 /// 64 MiB rendezvous moved at about 350 KB/s each way (traced). Measured: 7.9x slower than
-/// the clean wire (122 s) with READs of 16 KiB, 6.9x (169 s) with READs of 4 KiB. Run by
-/// hand, not by `scripts/test`: run before the API suite it left the 1000-endpoint test
-/// failing (RETRY_EXC on the client's sends), which passes alone; why is not known yet.
+/// the clean wire (122 s) with READs of 16 KiB, 6.9x (169 s) with READs of 4 KiB.
 #[test]
 #[ignore = "runs on two Soft-RoCE nodes: scripts/test runs it with scripts/softroce-twonode"]
 fn five_percent_loss_loses_nothing_reorders_nothing() {
