@@ -167,15 +167,7 @@ fn on_node(peer: &Peer, body: impl Fn(&Peer)) {
     // Both nodes start the test together: a node whose last test failed early waits here for
     // the other to finish that one, instead of failing this one while waiting for it.
     let start = format!("{}-start", peer.test);
-    let secs = START_BOUND.as_secs().to_string();
-    match peer.twonode(&["barrier", &start, &secs, &peer.failed_signal(1)]) {
-        Some(0) => {}
-        Some(ABORTED) => panic!("{}: the other node failed", peer.test),
-        _ => panic!(
-            "{}: the other node did not start it within {START_BOUND:?}",
-            peer.test
-        ),
-    }
+    peer.meet_node(&start, START_BOUND, &format!("{}: start", peer.test));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(peer)));
     if let Err(panic) = r {
         // The other node's barriers stop waiting for this one.
@@ -218,16 +210,7 @@ impl<'a> Peer<'a> {
                 shared.wait_until(&what, self.bound, |st| st.arrived[1 - me] >= n);
             }
             Meet::Nodes { .. } => {
-                let name = format!("{}-{n}", self.test);
-                let secs = self.bound.as_secs().max(1).to_string();
-                match self.twonode(&["barrier", &name, &secs, &self.failed_signal(1)]) {
-                    Some(0) => {}
-                    Some(ABORTED) => panic!("{what}: the other node failed"),
-                    _ => panic!(
-                        "{what}: the other node did not come within {:?}",
-                        self.bound
-                    ),
-                }
+                self.meet_node(&format!("{}-{n}", self.test), self.bound, &what);
             }
         }
     }
@@ -281,6 +264,17 @@ impl<'a> Peer<'a> {
             _ => "client",
         };
         format!("{}-failed-{side}", self.test)
+    }
+
+    /// Waits at the runner's barrier `name` for the other node, at most `bound`; fails as
+    /// `what` at once when the other node's side failed first.
+    fn meet_node(&self, name: &str, bound: Duration, what: &str) {
+        let secs = bound.as_secs().max(1).to_string();
+        match self.twonode(&["barrier", name, &secs, &self.failed_signal(1)]) {
+            Some(0) => {}
+            Some(ABORTED) => panic!("{what}: the other node failed"),
+            _ => panic!("{what}: the other node did not come within {bound:?}"),
+        }
     }
 
     /// Runs the runner's helper (across nodes only): its exit status.
