@@ -48,7 +48,10 @@
 //! * **Connection down** — every pending send on the connection and every receive
 //!   reading from it completes with [`Status::ConnectionClosed`] (receives with READs in
 //!   flight once those are reported, at the latest `drain_timeout_ns` later, see
-//!   [`Engine::handle_timeout`]); its unexpected RTSs are dropped. Other connections are
+//!   [`Engine::handle_timeout`]). Its unexpected messages stay queued in arrival order: an
+//!   eager one is received as usual, and a receive that matches a rendezvous one (its data
+//!   can no longer be read) completes with `ConnectionClosed`, so a receiver never sees a
+//!   connection's later message in place of an earlier one it lost. Other connections are
 //!   untouched. Posted receives are worker-wide and stay posted.
 //!
 //! ## Wire format (version 1)

@@ -645,6 +645,43 @@ fn connection_down_fails_only_its_requests() {
     }
 }
 
+/// A connection dies with a rendezvous message and then an eager one from it unexpected at
+/// the receiver: they stay queued in order, the receive that matches the rendezvous one fails
+/// (its data is gone) and the next receive gets the eager one — never the later message in
+/// place of the lost one.
+#[test]
+fn connection_down_keeps_its_unexpected_messages_in_order() {
+    let mut s = sim3(20);
+    let rndv = s.send(0, 1, 1, pattern(900, 1));
+    let eager = s.send(0, 1, 2, pattern(9, 1));
+    s.run();
+    assert_eq!(s.completion(0, eager).unwrap().status, Status::Ok);
+    assert!(s.completion(0, rndv).is_none());
+    s.kill(0, 1);
+    s.run();
+    let c = s.completion(0, rndv).unwrap();
+    assert_eq!(c.status, Status::ConnectionClosed);
+    let probed = s.peers[1]
+        .engine
+        .probe(0, 0)
+        .expect("the rendezvous message is queued");
+    assert_eq!((probed.tag, probed.len, probed.rendezvous), (1, 900, true));
+    let (first, _) = s.recv(1, 0, 0, 1000);
+    let c = s.completion(1, first).unwrap();
+    assert_eq!(
+        (c.status, c.tag, c.length),
+        (Status::ConnectionClosed, 1, 900)
+    );
+    let (second, buf) = s.recv(1, 0, 0, 1000);
+    let c = s.completion(1, second).unwrap();
+    assert_eq!((c.status, c.tag, c.length), (Status::Ok, 2, 9));
+    assert_eq!(s.data(1, buf, 9), pattern(9, 1));
+    assert!(s.peers[1].engine.probe(0, 0).is_none());
+    for p in &s.peers {
+        assert_eq!(p.engine.pending_requests(), 0);
+    }
+}
+
 #[test]
 fn drain_timeout_completes_unreported_reads() {
     let cfg = small_cfg();

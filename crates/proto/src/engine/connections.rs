@@ -168,8 +168,6 @@ impl Engine {
                 None => {}
             }
         }
-        self.unexpected
-            .retain(|u| !(u.conn == conn_id && matches!(u.kind, UnexpKind::Rts { .. })));
         if let Some(reason) = reason {
             self.actions.push_back(Action::CloseConnection {
                 conn: conn_id,

@@ -99,10 +99,8 @@ impl Engine {
     }
 
     /// Receives the probed message `msg` into `buf`; `None` if it is no longer queued (another
-    /// receive took it, or — for a rendezvous message not removed by
-    /// [`Engine::probe_remove`] — its connection is gone). A message removed by
-    /// `probe_remove` is always received: if its connection is gone meanwhile, a rendezvous
-    /// message completes with [`Status::ConnectionClosed`].
+    /// receive took it). A rendezvous message whose connection is gone completes with
+    /// [`Status::ConnectionClosed`].
     pub fn msg_recv(&mut self, msg: MessageId, buf: UserBufId, capacity: u64) -> Option<RequestId> {
         let u = match self.claimed.remove(&msg) {
             Some(u) => u,
@@ -117,20 +115,7 @@ impl Engine {
             tag: 0,
             reading: None,
         }));
-        let gone = !self.conns.contains_key(&u.conn);
-        if gone && matches!(u.kind, UnexpKind::Rts { .. }) {
-            let len = u.len();
-            self.complete(
-                id,
-                RequestKind::Recv,
-                Status::ConnectionClosed,
-                len,
-                u.tag,
-                Some(u.conn),
-            );
-        } else {
-            self.deliver_unexpected(id, u);
-        }
+        self.deliver_unexpected(id, u);
         Some(id)
     }
 
@@ -179,7 +164,22 @@ impl Engine {
     }
 
     /// Hands the unexpected message `u` to the receive `req`, stored in the request table.
+    /// A rendezvous message whose connection is gone completes the receive with
+    /// [`Status::ConnectionClosed`]: its data can no longer be read, and the receive that
+    /// matched it stands in its place, before the connection's later messages.
     pub(super) fn deliver_unexpected(&mut self, req: RequestId, u: Unexpected) {
+        if matches!(u.kind, UnexpKind::Rts { .. }) && !self.conns.contains_key(&u.conn) {
+            let len = u.len();
+            self.complete(
+                req,
+                RequestKind::Recv,
+                Status::ConnectionClosed,
+                len,
+                u.tag,
+                Some(u.conn),
+            );
+            return;
+        }
         match u.kind {
             UnexpKind::Eager(_) => {
                 let Some(Req::Recv(r)) = self.reqs.get(req) else {
