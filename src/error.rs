@@ -3,7 +3,7 @@
 pub use rdmx_proto::Status;
 
 /// Everything that can go wrong in rdmx.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum Error {
     /// An invalid configuration value (environment or builder).
     #[error("configuration: {0}")]
@@ -62,6 +62,47 @@ pub enum Error {
     /// A blocking call ran out of time.
     #[error("timed out after {0:?}: {1}")]
     Timeout(std::time::Duration, String),
+}
+
+/// As derived, except that a request's buffer shows as its length: `unwrap` on a failed
+/// 64 MiB receive must not print 64 Mi numbers.
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Config(s) => f.debug_tuple("Config").field(s).finish(),
+            Error::Proto(e) => f.debug_tuple("Proto").field(e).finish(),
+            #[cfg(feature = "rdma")]
+            Error::Rdma(e) => f.debug_tuple("Rdma").field(e).finish(),
+            Error::Tcp(e) => f.debug_tuple("Tcp").field(e).finish(),
+            Error::Os { call, source } => f
+                .debug_struct("Os")
+                .field("call", call)
+                .field("source", source)
+                .finish(),
+            Error::Request {
+                status,
+                what,
+                buffer,
+                length,
+                tag,
+            } => f
+                .debug_struct("Request")
+                .field("status", status)
+                .field("what", what)
+                .field("buffer", &format_args!("<{} bytes>", buffer.len()))
+                .field("length", length)
+                .field("tag", &format_args!("{tag:#x}"))
+                .finish(),
+            Error::Invalid(s) => f.debug_tuple("Invalid").field(s).finish(),
+            Error::Codec(e) => f.debug_tuple("Codec").field(e).finish(),
+            Error::Rejected { addr, reason } => f
+                .debug_struct("Rejected")
+                .field("addr", addr)
+                .field("reason", reason)
+                .finish(),
+            Error::Timeout(d, s) => f.debug_tuple("Timeout").field(d).field(s).finish(),
+        }
+    }
 }
 
 impl Error {
@@ -128,3 +169,29 @@ pub(crate) fn describe(status: Status) -> &'static str {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_error_shows_its_buffer_as_a_length() {
+        let e = Error::Request {
+            status: Status::ReadFailed,
+            what: "tag_recv (tag 0x0)".into(),
+            buffer: vec![7; 1 << 20],
+            length: 0,
+            tag: 0xb_0000_0000,
+        };
+        let shown = format!("{e:?}");
+        assert_eq!(
+            shown,
+            "Request { status: ReadFailed, what: \"tag_recv (tag 0x0)\", \
+             buffer: <1048576 bytes>, length: 0, tag: 0xb00000000 }"
+        );
+        assert_eq!(
+            format!("{:?}", Error::Invalid("x".into())),
+            "Invalid(\"x\")"
+        );
+    }
+}
