@@ -2,17 +2,17 @@
 
 use super::*;
 
-/// Packet loss on the wire (netem on both nodes' eth0, 1 %, `limit 10000`): during an eager
-/// stream and a 64 MiB rendezvous each way, RC retransmits and everything arrives exactly
-/// once, in order, byte-exact. The same transfers without loss first give the slowdown,
-/// printed. READs of 16 KiB (`RDMX_RNDV_CHUNK=16k`, what a lossy link wants): about 1.9x
-/// slower than without loss, against 5x with the default 256 KiB, whose READs of 256
-/// packets rarely arrive whole. Runs used to stall now and then (1 in 4 to 6 at 1 %, no
-/// completion and no error): rxe's retransmission executed again the memory window bind
-/// posted behind unacknowledged sends, which failed and wedged the QP; rdmx now posts a bind
-/// on Soft-RoCE only when nothing else is in flight (`src/transport/rdma/link.rs`). A stalled
-/// run fails, printing the queue pairs and rxe's counters. `RDMX_TWONODE_RNDV_CHUNK=4096`
-/// runs it with another READ size, by hand.
+/// Packet loss on the wire (netem on both nodes' eth0, 1 %, `limit 65536` as the FIFO it
+/// replaces): during an eager stream and a 64 MiB rendezvous each way, RC retransmits and
+/// everything arrives exactly once, in order, byte-exact. The same transfers without loss first
+/// give the slowdown, printed. READs of 16 KiB (`RDMX_RNDV_CHUNK=16k`, what a lossy link
+/// wants): about 1.9x slower than without loss, against 5x with the default 256 KiB, whose
+/// READs of 256 packets rarely arrive whole. Runs used to stall now and then (1 in 4 to 6 at
+/// 1 %, no completion and no error): rxe's retransmission executed again the memory window bind
+/// posted behind unacknowledged sends, which failed and wedged the QP; rdmx now posts a bind on
+/// Soft-RoCE only when nothing else is in flight (`src/transport/rdma/link.rs`). A stalled run
+/// fails, printing the queue pairs and rxe's counters. `RDMX_TWONODE_RNDV_CHUNK=4096` runs it
+/// with another READ size, by hand.
 #[test]
 #[ignore = "runs on two Soft-RoCE nodes: scripts/test runs it with scripts/softroce-twonode"]
 fn one_percent_loss_loses_nothing_reorders_nothing() {
@@ -72,7 +72,7 @@ impl Netem {
             .args([
                 "qdisc", "replace", "dev", "eth0", "root", "netem", "loss", loss,
             ])
-            .args(["limit", "10000"])
+            .args(["limit", "65536"])
             .status()
             .expect("tc");
         assert!(ok.success(), "tc qdisc replace ... netem loss {loss}");
@@ -81,10 +81,22 @@ impl Netem {
 }
 
 impl Drop for Netem {
+    /// Puts back the queue the runner gave eth0 (`RDMX_NODE_QDISC`, a FIFO that neither
+    /// drops nor refuses frames); deleting netem would leave the kernel's default, which
+    /// drops frames under the next test's bursts.
     fn drop(&mut self) {
-        let _ = Command::new("tc")
-            .args(["qdisc", "del", "dev", "eth0", "root"])
-            .status();
+        let qdisc = std::env::var("RDMX_NODE_QDISC").unwrap_or_default();
+        let mut tc = Command::new("tc");
+        if qdisc.trim().is_empty() {
+            tc.args(["qdisc", "del", "dev", "eth0", "root"]);
+        } else {
+            tc.args(["qdisc", "replace", "dev", "eth0", "root"])
+                .args(qdisc.split_whitespace());
+        }
+        match tc.status() {
+            Ok(st) if st.success() => {}
+            other => eprintln!("putting eth0's qdisc back ({qdisc:?}) failed: {other:?}"),
+        }
     }
 }
 
