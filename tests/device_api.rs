@@ -17,6 +17,7 @@ fn net() -> api::Net {
         addr_a: env("SOFTROCE_ADDR_A"),
         addr_b: env("SOFTROCE_ADDR_B"),
         sides: api::Sides::Threads,
+        keepalive_ms: None,
     }
 }
 

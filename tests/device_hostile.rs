@@ -38,6 +38,7 @@ fn net() -> api::Net {
         addr_a: addr_a(),
         addr_b: env("SOFTROCE_ADDR_B"),
         sides: api::Sides::Threads,
+        keepalive_ms: None,
     }
 }
 

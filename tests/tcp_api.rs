@@ -10,6 +10,7 @@ fn net() -> api::Net {
         addr_a: "127.0.0.1".into(),
         addr_b: "127.0.0.1".into(),
         sides: api::Sides::Threads,
+        keepalive_ms: None,
     }
 }
 

@@ -56,6 +56,9 @@ pub struct Net {
     pub addr_b: String,
     /// Where the two sides of two-sided tests ([`two_sided`]) run.
     pub sides: Sides,
+    /// The keepalive the suite's contexts get (`RDMX_KEEPALIVE_MS` through [`test_env`]);
+    /// `None`: rdmx's default.
+    pub keepalive_ms: Option<u64>,
 }
 
 /// Generates one `#[test]` per suite function, each with the attributes in brackets.
@@ -130,12 +133,19 @@ pub(crate) fn init_log() {
     let _ = env_logger::builder().is_test(true).try_init();
 }
 
-/// The process environment as tests see it: only `RDMX_CONNECT_TIMEOUT_MS`, which slow
-/// runs (valgrind) raise; tests set everything else explicitly.
+/// The process environment as tests see it: `RDMX_CONNECT_TIMEOUT_MS`, which slow runs
+/// (valgrind) raise, and `RDMX_KEEPALIVE_MS` (by hand; otherwise the binary's
+/// [`Net::keepalive_ms`]); tests set everything else explicitly.
 pub fn test_env(var: &str) -> Option<String> {
-    (var == rdmx::CONNECT_TIMEOUT_VAR)
-        .then(|| std::env::var(var).ok())
-        .flatten()
+    if var == rdmx::CONNECT_TIMEOUT_VAR || var == rdmx::KEEPALIVE_VAR {
+        if let Ok(value) = std::env::var(var) {
+            return Some(value);
+        }
+    }
+    if var == rdmx::KEEPALIVE_VAR {
+        return crate::net().keepalive_ms.map(|ms| ms.to_string());
+    }
+    None
 }
 
 /// A builder that ignores the process environment except [`test_env`].
