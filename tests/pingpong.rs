@@ -129,7 +129,7 @@ fn mistakes_give_one_line_and_a_non_zero_exit() {
     one_line_error(
         &pingpong(&["--bogus"], &[]),
         2,
-        "unknown argument `--bogus`",
+        "unexpected argument '--bogus'",
     );
     one_line_error(&pingpong(&["-s", "1:x"], &[]), 2, "`x` is not a size");
     one_line_error(

@@ -1,109 +1,158 @@
-//! The ping-pong demo: one-way latency and bandwidth of rdmx's tagged messages over a size
-//! sweep, in the manner of `ucx_perftest -t tag_lat` / `tag_bw` and `ib_send_lat`.
+//! The ping-pong demo and rdmx's benchmark client, in the manner of `ucx_perftest -t tag_lat`
+//! / `tag_bw` and `ib_send_lat`: one-way latency or bandwidth of tagged messages over a size
+//! sweep.
 //!
 //! ```text
 //! pingpong                              both sides in one process, loopback, auto transport
 //! pingpong --server [ADDR]              serve one client (default 0.0.0.0:13337)
-//! pingpong --client HOST[:PORT] [-s 1:16M] [-n N] [-w N] [--bw [--window N]] [--json]
+//! pingpong --client HOST[:PORT] [-s 1:16M] [-n N] [-w N] [--bw [--window N]]
+//!                               [--json | --result]
 //! ```
 //!
-//! Latency mode times each round trip (receive pre-posted, then send) and reports half of it;
-//! bandwidth mode keeps a window of sends outstanding and the server acknowledges each window.
-//! Every size's last echo is checked byte for byte. `--help` lists every option.
-
-mod args;
-mod report;
+//! Latency mode times each round trip (receive pre-posted, then send) and reports half of it.
+//! Bandwidth mode keeps a sliding window of sends outstanding (the oldest is waited for
+//! before the next starts), the server keeps as many receives posted (each reposted as it
+//! completes) and acknowledges once after the warm-up and once after the measured messages,
+//! as `ucx_perftest`'s stream test runs. Every latency size's last echo is checked byte for
+//! byte. The server prints `pingpong: listening on HOST:PORT (TRANSPORTS)` on stderr once it
+//! listens. Sizes, defaults, statistics and the JSON schema are `rdmx-bench`'s, shared with
+//! its socket baseline and its report. `--help` lists every option.
 
 use std::collections::VecDeque;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 #[cfg(feature = "rdma")]
 use std::net::IpAddr;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use args::{ArgError, Args, Plan, Role};
+use clap::Parser;
 use rdmx::{Context, Ep, Request, Transport, Worker, TAG_MASK_ALL};
-use report::{Header, Progress, Row};
+use rdmx_bench::plan::{Plan, SweepArgs};
+use rdmx_bench::schema::{self, histogram, record, Histogram, PingpongDoc, PingpongRow, MB};
+use rdmx_bench::sizes::format_size;
 
 const SETUP: u64 = 1;
 const DATA: u64 = 2;
 const ACK: u64 = 3;
+/// The default port of `--server` and `--client HOST`.
+const DEFAULT_PORT: u16 = 13337;
 
 type Result<T> = std::result::Result<T, String>;
 
+/// rdmx's ping-pong: one-way latency or bandwidth over a size sweep. Environment:
+/// RDMX_TRANSPORT (auto|rdma|tcp), RDMX_EAGER_THRESHOLD and the other RDMX_* settings (see
+/// rdmx-info). Latency is one-way: half the round trip. MB = 2^20 bytes.
+#[derive(Parser)]
+#[command(name = "pingpong")]
+struct Args {
+    /// Serve one client at ADDR, then exit [default: 0.0.0.0:13337]
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, conflicts_with = "client",
+          default_missing_value = "0.0.0.0", value_parser = with_port)]
+    server: Option<String>,
+    /// Run the sweep against the server at HOST[:PORT] (default port 13337)
+    #[arg(long, value_name = "HOST[:PORT]", value_parser = with_port)]
+    client: Option<String>,
+    #[command(flatten)]
+    sweep: SweepArgs,
+    /// Machine-readable lines instead of the table, one per size: `RESULT size=S lat_us=MEAN
+    /// p50_us=P msgs_per_s=R` (latency) or `RESULT size=S bw_mbs=B msgs_per_s=R`
+    #[arg(long, conflicts_with = "json")]
+    result: bool,
+    /// Progress lines on stderr even when it is not a terminal
+    #[arg(long, overrides_with = "no_progress")]
+    progress: bool,
+    /// No progress lines
+    #[arg(long)]
+    no_progress: bool,
+}
+
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let args = match args::parse(&argv) {
-        Ok(a) => a,
-        Err(ArgError::Help) => {
-            println!("{}", args::USAGE);
-            return;
-        }
-        Err(ArgError::Bad(m)) => {
-            eprintln!("pingpong: {m}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = run(args) {
+    let args: Args = rdmx_bench::cli::parse_or_exit("pingpong");
+    let plan = args.sweep.plan().unwrap_or_else(|e| {
+        eprintln!("pingpong: {e}");
+        std::process::exit(2)
+    });
+    if let Err(e) = run(&args, &plan) {
         eprintln!("pingpong: {e}");
         std::process::exit(1);
     }
 }
 
-fn run(args: Args) -> Result<()> {
-    let ctx = Context::new().map_err(|e| e.to_string())?;
-    match &args.role {
-        Role::Server(addr) => {
-            let worker = ctx.worker().map_err(|e| e.to_string())?;
-            let listener = worker
-                .listen(addr)
-                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-            let bound = listener
-                .local_addr()
-                .map_or_else(|| addr.clone(), |a| a.to_string());
-            let over: Vec<String> = listener
-                .transports()
-                .iter()
-                .map(|t| t.to_string())
-                .collect();
-            eprintln!("pingpong: listening on {bound} ({})", over.join(", "));
-            let ep = listener.accept().map_err(|e| format!("accept: {e}"))?;
-            serve(&worker, &ep)
+/// `HOST` or `HOST:PORT` (IPv6 as `[::1]:PORT`) → `HOST:PORT`, checking the port.
+fn with_port(addr: &str) -> Result<String> {
+    let addr = addr.trim();
+    let (host, port) = match addr.strip_prefix('[') {
+        Some(rest) => {
+            let (h, tail) = rest
+                .split_once(']')
+                .ok_or(format!("`{addr}`: missing `]`"))?;
+            (format!("[{h}]"), tail.strip_prefix(':'))
         }
-        Role::Client(addr) => {
-            let worker = ctx.worker().map_err(|e| e.to_string())?;
-            let ep = worker
-                .connect(addr)
-                .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-            client(&ctx, &worker, &ep, &args)
-        }
-        Role::Loopback => {
-            let host = loopback_host(&ctx)?;
-            let server_worker = ctx.worker().map_err(|e| e.to_string())?;
-            let listener = server_worker
-                .listen(&format!("{host}:0"))
-                .map_err(|e| format!("cannot listen on {host}: {e}"))?;
-            let addr = listener
-                .local_addr()
-                .ok_or("the listener has no local address")?
-                .to_string();
-            let server = thread::spawn(move || -> Result<()> {
-                let ep = listener.accept().map_err(|e| format!("accept: {e}"))?;
-                serve(&server_worker, &ep)
-            });
-            let worker = ctx.worker().map_err(|e| e.to_string())?;
-            let ep = worker
-                .connect(&addr)
-                .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-            client(&ctx, &worker, &ep, &args)?;
-            drop(ep);
-            server
-                .join()
-                .map_err(|_| "the server thread panicked".to_string())?
-                .map_err(|e| format!("server side: {e}"))
-        }
+        None if addr.matches(':').count() > 1 => (format!("[{addr}]"), None),
+        None => match addr.split_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (addr.to_string(), None),
+        },
+    };
+    if host.is_empty() {
+        return Err("empty address".into());
     }
+    let port = port.map_or(Ok(DEFAULT_PORT), |p| {
+        p.parse::<u16>()
+            .map_err(|_| format!("`{addr}`: `{p}` is not a port number"))
+    })?;
+    Ok(format!("{host}:{port}"))
+}
+
+fn run(args: &Args, plan: &Plan) -> Result<()> {
+    let ctx = Context::new().map_err(|e| e.to_string())?;
+    let worker = ctx.worker().map_err(|e| e.to_string())?;
+    if let Some(addr) = &args.server {
+        let listener = worker
+            .listen(addr)
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let bound = listener
+            .local_addr()
+            .map_or(addr.clone(), |a| a.to_string());
+        let over: Vec<String> = listener
+            .transports()
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        eprintln!("pingpong: listening on {bound} ({})", over.join(", "));
+        let ep = listener.accept().map_err(|e| format!("accept: {e}"))?;
+        return serve(&worker, &ep);
+    }
+    let connect = |addr: &str| {
+        worker
+            .connect(addr)
+            .map_err(|e| format!("cannot connect to {addr}: {e}"))
+    };
+    if let Some(addr) = &args.client {
+        return client(&ctx, &worker, &connect(addr)?, args, plan);
+    }
+    // Loopback: the server side on a thread of its own.
+    let host = loopback_host(&ctx)?;
+    let server_worker = ctx.worker().map_err(|e| e.to_string())?;
+    let listener = server_worker
+        .listen(&format!("{host}:0"))
+        .map_err(|e| format!("cannot listen on {host}: {e}"))?;
+    let addr = listener
+        .local_addr()
+        .ok_or("the listener has no local address")?
+        .to_string();
+    let server = thread::spawn(move || -> Result<()> {
+        let ep = listener.accept().map_err(|e| format!("accept: {e}"))?;
+        serve(&server_worker, &ep)
+    });
+    let ep = connect(&addr)?;
+    client(&ctx, &worker, &ep, args, plan)?;
+    drop(ep);
+    server
+        .join()
+        .map_err(|_| "the server thread panicked".to_string())?
+        .map_err(|e| format!("server side: {e}"))
 }
 
 /// An address both sides of a one-process run can use: loopback for TCP; for RDMA an address
@@ -127,24 +176,18 @@ fn rdma_loopback_host(ctx: &Context) -> Result<String> {
         if wanted.as_deref().is_some_and(|w| w != d.name()) {
             continue;
         }
-        let active: Vec<u8> = d
-            .ports()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|p| p.state == "ACTIVE")
-            .map(|p| p.port)
-            .collect();
+        let ports = d.ports().unwrap_or_default();
+        let active = |port: &u8| ports.iter().any(|p| p.port == *port && p.state == "ACTIVE");
         let addrs = d.ip_addrs().unwrap_or_default();
         let pick = addrs
             .iter()
-            .filter(|(port, _)| active.contains(port))
+            .filter(|(port, _)| active(port))
             .map(|(_, a)| *a)
             .min_by_key(|a| !a.is_ipv4());
-        if let Some(a) = pick {
-            return Ok(match a {
-                IpAddr::V4(v4) => v4.to_string(),
-                IpAddr::V6(v6) => format!("[{v6}]"),
-            });
+        match pick {
+            Some(IpAddr::V4(v4)) => return Ok(v4.to_string()),
+            Some(IpAddr::V6(v6)) => return Ok(format!("[{v6}]")),
+            None => {}
         }
     }
     Err("no RDMA device has an active port with an IP address; \
@@ -152,18 +195,18 @@ fn rdma_loopback_host(ctx: &Context) -> Result<String> {
         .into())
 }
 
-fn alloc(size: usize) -> Result<Vec<u8>> {
+fn alloc(size: u64) -> Result<Vec<u8>> {
     let mut v = Vec::new();
-    v.try_reserve_exact(size)
+    v.try_reserve_exact(size as usize)
         .map_err(|_| format!("cannot allocate {size} bytes"))?;
-    v.resize(size, 0);
+    v.resize(size as usize, 0);
     Ok(v)
 }
 
-fn pattern(size: usize, seed: usize) -> Result<Vec<u8>> {
+fn pattern(size: u64, seed: u64) -> Result<Vec<u8>> {
     let mut v = alloc(size)?;
     for (i, b) in v.iter_mut().enumerate() {
-        *b = (i.wrapping_mul(31) ^ seed) as u8;
+        *b = (i.wrapping_mul(31) ^ seed as usize) as u8;
     }
     Ok(v)
 }
@@ -172,26 +215,8 @@ fn wait(r: Request, what: &str) -> Result<rdmx::Done> {
     r.wait().map_err(|e| format!("{what}: {e}"))
 }
 
-/// The server side of one session: receives the plan, then echoes (latency) or acknowledges
-/// windows (bandwidth) for every size.
-fn serve(worker: &Worker, ep: &Ep) -> Result<()> {
-    let (plan, _): (Plan, _) = worker
-        .recv_obj(SETUP, TAG_MASK_ALL)
-        .map_err(|e| format!("reading the client's plan: {e}"))?;
-    plan.validate()
-        .map_err(|e| format!("the client's plan is invalid: {e}"))?;
-    for &size in &plan.sizes {
-        match plan.window {
-            None => serve_latency(worker, ep, &plan, size)?,
-            Some(w) => serve_bandwidth(worker, ep, &plan, size, w)?,
-        }
-    }
-    ep.flush(Duration::from_secs(30))
-        .map_err(|e| format!("flush: {e}"))
-}
-
-fn check_len(got: &rdmx::Done, size: usize) -> Result<()> {
-    if got.length != size {
+fn check_len(got: &rdmx::Done, size: u64) -> Result<()> {
+    if got.length as u64 != size {
         return Err(format!(
             "expected a {size}-byte message, the peer sent {}",
             got.length
@@ -200,8 +225,31 @@ fn check_len(got: &rdmx::Done, size: usize) -> Result<()> {
     Ok(())
 }
 
-fn serve_latency(worker: &Worker, ep: &Ep, plan: &Plan, size: usize) -> Result<()> {
-    let total = plan.warmup_for(size) + plan.iters_for(size);
+/// The server side of one session: receives the plan, then echoes (latency) or receives
+/// windows (bandwidth) for every size.
+fn serve(worker: &Worker, ep: &Ep) -> Result<()> {
+    let (plan, _): (Plan, _) = worker
+        .recv_obj(SETUP, TAG_MASK_ALL)
+        .map_err(|e| format!("reading the client's plan: {e}"))?;
+    plan.validate()
+        .map_err(|e| format!("the client's plan is invalid: {e}"))?;
+    for &size in &plan.sizes {
+        let (warm, timed) = plan.counts_for(size);
+        match plan.window {
+            None => serve_latency(worker, ep, size, warm + timed)?,
+            Some(w) => {
+                let mut bufs = (0..w).map(|_| alloc(size)).collect::<Result<Vec<_>>>()?;
+                for count in [warm, timed].into_iter().filter(|&c| c > 0) {
+                    serve_window(worker, ep, &mut bufs, size, count)?;
+                }
+            }
+        }
+    }
+    ep.flush(Duration::from_secs(30))
+        .map_err(|e| format!("flush: {e}"))
+}
+
+fn serve_latency(worker: &Worker, ep: &Ep, size: u64, total: u64) -> Result<()> {
     let mut spare = alloc(size)?;
     let mut pending = Some(worker.tag_recv(DATA, TAG_MASK_ALL, alloc(size)?));
     for i in 0..total {
@@ -217,21 +265,21 @@ fn serve_latency(worker: &Worker, ep: &Ep, plan: &Plan, size: usize) -> Result<(
     Ok(())
 }
 
-/// Receives `count` messages of `size` bytes with `w` receives kept posted (each reposted as
-/// it completes, as `ucx_perftest`'s stream test does), then acknowledges them all.
+/// Receives `count` messages with `bufs.len()` receives kept posted (each reposted as it
+/// completes), then acknowledges them all.
 fn serve_window(
     worker: &Worker,
     ep: &Ep,
     bufs: &mut Vec<Vec<u8>>,
-    size: usize,
-    count: usize,
+    size: u64,
+    count: u64,
 ) -> Result<()> {
     let mut posted: VecDeque<Request> = bufs
         .drain(..)
-        .take(count)
+        .take(count as usize)
         .map(|b| worker.tag_recv(DATA, TAG_MASK_ALL, b))
         .collect();
-    let mut started = posted.len();
+    let mut started = posted.len() as u64;
     while let Some(r) = posted.pop_front() {
         let got = wait(r, "receive")?;
         check_len(&got, size)?;
@@ -246,94 +294,135 @@ fn serve_window(
     Ok(())
 }
 
-fn serve_bandwidth(worker: &Worker, ep: &Ep, plan: &Plan, size: usize, w: usize) -> Result<()> {
-    let (warm, timed) = plan.windows_for(size);
-    let mut bufs = Vec::with_capacity(w);
-    for _ in 0..w {
-        bufs.push(alloc(size)?);
-    }
-    if warm > 0 {
-        serve_window(worker, ep, &mut bufs, size, warm * w)?;
-    }
-    serve_window(worker, ep, &mut bufs, size, timed * w)
-}
-
-/// The client side: sends the plan, runs every size, prints the table or the JSON.
-fn client(ctx: &Context, worker: &Worker, ep: &Ep, args: &Args) -> Result<()> {
-    let plan = &args.plan;
+/// The client side: sends the plan, runs every size, prints the table, the RESULT lines or
+/// the JSON.
+fn client(ctx: &Context, worker: &Worker, ep: &Ep, args: &Args, plan: &Plan) -> Result<()> {
     let eager_limit = ep.eager_limit().ok_or("the connection closed")?;
-    let threshold = ctx
-        .config()
-        .entries()
-        .into_iter()
-        .find(|e| e.var == rdmx::EAGER_THRESHOLD_VAR)
-        .map(|e| e.source.to_string())
-        .unwrap_or_default();
-    let header = Header {
+    let mut doc = PingpongDoc {
+        tool: "rdmx-pingpong".into(),
         transport: ep.transport().to_string(),
         device: worker.stats().device,
         peer: ep.peer_addr().map(|a| a.to_string()),
-        eager_threshold: ctx.config().eager_threshold_for(ep.transport()),
-        threshold_source: threshold,
-        eager_limit,
-        window: plan.window,
-        sizes: plan.sizes.len(),
+        eager_threshold: Some(ctx.config().eager_threshold_for(ep.transport())),
+        eager_limit: Some(eager_limit),
+        mode: if plan.window.is_some() {
+            schema::MODE_BANDWIDTH
+        } else {
+            schema::MODE_LATENCY
+        }
+        .into(),
+        window: plan.window.map(u64::from),
+        results: Vec::new(),
     };
     ep.send_obj(SETUP, plan)
         .map_err(|e| format!("sending the plan: {e}"))?;
-    let show_progress = args
-        .progress
-        .unwrap_or_else(|| std::io::stderr().is_terminal());
-    let mut out = report::Output::new(args.json, header);
-    out.header().map_err(|e| e.to_string())?;
-    let mut progress = Progress::new(show_progress, plan.sizes.len());
-    for (index, &size) in plan.sizes.iter().enumerate() {
-        let protocol = if size as u64 <= eager_limit {
-            "eager"
+    let table = !args.sweep.json && !args.result;
+    if table {
+        let source = ctx
+            .config()
+            .entries()
+            .into_iter()
+            .find(|e| e.var == rdmx::EAGER_THRESHOLD_VAR)
+            .map(|e| e.source.to_string())
+            .unwrap_or_default();
+        let device = doc.device.as_deref().map(|d| format!(", device {d}"));
+        let peer = doc.peer.as_deref().map(|p| format!(", server {p}"));
+        let time = if plan.window.is_some() {
+            "per message"
         } else {
-            "rndv"
+            "one-way"
         };
-        progress.start(index, size);
-        let row = match plan.window {
-            None => latency(worker, ep, plan, size, &mut progress)?,
-            Some(w) => bandwidth(worker, ep, plan, size, w, &mut progress)?,
-        };
-        progress.clear();
-        out.row(Row { protocol, ..row })
-            .map_err(|e| e.to_string())?;
+        println!(
+            "{}",
+            schema::table_title("rdmx pingpong", doc.window, plan.sizes.len())
+        );
+        println!(
+            "# transport {}{}{}",
+            doc.transport,
+            device.unwrap_or_default(),
+            peer.unwrap_or_default()
+        );
+        println!(
+            "# RDMX_EAGER_THRESHOLD {} B ({source}); eager up to {eager_limit} B on this endpoint, rendezvous above",
+            doc.eager_threshold.unwrap_or_default()
+        );
+        println!(
+            "# times in µs {time}; MB = 2^20 bytes\n{}",
+            schema::table_columns()
+        );
     }
-    out.finish().map_err(|e| e.to_string())?;
+    let progress = !args.no_progress && (args.progress || std::io::stderr().is_terminal());
+    for (index, &size) in plan.sizes.iter().enumerate() {
+        let protocol = if size <= eager_limit { "eager" } else { "rndv" };
+        if progress {
+            eprintln!(
+                "pingpong: size {}/{} ({})",
+                index + 1,
+                plan.sizes.len(),
+                format_size(size)
+            );
+        }
+        let counts = plan.counts_for(size);
+        let row = match plan.window {
+            None => latency(worker, ep, size, protocol, counts)?,
+            Some(w) => bandwidth(worker, ep, size, protocol, counts, w)?,
+        };
+        if table {
+            println!("{}", schema::table_row(&row));
+        } else if args.result {
+            println!("{}", result_line(&row, plan.window.is_some()));
+        }
+        let _ = std::io::stdout().flush();
+        doc.results.push(row);
+    }
+    if args.sweep.json {
+        print!("{}", doc.to_json());
+    }
     ep.close().map_err(|e| format!("close: {e}"))
+}
+
+/// The machine-readable line of `--result` (the scripts read `lat_us`, `bw_mbs` and
+/// `msgs_per_s` from it).
+fn result_line(r: &PingpongRow, bandwidth: bool) -> String {
+    if bandwidth {
+        format!(
+            "RESULT size={} bw_mbs={:.3} msgs_per_s={:.0}",
+            r.size,
+            r.bytes_per_s / MB,
+            r.msgs_per_s
+        )
+    } else {
+        format!(
+            "RESULT size={} lat_us={:.3} p50_us={:.3} msgs_per_s={:.0}",
+            r.size, r.mean_us, r.p50_us, r.msgs_per_s
+        )
+    }
 }
 
 fn latency(
     worker: &Worker,
     ep: &Ep,
-    plan: &Plan,
-    size: usize,
-    progress: &mut Progress,
-) -> Result<Row> {
-    let (warmup, iters) = (plan.warmup_for(size), plan.iters_for(size));
-    let total = warmup + iters;
+    size: u64,
+    protocol: &str,
+    (warm, timed): (u64, u64),
+) -> Result<PingpongRow> {
+    let total = warm + timed;
     let mut sbuf = pattern(size, total)?;
     let mut rbuf = alloc(size)?;
-    let mut one_way = Vec::with_capacity(iters);
+    let mut rtt = histogram();
     // One clock read per round trip (as ib_send_lat): each ends where the next begins.
     let mut t0 = Instant::now();
     for i in 0..total {
         let r = worker.tag_recv(DATA, TAG_MASK_ALL, rbuf);
-        let s = ep.tag_send(DATA, sbuf);
-        sbuf = wait(s, "send")?.buf;
+        sbuf = wait(ep.tag_send(DATA, sbuf), "send")?.buf;
         let got = wait(r, "receive")?;
         let t1 = Instant::now();
-        let rtt = t1 - t0;
+        if i >= warm {
+            record(&mut rtt, t1 - t0);
+        }
         t0 = t1;
         check_len(&got, size)?;
         rbuf = got.buf;
-        if i >= warmup {
-            one_way.push(rtt.as_secs_f64() * 1e6 / 2.0);
-        }
-        progress.tick(i + 1, total);
     }
     if rbuf != sbuf {
         let at = rbuf.iter().zip(&sbuf).position(|(a, b)| a != b);
@@ -341,25 +430,19 @@ fn latency(
             "the {size}-byte echo differs from what was sent (first at byte {at:?})"
         ));
     }
-    Ok(Row::from_samples(
-        size,
-        iters,
-        warmup,
-        &mut one_way,
-        |mean_us| (size as f64 / (mean_us * 1e-6), 1.0 / (mean_us * 1e-6)),
-    ))
+    Ok(PingpongRow::latency(size, protocol, (warm, timed), &rtt))
 }
 
 /// Sends `count` messages from `bufs` with at most `bufs.len()` outstanding (a sliding
-/// window: the oldest send is waited for before the next starts, as `ucx_perftest`'s stream
-/// test does), then waits for the server's acknowledgement of all of them. Each wait for the
-/// oldest send records the time since the previous one in `per_msg` (µs).
+/// window: the oldest send is waited for before the next starts), then waits for the
+/// server's acknowledgement. Each wait for the oldest send records the time since the
+/// previous one in `gaps`.
 fn send_window(
     worker: &Worker,
     ep: &Ep,
     bufs: &mut Vec<Vec<u8>>,
-    count: usize,
-    mut per_msg: Option<&mut Vec<f64>>,
+    count: u64,
+    gaps: &mut Histogram<u64>,
 ) -> Result<()> {
     let ack = worker.tag_recv(ACK, TAG_MASK_ALL, Vec::new());
     let mut sends = VecDeque::with_capacity(bufs.len());
@@ -371,9 +454,7 @@ fn send_window(
                 let oldest = sends.pop_front().ok_or("an empty send window")?;
                 let buf = wait(oldest, "send")?.buf;
                 let now = Instant::now();
-                if let Some(samples) = per_msg.as_deref_mut() {
-                    samples.push((now - last).as_secs_f64() * 1e6);
-                }
+                record(gaps, now - last);
                 last = now;
                 buf
             }
@@ -390,36 +471,59 @@ fn send_window(
 fn bandwidth(
     worker: &Worker,
     ep: &Ep,
-    plan: &Plan,
-    size: usize,
-    w: usize,
-    progress: &mut Progress,
-) -> Result<Row> {
-    let (warm, timed) = plan.windows_for(size);
-    let mut bufs = Vec::with_capacity(w);
-    for k in 0..w {
-        bufs.push(pattern(size, k)?);
-    }
+    size: u64,
+    protocol: &str,
+    (warm, timed): (u64, u64),
+    w: u32,
+) -> Result<PingpongRow> {
+    let mut bufs = (0..u64::from(w))
+        .map(|k| pattern(size, k))
+        .collect::<Result<Vec<_>>>()?;
     if warm > 0 {
-        send_window(worker, ep, &mut bufs, warm * w, None)?;
+        send_window(worker, ep, &mut bufs, warm, &mut histogram())?;
     }
-    progress.tick(warm, warm + timed);
-    let msgs = timed * w;
-    let mut per_msg = Vec::with_capacity(msgs);
+    let mut gaps = histogram();
     let t0 = Instant::now();
-    send_window(worker, ep, &mut bufs, msgs, Some(&mut per_msg))?;
-    let elapsed = t0.elapsed().as_secs_f64();
-    progress.tick(warm + timed, warm + timed);
-    if per_msg.is_empty() {
+    send_window(worker, ep, &mut bufs, timed, &mut gaps)?;
+    let elapsed = t0.elapsed();
+    if gaps.is_empty() {
         // A single window: no send waited for another; its mean is all there is.
-        per_msg.push(elapsed * 1e6 / msgs as f64);
+        record(&mut gaps, elapsed / timed.max(1) as u32);
     }
-    let m = msgs as f64;
-    Ok(Row::from_samples(
+    Ok(PingpongRow::bandwidth(
         size,
-        msgs,
-        warm * w,
-        &mut per_msg,
-        |_| (m * size as f64 / elapsed, m / elapsed),
+        protocol,
+        (warm, timed),
+        &gaps,
+        elapsed,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_get_the_default_port() {
+        assert_eq!(with_port("example"), Ok("example:13337".into()));
+        assert_eq!(with_port("10.0.0.1:99"), Ok("10.0.0.1:99".into()));
+        assert_eq!(with_port("[::1]:5"), Ok("[::1]:5".into()));
+        assert_eq!(with_port("::1"), Ok("[::1]:13337".into()));
+        assert!(with_port("h:70000")
+            .unwrap_err()
+            .contains("not a port number"));
+        assert!(with_port("").is_err());
+    }
+
+    #[test]
+    fn the_command_line() {
+        let a = Args::try_parse_from(["pingpong", "--server", "-n", "3"]).unwrap();
+        assert_eq!(a.server.as_deref(), Some("0.0.0.0:13337"));
+        let a = Args::try_parse_from(["pingpong", "--bw", "-s", "1M", "-n", "64"]).unwrap();
+        let plan = a.sweep.plan().unwrap();
+        assert_eq!((plan.window, plan.iters_for(1 << 20)), (Some(16), 64));
+        assert!(Args::try_parse_from(["pingpong", "--window", "4"]).is_err());
+        assert!(Args::try_parse_from(["pingpong", "--server", "--client", "x"]).is_err());
+        assert!(Args::try_parse_from(["pingpong", "--json", "--result"]).is_err());
+    }
 }

@@ -82,6 +82,21 @@ pub fn atomic_instructions(disassembly: &str) -> BTreeMap<u64, String> {
     found
 }
 
+/// What `atomics` is asked: the program and its two callgrind runs.
+#[derive(Debug, PartialEq, clap::Args)]
+pub struct AtomicsOptions {
+    /// The program both runs recorded
+    pub program: PathBuf,
+    /// The callgrind output of the run with fewer round trips (recorded with
+    /// --dump-instr=yes --compress-pos=no --compress-strings=no)
+    pub short: PathBuf,
+    /// The run with more
+    pub long: PathBuf,
+    /// How many more round trips the long run made
+    #[arg(long, value_name = "N")]
+    pub trips: u64,
+}
+
 /// Atomic instructions executed per round trip: the whole program and the part in `main`
 /// (the program's own object, as opposed to shared libraries).
 #[derive(Debug, Clone, PartialEq)]

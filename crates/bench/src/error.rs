@@ -6,8 +6,8 @@ use std::path::PathBuf;
 /// Everything that can go wrong in `rdmx-bench`.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The command line was wrong.
-    #[error("{0} (see `rdmx-bench --help`)")]
+    /// The command line (or a plan from a peer) was wrong.
+    #[error("{0}")]
     Usage(String),
     /// A line of an input file could not be understood.
     #[error("{}:{line}: {msg}", file.display())]
@@ -57,6 +57,14 @@ pub enum Error {
     /// The peer of a socket-pingpong session broke the protocol.
     #[error("socket-pingpong protocol: {0}")]
     Protocol(String),
+    /// Drawing a plot failed.
+    #[error("plotting {}: {msg}", file.display())]
+    Plot {
+        /// The SVG file.
+        file: PathBuf,
+        /// plotters' message.
+        msg: String,
+    },
 }
 
 /// `Result` with [`Error`].
@@ -76,6 +84,14 @@ impl Error {
     pub fn net(what: impl Into<String>, source: io::Error) -> Self {
         Error::Net {
             what: what.into(),
+            source,
+        }
+    }
+
+    /// An [`Error::Io`] for `file`.
+    pub fn io(file: impl Into<PathBuf>, source: io::Error) -> Self {
+        Error::Io {
+            file: file.into(),
             source,
         }
     }

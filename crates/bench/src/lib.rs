@@ -1,15 +1,13 @@
-//! rdmx benchmark tools, behind the `rdmx-bench` binary.
+//! rdmx benchmark tools, behind the `rdmx-bench` binary, and what every benchmark of rdmx
+//! shares (rdmx's `pingpong` example uses this library too):
 //!
-//! * [`socket`]: `rdmx-bench socket-pingpong`, a raw-socket TCP ping-pong, polled (std::net,
-//!   `TCP_NODELAY`) — the baseline of what the kernel gives without any middleware. Its JSON
-//!   output uses the same schema as rdmx's `pingpong` example ([`schema`]).
-//! * [`report`]: `rdmx-bench report DIR`, which reads the raw results a `scripts/bench` run
-//!   left in `DIR` (rdmx pingpong JSON, perftest, qperf and ucx_perftest client outputs, see
-//!   [`inputs`]) and writes `BENCHMARKS.md` plus one hand-written SVG chart per transport
-//!   ([`svg`]).
-//! * [`atomics`]: `rdmx-bench atomics`, atomic read-modify-write instructions per round trip
-//!   from two callgrind runs (what the locks and reference counts of a thread-safe worker
-//!   cost, deterministically).
+//! * [`sizes`] and [`plan`]: the size-list syntax (`1:16M`, `1,4K,64K`), the default
+//!   iteration counts and the sweep options ([`plan::SweepArgs`]);
+//! * [`schema`]: the pingpong JSON result, its statistics (hdrhistogram) and its table;
+//! * [`socket`]: `rdmx-bench socket-pingpong`, the raw-socket TCP baseline;
+//! * [`inputs`]: parsers of perftest, qperf and ucx_perftest outputs;
+//! * `report` (feature `report`): `rdmx-bench report DIR`, BENCHMARKS.md and the SVG plots;
+//! * [`atomics`]: atomic read-modify-write instructions per round trip, from callgrind.
 //!
 //! Bad input never panics: every parse failure is an [`Error`] naming the file (and line) and
 //! what was wrong.
@@ -18,11 +16,11 @@ pub mod atomics;
 pub mod cli;
 pub mod error;
 pub mod inputs;
+pub mod plan;
+#[cfg(feature = "report")]
 pub mod report;
 pub mod schema;
 pub mod sizes;
 pub mod socket;
-pub mod stats;
-pub mod svg;
 
 pub use error::{Error, Result};

@@ -1,20 +1,127 @@
-//! `rdmx-bench`: the socket-pingpong baseline and the benchmark report generator.
+//! `rdmx-bench`: the socket-pingpong baseline, the benchmark report and the scripts' helpers.
 //! See `rdmx-bench --help` and the `rdmx_bench` library docs.
+
+use std::io::Write;
+
+use clap::{Parser, Subcommand};
+use rdmx_bench::plan::{default_iterations, default_warmup, SizeList, SweepArgs};
+use rdmx_bench::report::{self, ReportOptions};
+use rdmx_bench::schema::{table_columns, table_row, table_title};
+use rdmx_bench::sizes::{parse_size, parse_sizes};
+use rdmx_bench::{atomics, cli, socket, Error, Result};
+
+/// rdmx benchmark tools.
+#[derive(Parser)]
+#[command(
+    name = "rdmx-bench",
+    subcommand_required = true,
+    arg_required_else_help = false
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Raw TCP ping-pong (TCP_NODELAY, polled): the no-middleware baseline. Latency times are
+    /// one-way (half the round trip); MB = 2^20 bytes
+    SocketPingpong(SocketArgs),
+    /// Write BENCHMARKS.md and the SVG plots from the raw results in DIR (meta.env, guest/*,
+    /// host/*, as scripts/bench leaves them)
+    Report(ReportOptions),
+    /// Atomic read-modify-write instructions per round trip from two callgrind runs; prints
+    /// `TOTAL PROGRAM` (all objects, and PROGRAM's own code)
+    Atomics(atomics::AtomicsOptions),
+    /// Print the sizes of a size list (e.g. 1:16M or 1,4K,64K), one byte count per line
+    Sizes {
+        /// The size list
+        #[arg(value_parser = parse_sizes)]
+        list: SizeList,
+    },
+    /// Print the default `ITERATIONS WARMUP` for a message size (about 32 MiB, 5 to 1000; a
+    /// tenth as warm-up)
+    Iters {
+        /// The message size (K, M suffixes allowed)
+        #[arg(value_parser = parse_size)]
+        size: u64,
+    },
+}
+
+#[derive(clap::Args)]
+struct SocketArgs {
+    /// Serve one client session on ADDR (port 0 = any), print `listening on HOST:PORT` on
+    /// stderr, then exit
+    #[arg(long, value_name = "ADDR", required_unless_present = "client",
+          conflicts_with_all = ["client", "sizes", "iters", "warmup", "bw", "window", "json"])]
+    server: Option<String>,
+    /// Run the sweep against the server at HOST:PORT
+    #[arg(long, value_name = "HOST:PORT")]
+    client: Option<String>,
+    #[command(flatten)]
+    sweep: SweepArgs,
+}
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args: Result<Vec<String>, _> = std::env::args_os()
-        .skip(1)
-        .map(|a| a.into_string())
-        .collect();
-    let result = match args {
-        Ok(args) => rdmx_bench::cli::run(&args),
-        Err(bad) => Err(rdmx_bench::Error::Usage(format!(
-            "argument {bad:?} is not valid UTF-8"
-        ))),
-    };
-    if let Err(e) = result {
+    let args: Cli = cli::parse_or_exit("rdmx-bench");
+    if let Err(e) = run(args.command) {
         eprintln!("rdmx-bench: {e}");
         std::process::exit(e.exit_code());
     }
+}
+
+fn run(command: Command) -> Result<()> {
+    let mut out = String::new();
+    match command {
+        Command::SocketPingpong(a) => match (a.server, a.client) {
+            (Some(addr), _) => {
+                let l = socket::bind(&addr)?;
+                let local = l
+                    .local_addr()
+                    .map_err(|e| Error::net("reading the bound address", e))?;
+                eprintln!("rdmx-bench socket-pingpong: listening on {local}");
+                return socket::serve_one(&l);
+            }
+            (None, client) => {
+                let plan = a.sweep.plan().map_err(Error::Usage)?;
+                let doc = socket::run_client(&client.unwrap_or_default(), &plan)?;
+                if a.sweep.json {
+                    out = doc.to_json();
+                } else {
+                    out = format!(
+                        "{}\n# transport tcp, server {}\n# times in µs; MB = 2^20 bytes\n{}\n",
+                        table_title("socket-pingpong", doc.window, doc.results.len()),
+                        doc.peer.as_deref().unwrap_or("?"),
+                        table_columns()
+                    );
+                    for r in &doc.results {
+                        out += &table_row(r);
+                        out.push('\n');
+                    }
+                }
+            }
+        },
+        Command::Report(opts) => {
+            for f in report::generate(&opts)? {
+                eprintln!("rdmx-bench report: wrote {}", f.display());
+            }
+        }
+        Command::Atomics(o) => {
+            let short = atomics::read_callgrind(&o.short)?;
+            let long = atomics::read_callgrind(&o.long)?;
+            let per = atomics::per_trip(&o.program, &short, &long, o.trips)?;
+            out = format!("{:.1} {:.1}\n", per.total, per.program);
+        }
+        Command::Sizes { list } => list.iter().for_each(|s| out += &format!("{s}\n")),
+        Command::Iters { size } => {
+            let n = default_iterations(size);
+            out = format!("{n} {}\n", default_warmup(n));
+        }
+    }
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(|e| Error::io("<stdout>", e))
 }

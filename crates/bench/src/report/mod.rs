@@ -1,5 +1,8 @@
 //! `rdmx-bench report DIR`: BENCHMARKS.md and the SVG plots from a benchmark run's raw results.
 //!
+//! [`RunData::load`] reads the run (`load`), [`render_markdown`] writes the comparison
+//! tables (`tables`) and the eager-threshold sweep (`sweep`), `plot` draws the SVGs.
+//!
 //! Layout of `DIR` (everything but `meta.env` optional; a missing input makes its column or
 //! section say "not measured" and is listed in the report):
 //!
@@ -16,6 +19,7 @@
 //! ```
 
 mod load;
+mod plot;
 mod sweep;
 mod tables;
 
@@ -31,16 +35,14 @@ use std::path::{Component, Path, PathBuf};
 use crate::inputs::{
     parse_meta, parse_perftest_bw, parse_perftest_lat, parse_qperf, parse_ucx, BySize, QperfKind,
 };
-use crate::schema::{PingpongDoc, PingpongRow};
+use crate::schema::{PingpongDoc, PingpongRow, MB};
 use crate::sizes::{format_size, parse_size};
-use crate::svg::{self, Panel, COLORS};
 use crate::{Error, Result};
+use plot::{Panel, Series};
 
 use sweep::*;
 use tables::*;
 
-/// MB as every tool here counts it.
-const MB: f64 = 1048576.0;
 /// rdmx's default SRQ depth (receive buffers per worker); a test checks it against rdmx-proto.
 pub const SRQ_DEPTH: u64 = 4096;
 /// rdmx's message header, which shares the receive buffer with an eager payload.
@@ -51,13 +53,16 @@ pub const DEFAULT_EAGER_THRESHOLD: u64 = rdmx_proto::config::DEFAULT_EAGER_THRES
 pub const TCP_EAGER_THRESHOLD: u64 = 64 * 1024 - HEADER_BYTES;
 
 /// Where `report` reads and writes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct ReportOptions {
-    /// The run's raw results.
+    /// The run's raw results
+    #[arg(value_name = "DIR")]
     pub dir: PathBuf,
-    /// The Markdown file to write.
+    /// The Markdown file to write
+    #[arg(short, long, value_name = "FILE", default_value = "BENCHMARKS.md")]
     pub out: PathBuf,
-    /// Directory for `bench-rdma.svg` and `bench-tcp.svg`.
+    /// Directory for bench-rdma.svg and bench-tcp.svg
+    #[arg(long, value_name = "DIR2", default_value = "docs")]
     pub svg_dir: PathBuf,
 }
 
@@ -265,46 +270,33 @@ pub fn render_markdown(data: &RunData, plots: &[(String, String)]) -> String {
     out
 }
 
-fn transport_svg(t: &Transport) -> String {
-    let mk = |refs: &[Reference], rdmx: Option<Vec<(f64, f64)>>| -> Vec<svg::Series> {
-        let mut v = Vec::new();
-        if let Some(points) = rdmx {
-            v.push(svg::Series {
-                label: "rdmx".into(),
-                color: COLORS[0],
-                points,
-            });
-        }
-        for (i, r) in refs.iter().enumerate() {
-            if let Some(vals) = &r.values {
-                v.push(svg::Series {
-                    label: r.legend.into(),
-                    color: COLORS[(i + 1) % COLORS.len()],
-                    points: vals.iter().map(|(&s, &y)| (s as f64, y)).collect(),
-                });
-            }
-        }
-        v
-    };
-    let points = |p: &Pingpong, f: fn(&PingpongRow) -> f64| {
-        p.doc
-            .as_ref()
-            .map(|d| d.results.iter().map(|r| (r.size as f64, f(r))).collect())
+fn transport_svg(t: &Transport) -> std::result::Result<String, String> {
+    let series = |refs: &[Reference], rdmx: &Pingpong, f: fn(&PingpongRow) -> f64| {
+        let rdmx = rdmx.doc.as_ref().map(|d| Series {
+            label: "rdmx".into(),
+            points: d.results.iter().map(|r| (r.size as f64, f(r))).collect(),
+        });
+        let refs = refs.iter().filter_map(|r| {
+            r.values.as_ref().map(|v| Series {
+                label: r.legend.into(),
+                points: v.iter().map(|(&s, &y)| (s as f64, y)).collect(),
+            })
+        });
+        rdmx.into_iter().chain(refs).collect()
     };
     let left = Panel {
         title: "Latency (p50, one-way)".into(),
         y_label: "p50 one-way latency (µs)".into(),
-        series: mk(&t.lat_refs, points(&t.lat, p50)),
+        series: series(&t.lat_refs, &t.lat, p50),
     };
     let right = Panel {
         title: "Bandwidth".into(),
         y_label: "bandwidth (MB/s, MB = 2^20 B)".into(),
-        series: mk(&t.bw_refs, points(&t.bw, mbs)),
+        series: series(&t.bw_refs, &t.bw, mbs),
     };
-    svg::render(
+    plot::render(
         &format!("rdmx over {}", t.title),
-        &left,
-        &right,
+        [&left, &right],
         t.eager_limit(),
     )
 }
@@ -352,17 +344,11 @@ pub fn relative_link(target: &Path, from: &Path) -> String {
 }
 
 fn write(path: &Path, text: &str) -> Result<()> {
-    fs::write(path, text).map_err(|source| Error::Io {
-        file: path.to_path_buf(),
-        source,
-    })
+    fs::write(path, text).map_err(|e| Error::io(path, e))
 }
 
 fn mkdir(path: &Path) -> Result<()> {
-    fs::create_dir_all(path).map_err(|source| Error::Io {
-        file: path.to_path_buf(),
-        source,
-    })
+    fs::create_dir_all(path).map_err(|e| Error::io(path, e))
 }
 
 /// Loads `opts.dir`, writes the SVGs and the Markdown; returns the files written.
@@ -377,7 +363,11 @@ pub fn generate(opts: &ReportOptions) -> Result<Vec<PathBuf>> {
     let mut plots = Vec::new();
     for t in [&data.rdma, &data.tcp] {
         let file = opts.svg_dir.join(format!("bench-{}.svg", t.name));
-        write(&file, &transport_svg(t))?;
+        let svg = transport_svg(t).map_err(|msg| Error::Plot {
+            file: file.clone(),
+            msg,
+        })?;
+        write(&file, &svg)?;
         let link = relative_link(&svg_abs.join(format!("bench-{}.svg", t.name)), &out_dir);
         plots.push((
             format!("{}: latency and bandwidth vs message size", t.title),
@@ -399,6 +389,7 @@ mod tests {
             tool: "rdmx-pingpong".into(),
             transport: "rdma".into(),
             device: None,
+            peer: None,
             eager_threshold: None,
             eager_limit: None,
             mode: "latency".into(),
