@@ -1,7 +1,7 @@
 //! The floor under rdmx's RDMA latency: an 8-byte ping-pong straight on rdmx-conn (inline
 //! SENDs, busy-polled CQ, receives reposted as they complete), with the worker, the engine and
 //! the tag matching left out. Against `ib_send_lat` it measures what the safe verbs layer
-//! costs; against `tag_perf -t lat` what everything above it costs.
+//! costs; against `pingpong --result -s 8` what everything above it costs.
 //!
 //! ```text
 //! conn_pingpong --server 192.0.2.1:7480 [--srq]         # one client, then exits

@@ -1,5 +1,7 @@
 # shellcheck shell=bash
-# scripts/lib/bench.sh — helpers the benchmark scripts share (sourced, not run).
+# scripts/lib/bench.sh — helpers the benchmark scripts share (sourced, not run; the guest
+# scripts get them with `declare -f`). Sizes and iteration counts come from `rdmx-bench sizes`
+# and `rdmx-bench iters`, never from copies of their rules here.
 
 # The median of the numbers on stdin, one per line ("nan" when there are none).
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else print v[int((NR + 1) / 2)] }'; }
@@ -8,3 +10,57 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0 || a == "nan" || b == "nan
 # ib_send_lat's t_avg (one-way, µs) for SIZE in FILE: its row is
 # #bytes #iterations t_min t_max t_typical t_avg ...
 ib_lat_avg() { awk -v s="$1" '$1 == s && NF >= 6 { print $6 }' "$2" 2>/dev/null | tail -1; }
+# FIELD=VALUE from the last `RESULT` line of pingpong --result output in FILE.
+result() { sed -n "s/^RESULT .*\b$1=\([^ ]*\).*/\1/p" "$2" 2>/dev/null | tail -1; }
+
+# Whether something listens on PORT: a TCP listener (ucx_perftest, qperf, the rdmx tools over
+# TCP) or an rdma_cm ID (perftest -R, rdmx over RDMA).
+listening() {
+  ss -Hltn "sport = :$1" | grep -q . ||
+    { command -v rdma >/dev/null && rdma resource show cm_id 2>/dev/null | grep 'state LISTEN' | grep -qE "src-addr [^ ]*:$1( |$)"; }
+}
+
+# serve LOG PORT|- COMMAND...: starts the server COMMAND in the background, its output in LOG,
+# and returns once it listens: with "-", once LOG has its `listening on` line (pingpong,
+# rdmx-bench socket-pingpong); with a PORT, once a listener is on it (see listening). Sets
+# server_pid. Fails with a message when the server exits first or 60 s pass.
+serve() {
+  local log=$1 port=$2 end=$((SECONDS + 60))
+  shift 2
+  "$@" > "$log" 2>&1 &
+  server_pid=$!
+  until if [ "$port" = - ]; then grep -q 'listening on' "$log"; else listening "$port"; fi; do
+    if ! kill -0 "$server_pid" 2>/dev/null || [ $SECONDS -ge $end ]; then
+      echo "bench: server $* is not listening (waited up to 60 s): $(tail -1 "$log")" >&2
+      kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
+      return 1
+    fi
+    sleep 0.05 # the polling interval, not a guess at start-up time
+  done
+}
+
+# pair OUT PORT|- SERVER... -- CLIENT...: serves SERVER (see serve; its log is OUT.server),
+# runs CLIENT with its output in OUT (stdout and stderr; for OUT *.json stderr goes to
+# OUT.err), then waits for the server. Up to $attempts tries (default 1: the guests set 3,
+# for rxe's occasional refusals); fails when the last one does.
+pair() {
+  local outf=$1 port=$2 server=() try rc
+  shift 2
+  while [ "$1" != -- ]; do server+=("$1"); shift; done
+  shift
+  for try in $(seq "${attempts:-1}"); do
+    serve "$outf.server" "$port" "${server[@]}" || continue
+    rc=0
+    case $outf in
+      *.json) "$@" > "$outf" 2> "$outf.err" || rc=$? ;;
+      *) "$@" > "$outf" 2>&1 || rc=$? ;;
+    esac
+    if [ $rc = 0 ]; then
+      wait "$server_pid" 2>/dev/null
+      return 0
+    fi
+    kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
+    echo "bench: $1 failed (attempt $try): $(tail -1 "$outf.err" "$outf" 2>/dev/null | tail -1)" >&2
+  done
+  return 1
+}

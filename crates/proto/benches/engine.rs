@@ -1,4 +1,6 @@
-//! Engine cost per message on a simulated pair (not a timed test): `cargo bench -p rdmx-proto`.
+//! Engine cost per message on a simulated pair (not a timed test): `cargo bench -p rdmx-proto`
+//! (criterion; `cargo bench -p rdmx-proto -- eager/expected` runs the cases whose name
+//! matches). Each case's time per iteration is one message, both sides.
 //!
 //! Two engines exchange frames through in-memory queues. The driver work is minimal: frames
 //! (header and eager payload) are copied into a reused buffer, while a receive's copy out of
@@ -7,7 +9,9 @@
 
 use std::collections::VecDeque;
 use std::hint::black_box;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 use rdmx_proto::{
     Action, Config, ConnId, ConnLimits, Engine, RecvBufId, RemoteBuf, Status, UserBufId,
@@ -99,7 +103,9 @@ impl Pair {
     }
 }
 
-fn run(len: u64, msgs: u64, expected: bool) -> f64 {
+/// Sends `msgs` messages of `len` bytes (the receive posted before the send arrives when
+/// `expected`) on a fresh pair and returns the time they took, setup excluded.
+fn run(len: u64, msgs: u64, expected: bool) -> Duration {
     let mut p = Pair::new();
     let start = Instant::now();
     for k in 0..msgs {
@@ -121,41 +127,40 @@ fn run(len: u64, msgs: u64, expected: bool) -> f64 {
         p.deliver();
         p.deliver();
     }
-    let ns = start.elapsed().as_nanos() as f64 / msgs as f64;
+    let took = start.elapsed();
     assert_eq!(p.done, 2 * msgs, "every send and receive completed");
-    ns
+    took
 }
 
-fn main() {
-    // `cargo bench -p rdmx-proto -- WORD...` runs only the cases whose name ("kind matching
-    // size", e.g. `eager expected 0`) contains one of the words; cargo's own flags are ignored.
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    println!("rdmx-proto engine cost (simulated pair, both sides, no data movement for READs)");
-    println!(
-        "{:<12} {:<11} {:>10} {:>10} {:>14}",
-        "kind", "matching", "size", "messages", "ns/message"
-    );
-    let cases: [(&str, u64, u64); 7] = [
-        ("eager", 0, 200_000),
-        ("eager", 64, 200_000),
-        ("eager", 1024, 200_000),
-        ("eager", 8152, 100_000),
-        ("rendezvous", 8153, 100_000),
-        ("rendezvous", 1 << 20, 50_000),
-        ("rendezvous", 16 << 20, 10_000),
+fn engine(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine");
+    g.throughput(Throughput::Elements(1))
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2));
+    let sizes = [
+        ("eager", 0),
+        ("eager", 64),
+        ("eager", 1024),
+        ("eager", 8152),
     ];
-    for (kind, len, msgs) in cases {
+    let rndv = [
+        ("rendezvous", 8153),
+        ("rendezvous", 1 << 20),
+        ("rendezvous", 16 << 20),
+    ];
+    for (kind, len) in sizes.into_iter().chain(rndv) {
         for expected in [true, false] {
             let m = if expected { "expected" } else { "unexpected" };
-            let name = format!("{kind} {m} {len}");
-            if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
-                continue;
-            }
-            let ns = run(len, msgs, expected);
-            println!("{kind:<12} {m:<11} {len:>10} {msgs:>10} {ns:>14.1}");
+            g.bench_with_input(
+                BenchmarkId::new(format!("{kind}/{m}"), len),
+                &len,
+                |b, &len| b.iter_custom(|msgs| run(len, msgs, expected)),
+            );
         }
     }
+    g.finish();
 }
+
+criterion_group!(benches, engine);
+criterion_main!(benches);
