@@ -27,11 +27,12 @@ listening() {
 serve() {
   local log=$1 port=$2 end=$((SECONDS + 60))
   shift 2
+  : > "$log"
   "$@" > "$log" 2>&1 &
   server_pid=$!
   until if [ "$port" = - ]; then grep -q 'listening on' "$log"; else listening "$port"; fi; do
     if ! kill -0 "$server_pid" 2>/dev/null || [ $SECONDS -ge $end ]; then
-      echo "bench: server $* is not listening (waited up to 60 s): $(tail -1 "$log")" >&2
+      echo "bench: server $* exited or did not listen within 60 s: $(tail -1 "$log")" >&2
       kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
       return 1
     fi

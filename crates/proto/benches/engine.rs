@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput};
 
 use rdmx_proto::{
     Action, Config, ConnId, ConnLimits, Engine, RecvBufId, RemoteBuf, Status, UserBufId,
@@ -162,5 +162,8 @@ fn engine(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, engine);
-criterion_main!(benches);
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    engine(&mut c);
+    c.final_summary();
+}
