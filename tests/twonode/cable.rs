@@ -26,7 +26,10 @@ fn cable_pulled_mid_rendezvous_fails_every_pending_request_within_5s() {
         twonode(&["host", "link", "off", "A"]);
         // Whatever happens next, the cable goes back once B found out too (by its
         // keepalive, not by A's disconnect), so that the next tests have a wire.
-        let _restore = CableBack;
+        let _restore = CableBack {
+            b_failed: "B-failed",
+            back: "cable-back",
+        };
         println!(
             "node A: the host pulled the cable {:?} after it was asked",
             cut_asked.elapsed()
@@ -76,15 +79,18 @@ fn cable_pulled_mid_rendezvous_fails_every_pending_request_within_5s() {
 }
 
 /// Node A's cable goes back in when this is dropped (also when the test fails), once node B
-/// reported its failure or a minute passed.
-struct CableBack;
+/// raised the signal `b_failed` or a minute passed; then A raises `back`.
+struct CableBack {
+    b_failed: &'static str,
+    back: &'static str,
+}
 
 impl Drop for CableBack {
     fn drop(&mut self) {
         for args in [
-            &["wait", "B-failed", "60"][..],
+            &["wait", self.b_failed, "60"][..],
             &["host", "link", "on", "A"],
-            &["signal", "cable-back"],
+            &["signal", self.back],
         ] {
             let _ = Command::new("twonode").args(args).status();
         }
@@ -235,4 +241,138 @@ fn cable_pulled_for_one_second_fails_cleanly_or_with_a_longer_keepalive_survives
     let send = ep.tag_send(10, pattern(MIB, 8));
     assert!(finish(recv).expect("received").buf == pattern(MIB, 8));
     finish(send).expect("sent");
+}
+
+/// The eager stream's messages: 4 KiB (under the eager threshold), each starting with its
+/// number.
+const EAGER_LEN: usize = 4096;
+/// Sends (node B) and receives (node A) the eager stream keeps posted.
+const EAGER_WINDOW: usize = 64;
+/// Messages node A takes before it asks for the cut.
+const EAGER_BEFORE_CUT: u64 = 500;
+
+fn numbered(i: u64) -> Vec<u8> {
+    let mut v = pattern(EAGER_LEN, i as u8);
+    v[..8].copy_from_slice(&i.to_le_bytes());
+    v
+}
+
+/// The cable pulled (`link off A`) in the middle of an eager stream: node B keeps 64 sends of
+/// 4 KiB in flight to node A, which keeps 64 receives posted and asks for the cut once 500
+/// messages arrived. Within 5 s B's pending sends all fail and A's endpoint closes (its own
+/// sends, credit returns or keepalive probes, find the cable out); what A received is the
+/// stream's beginning, in order, byte-exact, with no gap — messages already in A's receive
+/// queue when the cable went are still delivered after the close — and A's receives never
+/// matched stay posted for other senders (they are cancelled). Printed: both counts and both
+/// times.
+#[test]
+#[ignore = "runs on two Soft-RoCE nodes: scripts/test runs it with scripts/softroce-twonode"]
+fn cable_pulled_mid_eager_stream_fails_every_pending_request_within_5s() {
+    let ctx = context(Transport::Rdma);
+    let w = ctx.worker().expect("worker");
+    let ep = connected(&w, 7615);
+    if is_server() {
+        let recv = || w.tag_recv(11, TAG_MASK_ALL, vec![0; EAGER_LEN]);
+        let mut recvs: std::collections::VecDeque<Request> =
+            (0..EAGER_WINDOW).map(|_| recv()).collect();
+        let mut got = 0u64;
+        let mut take = |r: Request| {
+            let done = r.wait().expect("a message of the eager stream");
+            assert!(
+                done.length == EAGER_LEN && done.buf == numbered(got),
+                "message {got}: lost, duplicated, out of order or damaged"
+            );
+            got += 1;
+        };
+        let deadline = Instant::now() + LONG;
+        let mut taken = 0;
+        while taken < EAGER_BEFORE_CUT {
+            assert!(Instant::now() < deadline, "only {taken} messages came");
+            w.progress();
+            while recvs.front().is_some_and(Request::is_done) {
+                take(recvs.pop_front().expect("done"));
+                recvs.push_back(recv());
+                taken += 1;
+            }
+        }
+        twonode(&["signal", "eager-cut-asked"]);
+        let cut_asked = Instant::now();
+        twonode(&["host", "link", "off", "A"]);
+        let _restore = CableBack {
+            b_failed: "eager-B-failed",
+            back: "eager-cable-back",
+        };
+        let closed = closed_within(&ep, &w, cut_asked);
+        // Receives match in posting order: the done ones come first. Then whatever arrived
+        // with no receive posted.
+        let mut unmatched = 0;
+        for r in recvs {
+            if r.is_done() {
+                take(r);
+            } else {
+                assert!(
+                    r.cancel(),
+                    "a receive of the stream neither done nor cancellable"
+                );
+                unmatched += 1;
+            }
+        }
+        while w.probe(11, TAG_MASK_ALL).is_some() {
+            take(recv());
+        }
+        println!(
+            "node A: closed {closed:?} after the cut was asked for; {got} messages arrived in \
+             order and intact ({taken} before the cut was asked for); {unmatched} receives \
+             never matched (cancelled)"
+        );
+        twonode(&["mark", "A-failed"]);
+    } else {
+        let signal = signal_file("eager-cut-asked");
+        let mut pending = std::collections::VecDeque::new();
+        let (mut next, mut ok, mut failed) = (0u64, 0, 0);
+        let (mut reference, mut last_failure) = (None::<Instant>, None);
+        let mut last_check = Instant::now();
+        let deadline = Instant::now() + LONG;
+        while ep.is_connected() || !pending.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the stream neither failed nor drained within {LONG:?}"
+            );
+            if reference.is_none() && last_check.elapsed() > Duration::from_millis(10) {
+                last_check = Instant::now();
+                if signal.exists() {
+                    reference = Some(Instant::now());
+                }
+            }
+            while ep.is_connected() && pending.len() < EAGER_WINDOW {
+                pending.push_back(ep.tag_send(11, numbered(next)));
+                next += 1;
+            }
+            w.progress();
+            while pending.front().is_some_and(Request::is_done) {
+                match pending.pop_front().expect("done").wait() {
+                    Ok(_) => ok += 1,
+                    Err(e) => {
+                        assert_eq!(e.status(), Some(Status::ConnectionClosed), "{e}");
+                        failed += 1;
+                        let since = reference.expect("A's signal seen before a send failed");
+                        last_failure = Some(since.elapsed());
+                    }
+                }
+            }
+        }
+        let took = last_failure.expect("the cut came mid-stream");
+        println!(
+            "node B: {ok} sends completed, {failed} failed, the last {took:?} after A asked \
+             for the cut: {}",
+            ep.close_reason().unwrap_or_default()
+        );
+        assert!(
+            took < BOUND,
+            "pending sends failed {took:?} after A asked for the cut"
+        );
+        twonode(&["mark", "B-failed"]);
+        twonode(&["signal", "eager-B-failed"]);
+        twonode(&["wait", "eager-cable-back", "120"]);
+    }
 }
