@@ -2,8 +2,10 @@
 //! See `rdmx-bench --help` and the `rdmx_bench` library docs.
 
 use std::io::Write;
+use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use rdmx_bench::inputs::{figure, Figure};
 use rdmx_bench::plan::{default_iterations, default_warmup, SizeList, SweepArgs};
 use rdmx_bench::report::{self, ReportOptions};
 use rdmx_bench::schema::{table_columns, table_row, table_title};
@@ -45,6 +47,18 @@ enum Command {
         /// The message size (K, M suffixes allowed)
         #[arg(value_parser = parse_size)]
         size: u64,
+    },
+    /// Print one figure of a tool's output FILE (nothing when it holds none): the number the
+    /// scripts compare across runs
+    Figure {
+        /// Which figure
+        #[arg(value_enum)]
+        which: Figure,
+        /// The tool's output
+        file: PathBuf,
+        /// The message size whose row to take [default: the last row]
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
     },
 }
 
@@ -117,6 +131,12 @@ fn run(command: Command) -> Result<()> {
         Command::Iters { size } => {
             let n = default_iterations(size);
             out = format!("{n} {}\n", default_warmup(n));
+        }
+        Command::Figure { which, file, size } => {
+            let text = std::fs::read_to_string(&file).map_err(|e| Error::io(&file, e))?;
+            if let Some(v) = figure(which, &text, &file, size)? {
+                out = format!("{v}\n");
+            }
         }
     }
     let mut stdout = std::io::stdout().lock();

@@ -1,249 +1,312 @@
 //! Reading a run's raw results (`RunData::load`): every input file, tolerating missing ones.
+//! The references each transport is compared with are data ([`RDMA_REFS`], [`TCP_REFS`]).
 
 use super::*;
+use crate::inputs::{IB_READ_BW, IB_SEND_LAT};
+
+/// Where a reference's values come from.
+enum Source {
+    /// perftest outputs, one per size (`<SIZE>` in the input pattern); the column.
+    Perftest(&'static Table, &'static str),
+    /// One qperf output; its test.
+    Qperf(&'static str, QperfKind),
+    /// ucx_perftest outputs, the size in the file name; the `Final:` column.
+    Ucx(&'static str),
+    /// A socket-pingpong document: its mode and the value of a row.
+    Socket(&'static str, fn(&PingpongRow) -> f64),
+}
+
+/// One reference column of the report: its column header, legend, input (pattern relative
+/// to DIR), why a size can be unusable, whether it is a bandwidth, and where it comes from.
+struct Spec(
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    bool,
+    Source,
+);
+
+const INF_WHY: &str = "reported inf/-nan (clock-correlation failure)";
+const ZERO_WHY: &str = "reported no bandwidth (did not complete)";
+const UCX_WHY: &str = "has no valid `Final:` line";
+
+/// The RDMA (guest) references, in the order they are read.
+const RDMA_REFS: [Spec; 5] = [
+    Spec(
+        "ib_send_lat typical",
+        "ib_send_lat",
+        "guest/ib_send_lat-<SIZE>.txt",
+        INF_WHY,
+        false,
+        Source::Perftest(&IB_SEND_LAT, "t_typical"),
+    ),
+    Spec(
+        "qperf rc_lat",
+        "qperf rc_lat",
+        "guest/qperf-rc_lat.txt",
+        ZERO_WHY,
+        false,
+        Source::Qperf("rc_lat", QperfKind::Latency),
+    ),
+    Spec(
+        "ib_read_bw avg",
+        "ib_read_bw",
+        "guest/ib_read_bw-<SIZE>.txt",
+        ZERO_WHY,
+        true,
+        Source::Perftest(&IB_READ_BW, "BW average[MB/sec]"),
+    ),
+    Spec(
+        "qperf rc_bw",
+        "qperf rc_bw",
+        "guest/qperf-rc_bw.txt",
+        ZERO_WHY,
+        true,
+        Source::Qperf("rc_bw", QperfKind::Bandwidth),
+    ),
+    Spec(
+        "qperf rc_rdma_read_bw",
+        "qperf rc_rdma_read_bw",
+        "guest/qperf-rc_rdma_read_bw.txt",
+        ZERO_WHY,
+        true,
+        Source::Qperf("rc_rdma_read_bw", QperfKind::Bandwidth),
+    ),
+];
+
+/// The TCP (host) references, in the order they are read.
+const TCP_REFS: [Spec; 4] = [
+    Spec(
+        "ucx tag_lat typical",
+        "ucx_perftest tag_lat",
+        "host/ucx-tag_lat-<SIZE>.txt",
+        UCX_WHY,
+        false,
+        Source::Ucx("typical latency"),
+    ),
+    Spec(
+        "ucx tag_bw",
+        "ucx_perftest tag_bw",
+        "host/ucx-tag_bw-<SIZE>.txt",
+        UCX_WHY,
+        true,
+        Source::Ucx("overall bandwidth"),
+    ),
+    Spec(
+        "socket p50",
+        "socket-pingpong",
+        "host/socket-lat.json",
+        ZERO_WHY,
+        false,
+        Source::Socket("latency", p50),
+    ),
+    Spec(
+        "socket",
+        "socket-pingpong",
+        "host/socket-bw.json",
+        ZERO_WHY,
+        true,
+        Source::Socket("bandwidth", mbs),
+    ),
+];
 
 /// One file of a `PREFIX<SIZE>SUFFIX` family: relative name, size from the name (when
 /// asked for), path and text.
-pub(super) type FamilyFile = (String, Option<u64>, PathBuf, String);
+type FamilyFile = (String, Option<u64>, PathBuf, String);
 
-pub(super) struct Loader<'a> {
+struct Loader<'a> {
     dir: &'a Path,
     missing: Vec<String>,
     empty: Vec<String>,
 }
 
-pub(super) fn read_text(path: &Path) -> Result<Option<String>> {
+fn read_text(path: &Path) -> Result<Option<String>> {
     match fs::read(path) {
         Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(Error::Io {
-            file: path.to_path_buf(),
-            source,
-        }),
+        Err(e) => Err(Error::io(path, e)),
     }
 }
 
 impl Loader<'_> {
     fn pingpong(&mut self, rel: &str, mode: &str) -> Result<Pingpong> {
         let path = self.dir.join(rel);
+        let input = rel.to_string();
         let Some(text) = read_text(&path)? else {
-            self.missing.push(rel.to_string());
-            return Ok(Pingpong {
-                input: rel.into(),
-                doc: None,
-            });
+            self.missing.push(input.clone());
+            return Ok(Pingpong { input, doc: None });
         };
         let doc = PingpongDoc::from_json(&text, &path)?;
         if doc.mode != mode {
-            return Err(Error::File {
-                file: path,
-                msg: format!("mode is `{}`, expected `{mode}` for this file", doc.mode),
-            });
+            let msg = format!("mode is `{}`, expected `{mode}` for this file", doc.mode);
+            return Err(Error::File { file: path, msg });
         }
-        if doc.results.is_empty() {
-            self.empty.push(format!("{rel}: no results"));
-        }
+        self.note_empty(rel, doc.results.is_empty(), "no results");
         Ok(Pingpong {
-            input: rel.into(),
+            input,
             doc: Some(doc),
         })
     }
 
-    /// Files `sub/PREFIX<SIZE>SUFFIX`, sorted by name; `SIZE` parsed when `sized`.
-    /// Records the pattern as missing when there are none.
-    fn family(
-        &mut self,
-        sub: &str,
-        prefix: &str,
-        suffix: &str,
-        sized: bool,
-    ) -> Result<Vec<FamilyFile>> {
-        let what = if prefix.starts_with("threshold") {
-            "<T>"
-        } else {
-            "<SIZE>"
-        };
-        let pattern = format!("{sub}/{prefix}{what}{suffix}");
+    /// The files of `pattern` (`SUB/PREFIX<SIZE>SUFFIX` or `SUB/PREFIX<T>SUFFIX`), sorted by
+    /// name; the size parsed when `sized`. Records the pattern as missing when there are none.
+    fn family(&mut self, pattern: &str, sized: bool) -> Result<Vec<FamilyFile>> {
+        let (sub, name) = pattern.split_once('/').unwrap_or(("", pattern));
+        let (prefix, suffix) =
+            (name.split_once("<SIZE>").or_else(|| name.split_once("<T>"))).unwrap_or((name, ""));
         let dir = self.dir.join(sub);
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                self.missing.push(pattern);
-                return Ok(Vec::new());
-            }
-            Err(source) => return Err(Error::Io { file: dir, source }),
-        };
         let mut names = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|source| Error::Io {
-                file: dir.clone(),
-                source,
-            })?;
-            let Ok(name) = entry.file_name().into_string() else {
-                continue;
-            };
-            if name.len() > prefix.len() + suffix.len()
-                && name.starts_with(prefix)
-                && name.ends_with(suffix)
-            {
-                names.push(name);
+        match fs::read_dir(&dir) {
+            Ok(entries) => {
+                for entry in entries {
+                    let name = entry.map_err(|e| Error::io(&dir, e))?.file_name();
+                    names.extend(name.into_string().ok().filter(|n| {
+                        n.len() > prefix.len() + suffix.len()
+                            && n.starts_with(prefix)
+                            && n.ends_with(suffix)
+                    }));
+                }
             }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&dir, e)),
         }
         names.sort();
         let mut out = Vec::new();
         for name in names {
             let path = dir.join(&name);
-            let size = if sized {
-                let mid = &name[prefix.len()..name.len() - suffix.len()];
-                Some(parse_size(mid).map_err(|e| Error::File {
-                    file: path.clone(),
-                    msg: format!("cannot read the size from the file name: {e}"),
-                })?)
-            } else {
-                None
+            let size = match sized {
+                true => Some(
+                    parse_size(&name[prefix.len()..name.len() - suffix.len()]).map_err(|e| {
+                        Error::File {
+                            file: path.clone(),
+                            msg: format!("cannot read the size from the file name: {e}"),
+                        }
+                    })?,
+                ),
+                false => None,
             };
-            let Some(text) = read_text(&path)? else {
-                continue;
-            };
-            out.push((format!("{sub}/{name}"), size, path, text));
+            if let Some(text) = read_text(&path)? {
+                out.push((format!("{sub}/{name}"), size, path, text));
+            }
         }
         if out.is_empty() {
-            self.missing.push(pattern);
+            self.missing.push(pattern.to_string());
         }
         Ok(out)
     }
 
-    fn note_empty<T>(&mut self, rel: &str, rows: &BySize<T>, what: &str) {
-        if rows.is_empty() {
+    fn note_empty(&mut self, rel: &str, empty: bool, what: &str) {
+        if empty {
             self.empty.push(format!("{rel}: {what}"));
         }
     }
 
-    fn perftest_lat(&mut self, r: &mut Reference, prefix: &str) -> Result<()> {
-        let files = self.family("guest", prefix, ".txt", false)?;
-        if files.is_empty() {
-            return Ok(());
-        }
+    /// Reads one reference's inputs; `None`: not measured (no input).
+    fn values(&mut self, input: &str, source: &Source) -> Result<Option<BySize<f64>>> {
         let mut all = BySize::default();
-        for (rel, _, path, text) in files {
-            let rows = parse_perftest_lat(&text, &path)?;
-            self.note_empty(&rel, &rows, "no result rows");
-            all.merge(rows);
-        }
-        r.set(BySize {
-            rows: all
-                .rows
-                .into_iter()
-                .map(|(s, v)| (s, v.t_typical))
-                .collect(),
-            unusable: all.unusable,
-            failures: all.failures,
-        });
-        Ok(())
-    }
-
-    fn perftest_bw(&mut self, r: &mut Reference, prefix: &str) -> Result<()> {
-        let files = self.family("guest", prefix, ".txt", false)?;
-        if files.is_empty() {
-            return Ok(());
-        }
-        let mut all = BySize::default();
-        for (rel, _, path, text) in files {
-            let rows = parse_perftest_bw(&text, &path)?;
-            self.note_empty(&rel, &rows, "no result rows");
-            all.merge(rows);
-        }
-        r.set(BySize {
-            rows: all
-                .rows
-                .into_iter()
-                .map(|(s, v)| (s, v.bw_avg_mbs))
-                .collect(),
-            unusable: all.unusable,
-            failures: all.failures,
-        });
-        Ok(())
-    }
-
-    fn qperf(&mut self, r: &mut Reference, test: &str, kind: QperfKind) -> Result<()> {
-        let rel = format!("guest/qperf-{test}.txt");
-        let path = self.dir.join(&rel);
-        let Some(text) = read_text(&path)? else {
-            self.missing.push(rel);
-            return Ok(());
-        };
-        let mut rows = parse_qperf(&text, &path, test, kind)?;
-        self.note_empty(&rel, &rows, "no result blocks");
-        for f in &rows.failures {
-            self.empty.push(format!("{rel}: {f}"));
-        }
-        if kind == QperfKind::Bandwidth {
-            for v in rows.rows.values_mut() {
-                *v /= MB;
-            }
-        }
-        r.set(rows);
-        Ok(())
-    }
-
-    fn ucx(
-        &mut self,
-        r: &mut Reference,
-        test: &str,
-        f: fn(&crate::inputs::UcxFinal) -> f64,
-    ) -> Result<()> {
-        let files = self.family("host", &format!("ucx-{test}-"), ".txt", true)?;
-        if files.is_empty() {
-            return Ok(());
-        }
-        let mut all = BySize::default();
-        for (rel, size, path, text) in files {
-            let size = size.unwrap_or(0);
-            match parse_ucx(&text, &path)? {
-                Some(fin) => all.add_value(size, f(&fin)),
-                None => {
-                    self.empty.push(format!("{rel}: no `Final:` line"));
-                    all.unusable.insert(size);
+        match *source {
+            Source::Perftest(table, column) => {
+                let files = self.family(input, false)?;
+                if files.is_empty() {
+                    return Ok(None);
+                }
+                for (rel, _, path, text) in files {
+                    let rows = parse_perftest(table, &text, &path)?;
+                    self.note_empty(&rel, rows.is_empty(), "no result rows");
+                    all.merge(rows.map(|r| r[column]));
                 }
             }
+            Source::Qperf(test, kind) => {
+                let path = self.dir.join(input);
+                let Some(text) = read_text(&path)? else {
+                    self.missing.push(input.to_string());
+                    return Ok(None);
+                };
+                let rows = parse_qperf(&text, &path, test, kind)?;
+                self.note_empty(input, rows.is_empty(), "no result blocks");
+                for f in &rows.failures {
+                    self.empty.push(format!("{input}: {f}"));
+                }
+                let div = if kind == QperfKind::Bandwidth {
+                    MB
+                } else {
+                    1.0
+                };
+                all = rows.map(|v| v / div);
+            }
+            Source::Ucx(column) => {
+                let files = self.family(input, true)?;
+                if files.is_empty() {
+                    return Ok(None);
+                }
+                for (rel, size, path, text) in files {
+                    let v = parse_ucx(&text, &path)?.map(|r| r[column]);
+                    self.note_empty(&rel, v.is_none(), "no `Final:` line");
+                    all.add(size.unwrap_or(0), v.filter(|v| *v > 0.0 && v.is_finite()));
+                }
+            }
+            Source::Socket(mode, f) => {
+                let Some(doc) = self.pingpong(input, mode)?.doc else {
+                    return Ok(None);
+                };
+                all.rows = doc.results.iter().map(|r| (r.size, f(r))).collect();
+            }
         }
-        r.set(all);
-        Ok(())
+        Ok(Some(all))
     }
 
-    fn thresholds(&mut self, sub: &str) -> Result<BTreeMap<u64, PingpongDoc>> {
-        let mut out = BTreeMap::new();
-        for (rel, t, path, text) in self.family(sub, "threshold-", ".json", true)? {
+    fn transport(
+        &mut self,
+        name: &'static str,
+        title: &'static str,
+        specs: &[Spec],
+    ) -> Result<Transport> {
+        let sub = if name == "rdma" { "guest" } else { "host" };
+        let lat = self.pingpong(&format!("{sub}/rdmx-lat.json"), "latency")?;
+        let bw = self.pingpong(&format!("{sub}/rdmx-bw.json"), "bandwidth")?;
+        let (mut lat_refs, mut bw_refs) = (Vec::new(), Vec::new());
+        for Spec(label, legend, input, unusable_why, is_bw, source) in specs {
+            let values = self.values(input, source)?;
+            let r = Reference {
+                label,
+                legend,
+                input,
+                unusable_why,
+                unusable: values
+                    .as_ref()
+                    .map(|v| v.unusable.clone())
+                    .unwrap_or_default(),
+                values: values.map(|v| v.rows),
+            };
+            if *is_bw {
+                bw_refs.push(r)
+            } else {
+                lat_refs.push(r)
+            }
+        }
+        let mut thresholds = BTreeMap::new();
+        for (rel, t, path, text) in self.family(&format!("{sub}/threshold-<T>.json"), true)? {
             let doc = PingpongDoc::from_json(&text, &path)?;
             if doc.is_bandwidth() {
-                return Err(Error::File {
-                    file: path,
-                    msg: "a threshold run must be a latency-mode document".into(),
-                });
+                let msg = "a threshold run must be a latency-mode document".into();
+                return Err(Error::File { file: path, msg });
             }
-            if doc.results.is_empty() {
-                self.empty.push(format!("{rel}: no results"));
-            }
-            out.insert(t.unwrap_or(0), doc);
+            self.note_empty(&rel, doc.results.is_empty(), "no results");
+            thresholds.insert(t.unwrap_or(0), doc);
         }
-        Ok(out)
+        Ok(Transport {
+            name,
+            sub,
+            title,
+            lat,
+            bw,
+            lat_refs,
+            bw_refs,
+            thresholds,
+        })
     }
 }
-
-impl BySize<f64> {
-    fn add_value(&mut self, size: u64, v: f64) {
-        if v > 0.0 && v.is_finite() {
-            self.rows.entry(size).or_insert(v);
-            self.unusable.remove(&size);
-        } else if !self.rows.contains_key(&size) {
-            self.unusable.insert(size);
-        }
-    }
-}
-
-pub(super) const INF_WHY: &str = "reported inf/-nan (clock-correlation failure)";
-pub(super) const ZERO_WHY: &str = "reported no bandwidth (did not complete)";
-pub(super) const UCX_WHY: &str = "has no valid `Final:` line";
 
 impl RunData {
     /// Loads everything in `dir`. `meta.env` must exist; everything else is optional.
@@ -259,101 +322,20 @@ impl RunData {
             missing: Vec::new(),
             empty: Vec::new(),
         };
-
-        // RDMA (guest).
-        let lat = l.pingpong("guest/rdmx-lat.json", "latency")?;
-        let bw = l.pingpong("guest/rdmx-bw.json", "bandwidth")?;
-        let mut ib_lat = Reference::new(
-            "ib_send_lat typical",
-            "ib_send_lat",
-            "guest/ib_send_lat-<SIZE>.txt",
-            INF_WHY,
-        );
-        l.perftest_lat(&mut ib_lat, "ib_send_lat-")?;
-        let mut q_lat = Reference::new(
-            "qperf rc_lat",
-            "qperf rc_lat",
-            "guest/qperf-rc_lat.txt",
-            ZERO_WHY,
-        );
-        l.qperf(&mut q_lat, "rc_lat", QperfKind::Latency)?;
-        let mut ib_bw = Reference::new(
-            "ib_read_bw avg",
-            "ib_read_bw",
-            "guest/ib_read_bw-<SIZE>.txt",
-            ZERO_WHY,
-        );
-        l.perftest_bw(&mut ib_bw, "ib_read_bw-")?;
-        let mut q_bw = Reference::new(
-            "qperf rc_bw",
-            "qperf rc_bw",
-            "guest/qperf-rc_bw.txt",
-            ZERO_WHY,
-        );
-        l.qperf(&mut q_bw, "rc_bw", QperfKind::Bandwidth)?;
-        let mut q_rd = Reference::new(
-            "qperf rc_rdma_read_bw",
-            "qperf rc_rdma_read_bw",
-            "guest/qperf-rc_rdma_read_bw.txt",
-            ZERO_WHY,
-        );
-        l.qperf(&mut q_rd, "rc_rdma_read_bw", QperfKind::Bandwidth)?;
-        let rdma_thresholds = l.thresholds("guest")?;
-        let rdma = Transport {
-            name: "rdma",
-            title: "RDMA (Soft-RoCE)",
-            lat,
-            bw,
-            lat_refs: vec![ib_lat, q_lat],
-            bw_refs: vec![ib_bw, q_bw, q_rd],
-            thresholds: rdma_thresholds,
-        };
-
-        // TCP (host).
-        let lat = l.pingpong("host/rdmx-lat.json", "latency")?;
-        let bw = l.pingpong("host/rdmx-bw.json", "bandwidth")?;
-        let mut u_lat = Reference::new(
-            "ucx tag_lat typical",
-            "ucx_perftest tag_lat",
-            "host/ucx-tag_lat-<SIZE>.txt",
-            UCX_WHY,
-        );
-        l.ucx(&mut u_lat, "tag_lat", |f| f.typical_us)?;
-        let mut u_bw = Reference::new(
-            "ucx tag_bw",
-            "ucx_perftest tag_bw",
-            "host/ucx-tag_bw-<SIZE>.txt",
-            UCX_WHY,
-        );
-        l.ucx(&mut u_bw, "tag_bw", |f| f.bw_overall_mbs)?;
-        let sock_lat = l.pingpong("host/socket-lat.json", "latency")?;
-        let sock_bw = l.pingpong("host/socket-bw.json", "bandwidth")?;
-        let s_lat = Reference::new("socket p50", "socket-pingpong", &sock_lat.input, ZERO_WHY)
-            .with_doc(&sock_lat.doc, |r| r.p50_us);
-        let s_bw = Reference::new("socket", "socket-pingpong", &sock_bw.input, ZERO_WHY)
-            .with_doc(&sock_bw.doc, |r| r.bytes_per_s / MB);
-        let tcp_thresholds = l.thresholds("host")?;
-        let tcp = Transport {
-            name: "tcp",
-            title: "TCP (loopback)",
-            lat,
-            bw,
-            lat_refs: vec![u_lat, s_lat],
-            bw_refs: vec![u_bw, s_bw],
-            thresholds: tcp_thresholds,
-        };
-        let hotpath = read_text(&dir.join("hotpath.md"))?;
-        let endpoints = read_text(&dir.join("endpoints.md"))?;
-        let twonode = read_text(&dir.join("twonode.md"))?;
+        let rdma = l.transport("rdma", "RDMA (Soft-RoCE)", &RDMA_REFS)?;
+        let tcp = l.transport("tcp", "TCP (loopback)", &TCP_REFS)?;
+        // The sections scripts/bench-hotpath, bench-endpoints and bench-twonode wrote.
+        let mut sections = Vec::new();
+        for name in ["hotpath.md", "endpoints.md", "twonode.md"] {
+            sections.extend(read_text(&dir.join(name))?);
+        }
         Ok(RunData {
             meta,
             missing: l.missing,
             empty: l.empty,
             rdma,
             tcp,
-            hotpath,
-            endpoints,
-            twonode,
+            sections,
         })
     }
 }

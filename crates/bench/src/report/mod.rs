@@ -32,9 +32,7 @@ use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use crate::inputs::{
-    parse_meta, parse_perftest_bw, parse_perftest_lat, parse_qperf, parse_ucx, BySize, QperfKind,
-};
+use crate::inputs::{parse_meta, parse_perftest, parse_qperf, parse_ucx, BySize, QperfKind, Table};
 use crate::schema::{PingpongDoc, PingpongRow, MB};
 use crate::sizes::{format_size, parse_size};
 use crate::{Error, Result};
@@ -83,7 +81,7 @@ pub struct Reference {
     /// Legend text in the plots.
     pub legend: &'static str,
     /// Input file (pattern) relative to DIR.
-    pub input: String,
+    pub input: &'static str,
     /// `None`: not measured (no input file).
     pub values: Option<BTreeMap<u64, f64>>,
     /// Sizes where the tool ran but gave no valid value.
@@ -92,43 +90,13 @@ pub struct Reference {
     pub unusable_why: &'static str,
 }
 
-impl Reference {
-    fn new(label: &'static str, legend: &'static str, input: &str, why: &'static str) -> Self {
-        Reference {
-            label,
-            legend,
-            input: input.to_string(),
-            values: None,
-            unusable: BTreeSet::new(),
-            unusable_why: why,
-        }
-    }
-
-    fn set(&mut self, rows: BySize<f64>) {
-        self.values = Some(rows.rows);
-        self.unusable = rows.unusable;
-    }
-
-    fn with_doc(mut self, doc: &Option<PingpongDoc>, f: fn(&PingpongRow) -> f64) -> Self {
-        if let Some(d) = doc {
-            self.values = Some(d.results.iter().map(|r| (r.size, f(r))).collect());
-        }
-        self
-    }
-
-    fn sizes(&self) -> impl Iterator<Item = u64> + '_ {
-        self.values
-            .iter()
-            .flat_map(|v| v.keys().copied())
-            .chain(self.unusable.iter().copied())
-    }
-}
-
 /// Everything measured over one transport.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transport {
     /// `rdma` or `tcp`.
     pub name: &'static str,
+    /// Its subdirectory of DIR: `guest` or `host`.
+    pub sub: &'static str,
     /// Section title.
     pub title: &'static str,
     /// rdmx latency run.
@@ -163,12 +131,9 @@ pub struct RunData {
     pub rdma: Transport,
     /// Loopback TCP results (host/).
     pub tcp: Transport,
-    /// The hot-path tables `scripts/bench-hotpath` wrote (`hotpath.md`), as Markdown.
-    pub hotpath: Option<String>,
-    /// The endpoint-scale table `scripts/bench-endpoints` wrote (`endpoints.md`), as Markdown.
-    pub endpoints: Option<String>,
-    /// The across-the-wire table `scripts/bench-twonode` wrote (`twonode.md`), as Markdown.
-    pub twonode: Option<String>,
+    /// The Markdown sections `scripts/bench-hotpath` (`hotpath.md`), `scripts/bench-endpoints`
+    /// (`endpoints.md`) and `scripts/bench-twonode` (`twonode.md`) wrote, those present.
+    pub sections: Vec<String>,
 }
 
 /// The whole Markdown report. `plots` are `(title, relative link)` pairs.
@@ -191,15 +156,9 @@ pub fn render_markdown(data: &RunData, plots: &[(String, String)]) -> String {
         "qperf",
         "ucx",
     ];
-    let mut meta: Vec<&(String, String)> = Vec::new();
-    for k in ORDER {
-        meta.extend(data.meta.iter().filter(|(key, _)| key == k));
-    }
-    meta.extend(
-        data.meta
-            .iter()
-            .filter(|(k, _)| !ORDER.contains(&k.as_str())),
-    );
+    let rank = |k: &str| ORDER.iter().position(|o| *o == k).unwrap_or(ORDER.len());
+    let mut meta: Vec<&(String, String)> = data.meta.iter().collect();
+    meta.sort_by_key(|(k, _)| rank(k));
     let rows: Vec<Vec<String>> = meta
         .iter()
         .map(|(k, v)| vec![md_cell(k), md_cell(v)])
@@ -210,41 +169,39 @@ pub fn render_markdown(data: &RunData, plots: &[(String, String)]) -> String {
         &rows,
         &["key", "value"],
     );
-    let absent: Vec<&str> = ORDER
-        .iter()
-        .copied()
+    let absent: Vec<&str> = (ORDER.iter().copied())
         .filter(|k| !data.meta.iter().any(|(key, _)| key == k))
         .collect();
     if !absent.is_empty() {
         let _ = writeln!(out, "Not recorded in `meta.env`: {}.\n", absent.join(", "));
     }
+    let quoted = |files: &[String], sep| {
+        files
+            .iter()
+            .map(|m| format!("`{m}`"))
+            .collect::<Vec<_>>()
+            .join(sep)
+    };
     if !data.missing.is_empty() {
-        let files: Vec<String> = data.missing.iter().map(|m| format!("`{m}`")).collect();
+        let files = quoted(&data.missing, ", ");
         let _ = writeln!(
             out,
-            "Inputs not found (shown as \"not measured\"): {}.\n",
-            files.join(", ")
+            "Inputs not found (shown as \"not measured\"): {files}.\n"
         );
     }
     if !data.empty.is_empty() {
-        let files: Vec<String> = data.empty.iter().map(|m| format!("`{m}`")).collect();
         let _ = writeln!(
             out,
             "Inputs with failed or no results: {}.\n",
-            files.join("; ")
+            quoted(&data.empty, "; ")
         );
     }
-    // Sections as scripts/bench-hotpath, scripts/bench-endpoints and scripts/bench-twonode
-    // wrote them (each a level-2 heading first), before the sweeps.
-    let sections: Vec<&String> = [&data.hotpath, &data.endpoints, &data.twonode]
-        .into_iter()
-        .flatten()
-        .collect();
-    if !sections.is_empty() {
-        for section in sections {
-            out.push_str(section.trim_end());
-            out.push_str("\n\n");
-        }
+    // The scripts' own sections (each a level-2 heading first), before the sweeps.
+    for section in &data.sections {
+        out.push_str(section.trim_end());
+        out.push_str("\n\n");
+    }
+    if !data.sections.is_empty() {
         out.push_str("## Sweeps\n\n");
     }
     out.push_str(
@@ -307,10 +264,7 @@ fn absolute(p: &Path) -> Result<PathBuf> {
     let base = if p.is_absolute() {
         PathBuf::new()
     } else {
-        std::env::current_dir().map_err(|source| Error::Io {
-            file: PathBuf::from("."),
-            source,
-        })?
+        std::env::current_dir().map_err(|e| Error::io(".", e))?
     };
     let mut out = PathBuf::new();
     for c in base.join(p).components() {

@@ -115,10 +115,9 @@ pub(super) fn sweep_section(out: &mut String, data: &RunData) {
     );
     let mut results = Vec::new();
     for t in [&data.rdma, &data.tcp] {
-        let sub = if t.name == "rdma" { "guest" } else { "host" };
         let _ = writeln!(out, "### {}\n", t.title);
         if t.thresholds.is_empty() {
-            let _ = writeln!(out, "Not measured (no `{sub}/threshold-<T>.json`).\n");
+            let _ = writeln!(out, "Not measured (no `{}/threshold-<T>.json`).\n", t.sub);
             continue;
         }
         let sizes: BTreeSet<u64> = t

@@ -55,11 +55,15 @@ pub(super) fn md_table(out: &mut String, header: &[String], rows: &[Vec<String>]
     out.push('\n');
 }
 
-/// How an rdmx column is computed.
-pub(super) struct RdmxCol {
-    header: &'static str,
-    value: fn(&PingpongRow) -> f64,
-}
+/// An rdmx column: its header and how a row gives its value.
+pub(super) type RdmxCol = (&'static str, fn(&PingpongRow) -> f64);
+
+/// rdmx's latency columns (TCP shows the first two).
+const LAT_COLS: [RdmxCol; 3] = [
+    ("rdmx p50", p50),
+    ("rdmx p99", |r| r.p99_us),
+    ("rdmx mean", |r| r.mean_us),
+];
 
 /// One comparison table: rdmx columns, then each reference with its ratio against `base`.
 pub(super) fn compare_table(
@@ -76,7 +80,7 @@ pub(super) fn compare_table(
         .flat_map(|d| d.results.iter().map(|r| r.size))
         .collect();
     for r in refs {
-        sizes.extend(r.sizes());
+        sizes.extend(r.values.iter().flat_map(|v| v.keys()).chain(&r.unusable));
     }
     if doc.is_none() && refs.iter().all(|r| r.values.is_none()) {
         let mut files = vec![format!("`{}`", rdmx.input)];
@@ -92,7 +96,7 @@ pub(super) fn compare_table(
     if protocol {
         header.push("protocol".into());
     }
-    header.extend(cols.iter().map(|c| c.header.to_string()));
+    header.extend(cols.iter().map(|c| c.0.to_string()));
     for r in refs {
         header.push(r.label.to_string());
         header.push("ratio".into());
@@ -110,7 +114,7 @@ pub(super) fn compare_table(
             cells.push(rdmx_cell(&|r| r.protocol.clone()));
         }
         for c in cols {
-            cells.push(rdmx_cell(&|r| fmt_num((c.value)(r))));
+            cells.push(rdmx_cell(&|r| fmt_num((c.1)(r))));
         }
         for r in refs {
             let v = r.values.as_ref().and_then(|m| m.get(&size)).copied();
@@ -182,33 +186,7 @@ pub(super) fn transport_section(out: &mut String, t: &Transport) {
         );
     }
     let _ = writeln!(out, "### Latency (one-way, µs)\n");
-    let lat_cols: &[RdmxCol] = if t.name == "rdma" {
-        &[
-            RdmxCol {
-                header: "rdmx p50",
-                value: p50,
-            },
-            RdmxCol {
-                header: "rdmx p99",
-                value: |r| r.p99_us,
-            },
-            RdmxCol {
-                header: "rdmx mean",
-                value: |r| r.mean_us,
-            },
-        ]
-    } else {
-        &[
-            RdmxCol {
-                header: "rdmx p50",
-                value: p50,
-            },
-            RdmxCol {
-                header: "rdmx p99",
-                value: |r| r.p99_us,
-            },
-        ]
-    };
+    let lat_cols = &LAT_COLS[..if t.name == "rdma" { 3 } else { 2 }];
     compare_table(out, &t.lat, true, lat_cols, p50, &t.lat_refs);
     let window =
         t.bw.doc
@@ -216,15 +194,6 @@ pub(super) fn transport_section(out: &mut String, t: &Transport) {
             .and_then(|d| d.window)
             .map_or(String::new(), |w| format!(", rdmx window {w}"));
     let _ = writeln!(out, "### Bandwidth (MB/s{window})\n");
-    compare_table(
-        out,
-        &t.bw,
-        t.name == "rdma",
-        &[RdmxCol {
-            header: "rdmx MB/s",
-            value: mbs,
-        }],
-        mbs,
-        &t.bw_refs,
-    );
+    let bw_cols = [("rdmx MB/s", mbs as fn(&PingpongRow) -> f64)];
+    compare_table(out, &t.bw, t.name == "rdma", &bw_cols, mbs, &t.bw_refs);
 }
