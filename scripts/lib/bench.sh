@@ -1,15 +1,33 @@
 # shellcheck shell=bash
-# scripts/lib/bench.sh — helpers the benchmark scripts share (sourced, not run; the guest
-# scripts get them with `declare -f`). Sizes and iteration counts come from `rdmx-bench sizes`
-# and `rdmx-bench iters`, never from copies of their rules here.
+# scripts/lib/bench.sh — helpers the benchmark scripts share (sourced, not run, from the
+# repository's root; the guest scripts get them with `declare -f`). Sizes and iteration counts
+# come from `rdmx-bench sizes` and `rdmx-bench iters`, figures of the tools' outputs from
+# `rdmx-bench figure`, never from copies of their rules here.
+
+scripts/setup >/dev/null
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+rbench=$PWD/target/release/rdmx-bench
+
+# need PACKAGE:COMMAND...: installs (apt) the packages whose command is missing.
+need() {
+  local missing=() p sudo=
+  for p in "$@"; do command -v "${p#*:}" >/dev/null || missing+=("${p%%:*}"); done
+  [ ${#missing[@]} -gt 0 ] || return 0
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  echo "bench: installing ${missing[*]}" >&2
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+# The commit measured, " (modified)" when the tree has changes.
+rdmx_rev() { echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (modified)')"; }
 
 # The median of the numbers on stdin, one per line ("nan" when there are none).
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else print v[int((NR + 1) / 2)] }'; }
 # A / B to two decimals, "–" when either is missing or B is zero.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0 || a == "nan" || b == "nan") print "–"; else printf "%.2f", a / b }'; }
-# ib_send_lat's t_avg (one-way, µs) for SIZE in FILE: its row is
-# #bytes #iterations t_min t_max t_typical t_avg ...
-ib_lat_avg() { awk -v s="$1" '$1 == s && NF >= 6 { print $6 }' "$2" 2>/dev/null | tail -1; }
+# figure WHICH FILE [--size S]: one number of a tool's output (see `rdmx-bench figure --help`);
+# nothing when it holds none (rdmx-bench says on stderr when FILE cannot be read).
+figure() { "$rbench" figure "$@" || true; }
 # FIELD=VALUE from the last `RESULT` line of pingpong --result output in FILE.
 result() { sed -n "s/^RESULT .*\b$1=\([^ ]*\).*/\1/p" "$2" 2>/dev/null | tail -1; }
 
