@@ -243,52 +243,6 @@ pub fn run_client(addr: &str, plan: &Plan) -> Result<PingpongDoc> {
 mod tests {
     use super::*;
 
-    fn session(plan: Plan) -> PingpongDoc {
-        let l = bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        let server = std::thread::spawn(move || serve_one(&l));
-        let doc = run_client(&addr, &plan).unwrap();
-        server.join().unwrap().unwrap();
-        doc
-    }
-
-    #[test]
-    fn loopback_latency() {
-        let doc = session(Plan {
-            sizes: vec![1, 4096, 1 << 20],
-            iters: Some(20),
-            warmup: None,
-            window: None,
-        });
-        assert_eq!((doc.mode.as_str(), doc.window), ("latency", None));
-        assert_eq!(doc.results.len(), 3);
-        for r in &doc.results {
-            assert_eq!(
-                (r.protocol.as_str(), r.iterations, r.warmup),
-                ("stream", 20, 2)
-            );
-            assert!(r.min_us > 0.0 && r.min_us <= r.p50_us && r.p50_us <= r.p99_us);
-            let mean_s = r.mean_us / 1e6;
-            assert!((r.msgs_per_s * mean_s - 1.0).abs() < 1e-9);
-        }
-    }
-
-    #[test]
-    fn loopback_bandwidth_rounds_to_windows() {
-        let doc = session(Plan {
-            sizes: vec![64, 65536],
-            iters: Some(10),
-            warmup: Some(3),
-            window: Some(4),
-        });
-        assert_eq!((doc.mode.as_str(), doc.window), ("bandwidth", Some(4)));
-        for r in &doc.results {
-            assert_eq!((r.iterations, r.warmup), (12, 4));
-            assert!(r.bytes_per_s > 0.0);
-            assert!((r.bytes_per_s / r.msgs_per_s - r.size as f64).abs() < 1e-6 * r.size as f64);
-        }
-    }
-
     /// Serves one connection that sends `header` and returns the server's error and reply.
     fn reject(header: &[u8]) -> (String, String) {
         let l = bind("127.0.0.1:0").unwrap();

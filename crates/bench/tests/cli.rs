@@ -258,18 +258,17 @@ fn report_errors_name_the_file() {
     let f = dir.join("guest/ib_send_lat-8.txt");
     let text = fs::read_to_string(&f).unwrap().replace("56.02", "56.0x");
     fs::write(&f, text).unwrap();
-    let args = |c: &mut Command| {
-        c.arg("report")
+    let report = || {
+        run(bin()
+            .arg("report")
             .arg(&dir)
             .arg("--out")
             .arg(tmp.join("B.md"))
             .arg("--svg-dir")
-            .arg(tmp.join("svg"));
+            .arg(tmp.join("svg")))
     };
-    let mut c = bin();
-    args(&mut c);
     assert_fails(
-        &run(&mut c),
+        &report(),
         1,
         "guest/ib_send_lat-8.txt:22: column t_typical: `56.0x`",
     );
@@ -281,10 +280,8 @@ fn report_errors_name_the_file() {
         "{\n  \"tool\": \"x\",\n  oops\n}\n",
     )
     .unwrap();
-    let mut c = bin();
-    args(&mut c);
     assert_fails(
-        &run(&mut c),
+        &report(),
         1,
         "host/rdmx-lat.json: key must be a string at line 3",
     );
@@ -296,9 +293,7 @@ fn report_errors_name_the_file() {
 
     // A ucx file whose name carries no size.
     fs::write(dir.join("host/ucx-tag_lat-big.txt"), "").unwrap();
-    let mut c = bin();
-    args(&mut c);
-    assert_fails(&run(&mut c), 1, "ucx-tag_lat-big.txt: cannot read the size");
+    assert_fails(&report(), 1, "ucx-tag_lat-big.txt: cannot read the size");
     fs::remove_file(dir.join("host/ucx-tag_lat-big.txt")).unwrap();
 
     // A latency file holding a bandwidth run.
@@ -307,9 +302,7 @@ fn report_errors_name_the_file() {
         dir.join("guest/rdmx-lat.json"),
     )
     .unwrap();
-    let mut c = bin();
-    args(&mut c);
-    assert_fails(&run(&mut c), 1, "guest/rdmx-lat.json: mode is `bandwidth`");
+    assert_fails(&report(), 1, "guest/rdmx-lat.json: mode is `bandwidth`");
     let _ = fs::remove_dir_all(&tmp);
 }
 
@@ -366,7 +359,8 @@ fn socket_pingpong_loopback_json() {
             (r.iterations, r.warmup, r.protocol.as_str()),
             (30, 3, "stream")
         );
-        assert!(r.p50_us > 0.0 && r.p99_us >= r.p50_us);
+        assert!(r.min_us > 0.0 && r.min_us <= r.p50_us && r.p50_us <= r.p99_us);
+        assert!((r.msgs_per_s * r.mean_us / 1e6 - 1.0).abs() < 1e-9);
     }
 }
 
@@ -391,6 +385,25 @@ fn socket_pingpong_loopback_bandwidth_table() {
     assert!(table.contains("bandwidth, window 8"), "{table}");
     // 20 messages round up to 3 windows of 8.
     assert!(table.contains("64 KiB stream       24"), "{table}");
+    // The same in JSON, with the warm-up rounded up to a window and the rates consistent.
+    let (mut srv, addr) = server();
+    let o = run(bin()
+        .args(["socket-pingpong", "--client", &addr, "--sizes", "64,64K"])
+        .args([
+            "-n", "10", "--warmup", "3", "--bw", "--window", "4", "--json",
+        ]));
+    assert!(
+        o.status.success() && srv.wait().unwrap().success(),
+        "{}",
+        stderr(&o)
+    );
+    let doc = PingpongDoc::from_json(&String::from_utf8_lossy(&o.stdout), Path::new("-")).unwrap();
+    assert_eq!((doc.mode.as_str(), doc.window), ("bandwidth", Some(4)));
+    for r in &doc.results {
+        assert_eq!((r.iterations, r.warmup), (12, 4));
+        assert!(r.bytes_per_s > 0.0);
+        assert!((r.bytes_per_s / r.msgs_per_s - r.size as f64).abs() < 1e-6 * r.size as f64);
+    }
 }
 
 #[test]
