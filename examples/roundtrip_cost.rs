@@ -6,8 +6,8 @@
 //! difference divided by the difference in round trips is the instructions per round trip
 //! (setup cancels out), deterministic on a noisy machine:
 //!
-//! `valgrind --tool=callgrind target/release/examples/roundtrip_cost N` (scripts/bench does
-//! this and prints the figure).
+//! `valgrind --tool=callgrind target/release/examples/roundtrip_cost N [SIZE [LISTEN_ADDR]]`
+//! (scripts/bench does this and prints the figure).
 
 use rdmx::{Context, Ep, Request, Worker, TAG_MASK_ALL};
 
@@ -21,9 +21,13 @@ fn main() -> rdmx::Result<()> {
         .nth(2)
         .map(|s| s.parse().expect("a message size"))
         .unwrap_or(8);
+    // Over RDMA, an address of an RDMA device (e.g. a Soft-RoCE guest's SOFTROCE_ADDR_A).
+    let listen = std::env::args()
+        .nth(3)
+        .unwrap_or_else(|| "127.0.0.1:0".into());
     let ctx = Context::new()?;
     let server = ctx.worker()?;
-    let listener = server.listen("127.0.0.1:0")?;
+    let listener = server.listen(&listen)?;
     let addr = listener.local_addr().expect("bound").to_string();
     let client = ctx.worker()?;
     let c = client.clone();

@@ -88,6 +88,32 @@ fn json_has_every_figure_per_size() {
 }
 
 #[test]
+fn a_run_clock_gives_the_mean_of_the_whole_run_as_every_figure() {
+    let out = pingpong(&["-s", "8", "-n", "200", "--run-clock", "--json"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    let r = &doc["results"][0];
+    let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} in {r}"));
+    assert_eq!(r["iterations"], 200);
+    assert!(f("mean_us") > 0.0, "{r}");
+    // One value recorded for every round trip: the percentiles are the mean (within the
+    // histogram's 3 significant digits).
+    for k in ["min_us", "p50_us", "p99_us"] {
+        assert!(
+            (f(k) - f("mean_us")).abs() <= f("mean_us") / 500.0,
+            "{k}: {r}"
+        );
+    }
+    let result = pingpong(&["-s", "8", "-n", "50", "--run-clock", "--result"], &[]);
+    assert!(result.status.success(), "{}", text(&result.stderr));
+    assert!(
+        text(&result.stdout).starts_with("RESULT size=8 lat_us="),
+        "{}",
+        text(&result.stdout)
+    );
+}
+
+#[test]
 fn bandwidth_mode_keeps_a_window_outstanding() {
     let out = pingpong(
         &[

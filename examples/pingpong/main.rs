@@ -9,7 +9,9 @@
 //!                               [--json | --result]
 //! ```
 //!
-//! Latency mode times each round trip (receive pre-posted, then send) and reports half of it.
+//! Latency mode times each round trip (receive pre-posted, then send) and reports half of it
+//! (`--run-clock`: times the run as a whole, for machines where reading the clock is a system
+//! call).
 //! Bandwidth mode keeps a sliding window of sends outstanding (the oldest is waited for
 //! before the next starts), the server keeps as many receives posted (each reposted as it
 //! completes) and acknowledges once after the warm-up and once after the measured messages,
@@ -64,6 +66,12 @@ struct Args {
     /// No progress lines
     #[arg(long)]
     no_progress: bool,
+    /// Latency: read the clock once per run, not once per round trip (every percentile is
+    /// then the mean). Where the clock is a system call (a VM whose clocksource is hpet, such
+    /// as the Soft-RoCE guests) a read per round trip adds its cost to every one, and to a
+    /// count of system calls; `ib_send_lat` reads the TSC, which costs no call.
+    #[arg(long)]
+    run_clock: bool,
 }
 
 fn main() {
@@ -364,7 +372,7 @@ fn client(ctx: &Context, worker: &Worker, ep: &Ep, args: &Args, plan: &Plan) -> 
         }
         let counts = plan.counts_for(size);
         let row = match plan.window {
-            None => latency(worker, ep, size, protocol, counts)?,
+            None => latency(worker, ep, size, protocol, counts, args.run_clock)?,
             Some(w) => bandwidth(worker, ep, size, protocol, counts, w)?,
         };
         if table {
@@ -405,24 +413,38 @@ fn latency(
     size: u64,
     protocol: &str,
     (warm, timed): (u64, u64),
+    run_clock: bool,
 ) -> Result<PingpongRow> {
     let total = warm + timed;
     let mut sbuf = pattern(size, total)?;
     let mut rbuf = alloc(size)?;
     let mut rtt = histogram();
-    // One clock read per round trip (as ib_send_lat): each ends where the next begins.
+    // One clock read per round trip (as ib_send_lat): each ends where the next begins. With
+    // `run_clock`, one when the timed round trips begin and one when they end.
     let mut t0 = Instant::now();
     for i in 0..total {
+        if run_clock && i == warm {
+            t0 = Instant::now();
+        }
         let r = worker.tag_recv(DATA, TAG_MASK_ALL, rbuf);
         sbuf = wait(ep.tag_send(DATA, sbuf), "send")?.buf;
         let got = wait(r, "receive")?;
-        let t1 = Instant::now();
-        if i >= warm {
-            record(&mut rtt, t1 - t0);
+        if !run_clock {
+            let t1 = Instant::now();
+            if i >= warm {
+                record(&mut rtt, t1 - t0);
+            }
+            t0 = t1;
         }
-        t0 = t1;
         check_len(&got, size)?;
         rbuf = got.buf;
+    }
+    if run_clock && timed > 0 {
+        let each = u64::try_from(t0.elapsed().as_nanos() / u128::from(timed)).unwrap_or(u64::MAX);
+        // (`record_n` grows the histogram; `saturating_record_n` would clamp to its range.)
+        if rtt.record_n(each.max(1), timed).is_err() {
+            rtt.saturating_record_n(each.max(1), timed);
+        }
     }
     if rbuf != sbuf {
         let at = rbuf.iter().zip(&sbuf).position(|(a, b)| a != b);
