@@ -40,6 +40,21 @@ fn main() -> rdmx::Result<()> {
         (a, b) = one_way(&server, &sep, &client, a, b)?;
     }
     println!("{n} round trips of {size} B");
+    // RDMX_IDLE_POLLS=N: then N progress calls with nothing to do (what a busy-polling
+    // waiter spins on), timed: a completion is seen half such a call late on average.
+    if let Some(polls) = std::env::var("RDMX_IDLE_POLLS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        let t = std::time::Instant::now();
+        for _ in 0..polls {
+            client.progress();
+        }
+        println!(
+            "idle progress call: {:.0} ns",
+            t.elapsed().as_nanos() as f64 / f64::from(polls.max(1))
+        );
+    }
     Ok(())
 }
 

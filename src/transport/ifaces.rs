@@ -197,6 +197,21 @@ impl Deferred {
         }
     }
 
+    /// Moves everything in `other` (left empty) into this.
+    pub(crate) fn append(&mut self, other: &mut Deferred) {
+        #[cfg(feature = "rdma")]
+        self.reposts.extend(other.reposts.drain(..));
+        let _ = other;
+    }
+
+    /// How many things there are to do.
+    pub(crate) fn len(&self) -> usize {
+        #[cfg(feature = "rdma")]
+        return self.reposts.len();
+        #[cfg(not(feature = "rdma"))]
+        0
+    }
+
     /// Whether there is nothing to do.
     pub(crate) fn is_empty(&self) -> bool {
         #[cfg(feature = "rdma")]

@@ -240,10 +240,7 @@ impl Driver {
             self.flush_conn(cs);
         }
         if !out.deferred.is_empty() {
-            let failed = self.ifaces.run_deferred(std::mem::take(&mut out.deferred));
-            if !failed.is_empty() {
-                self.state.lock().ifaces.retry(failed);
-            }
+            self.repost(&mut out.deferred);
         }
         if !out.reaped.is_empty() {
             let mut list = self.conn_list.write();

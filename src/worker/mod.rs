@@ -189,7 +189,15 @@ struct Scratch {
     /// What the links reported, in order.
     events: Vec<LinkEvent>,
     transport: PollScratch,
+    /// Receive buffers whose frames were read, to repost once progress finds nothing to do
+    /// (or [`REPOST_BATCH`] gathered): off the path from a completion to its waiter.
+    reposts: Deferred,
 }
+
+/// How many receive buffers a progressing worker gathers at most before reposting them.
+/// The SRQ holds thousands (`RDMX_SRQ_DEPTH`); these few are missing from it only until
+/// the next progress call that finds no work.
+const REPOST_BATCH: usize = 16;
 
 struct Tracked {
     buf: UserBufId,
@@ -303,6 +311,7 @@ impl Worker {
                 completions: Vec::new(),
                 events: Vec::new(),
                 transport: PollScratch::new(),
+                reposts: Deferred::default(),
             }),
             waiter: Mutex::new(()),
             registry,

@@ -5,7 +5,8 @@ use super::*;
 impl Driver {
     pub(super) fn cm_check_due(&self, now: u64) -> bool {
         let last = self.last_cm_check.load(Ordering::Relaxed);
-        if self.cm_due.swap(false, Ordering::AcqRel)
+        // (Loaded before swapped: an idle busy poll makes no read-modify-write.)
+        if (self.cm_due.load(Ordering::Acquire) && self.cm_due.swap(false, Ordering::AcqRel))
             || now.saturating_sub(last) >= CM_CHECK_INTERVAL.as_nanos() as u64
         {
             self.last_cm_check.store(now, Ordering::Relaxed);
@@ -23,6 +24,7 @@ impl Driver {
             completions,
             events,
             transport,
+            reposts,
         } = &mut *scratch;
         let polled = self.ifaces.poll(transport);
         let now = self.now_ns();
@@ -61,9 +63,13 @@ impl Driver {
             }
         }
         let timer_due = now >= self.next_timer.load(Ordering::Acquire);
-        let failures = self.failures_pending.swap(false, Ordering::AcqRel);
+        let failures = self.failures_pending.load(Ordering::Acquire)
+            && self.failures_pending.swap(false, Ordering::AcqRel);
         let work = polled + events.len() + answered;
         if work == 0 && !timer_due && !failures && !housekeeping {
+            if !reposts.is_empty() {
+                self.repost(reposts);
+            }
             return 0;
         }
         let mut out = AfterUnlock::default();
@@ -103,9 +109,21 @@ impl Driver {
             }
             self.run(&mut st, &mut out);
         }
+        reposts.append(&mut out.deferred);
+        if reposts.len() >= REPOST_BATCH {
+            self.repost(reposts);
+        }
         drop(scratch);
         self.finish(&mut out);
         work
+    }
+
+    /// Reposts the receive buffers in `reposts` (left empty).
+    pub(super) fn repost(&self, reposts: &mut Deferred) {
+        let failed = self.ifaces.run_deferred(std::mem::take(reposts));
+        if !failed.is_empty() {
+            self.state.lock().ifaces.retry(failed);
+        }
     }
 
     /// Event-mode wait: arm, re-progress, sleep on every fd, take the events, progress.
