@@ -19,7 +19,9 @@ use rdmx_proto::{ConnId, RemoteBuf, UserBufId};
 use rustix::event::{eventfd, EventfdFlags};
 
 use super::tcp::{Answer, Exposures};
-use super::{LinkEvent, LockedIfaces, PollScratch, ReadOp, RecvFrame, Transport, TransportLink};
+use super::{
+    LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, RecvFrame, Transport, TransportLink,
+};
 use crate::usermem::UserMem;
 
 /// What travels between the two links.
@@ -206,12 +208,12 @@ impl TransportLink for MemoryLink {
         _: &mut LockedIfaces,
         frame: &[u8],
         payload: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<Queued, String> {
         let mut bytes = Vec::with_capacity(frame.len() + payload.len());
         bytes.extend_from_slice(frame);
         bytes.extend_from_slice(payload);
         self.outgoing.lock().push(Message::Frame(bytes));
-        Ok(())
+        Ok(Queued::ForFlush)
     }
 
     fn start_read(

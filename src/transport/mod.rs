@@ -190,14 +190,14 @@ pub(crate) trait TransportLink: Send + Sync {
     }
 
     /// Queues one frame whose body is `frame` (the protocol header) followed by `payload`;
-    /// it goes out at the next [`flush`](TransportLink::flush). An error means the frame
-    /// cannot be sent: the send fails.
+    /// it goes out at the next [`flush`](TransportLink::flush), unless the link sent it at
+    /// once ([`Queued::Posted`]). An error means the frame cannot be sent: the send fails.
     fn queue_frame(
         &self,
         st: &mut LockedIfaces,
         frame: &[u8],
         payload: &[u8],
-    ) -> Result<(), String>;
+    ) -> Result<Queued, String>;
 
     /// Starts a rendezvous READ into `mem` (the user buffer `read.buf`); it is reported as
     /// [`LinkEvent::ReadDone`] under `read.key`, whatever its outcome, unless this fails.
@@ -289,6 +289,16 @@ pub(crate) trait TransportLink: Send + Sync {
         scratch: &mut PollScratch,
         out: &mut Vec<LinkEvent>,
     ) -> usize;
+}
+
+/// What [`TransportLink::queue_frame`] did with a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Queued {
+    /// Queued: the link's next flush sends it.
+    ForFlush,
+    /// Handed to the transport already (RDMA: a frame small enough to go inline, on a link
+    /// with nothing queued before it and room in its send queue, is posted at once).
+    Posted,
 }
 
 /// A rendezvous READ to start: `len` bytes at `remote` into the user buffer `buf` at

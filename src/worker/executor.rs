@@ -163,7 +163,8 @@ impl Protocol {
             None => &[],
         };
         match cs.link.queue_frame(&mut self.ifaces, frame, data) {
-            Ok(()) => out.flush(cs),
+            Ok(Queued::ForFlush) => out.flush(cs),
+            Ok(Queued::Posted) => {}
             Err(e) => {
                 log::error!("{conn:?}: {e}");
                 self.engine.handle_send_complete(conn, false);

@@ -51,8 +51,8 @@ use crate::message::Message;
 use crate::readiness::{Interest, Ready, Registry, Waker};
 use crate::request::{Describe, Outcome, Request};
 use crate::transport::{
-    Conn, Deferred, Ifaces, LinkEvent, LockedIfaces, PollScratch, ReadOp, ReadPiece, RecvFrame,
-    Transport, TransportLink, READ_KEY_MASK,
+    Conn, Deferred, Ifaces, LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, ReadPiece,
+    RecvFrame, Transport, TransportLink, READ_KEY_MASK,
 };
 use crate::usermem::UserMem;
 use driver::Made;
@@ -78,8 +78,9 @@ const REAP_TIMEOUT: Duration = Duration::from_secs(2);
 ///
 /// `Worker` is a cheap handle (`Clone`), `Send` and `Sync`: any thread may send, receive,
 /// progress or wait on it. Internally the protocol state sits behind one short-held lock,
-/// and each endpoint's work is posted under that endpoint's own lock, never while holding
-/// the worker-wide one.
+/// and each endpoint's work is posted under that endpoint's own lock, after the worker-wide
+/// one is released — except a small frame on an RDMA endpoint with nothing queued, which is
+/// posted at once (one doorbell).
 ///
 /// ```no_run
 /// # fn main() -> rdmx::Result<()> {

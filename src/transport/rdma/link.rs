@@ -13,7 +13,9 @@ use rdmx_conn::{Access, CmEventKind, Connection, MemoryWindow, RegisteredBuf, Re
 use rdmx_proto::{ConnId, UserBufId};
 
 use super::{Rdma, COOKIE_BIND, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
-use crate::transport::{LinkEvent, LockedIfaces, PollScratch, ReadOp, Transport, TransportLink};
+use crate::transport::{
+    LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, Transport, TransportLink,
+};
 use crate::usermem::UserMem;
 
 /// The largest frame sent inline (copied into the work request): what rdmx asks of the QP,
@@ -245,23 +247,40 @@ impl TransportLink for RdmaLink {
         st.rdma.forget(self.id);
     }
 
-    /// A frame up to the QP's inline limit is copied into the work request; a larger one
-    /// into a registered send buffer.
+    /// A frame up to the QP's inline limit is copied into the work request — posted at once
+    /// when nothing is queued before it and the send queue has room (the caller holds the
+    /// worker's protocol lock: a doorbell, one `write` on Soft-RoCE; it saves the queueing,
+    /// the flush after the lock and their atomics on the path of every small message) — and
+    /// a larger one into a registered send buffer.
     fn queue_frame(
         &self,
         st: &mut LockedIfaces,
         frame: &[u8],
         payload: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<Queued, String> {
         let total = frame.len() + payload.len();
         let item = if total <= self.max_inline().min(INLINE_MAX) {
             let mut bytes = [0u8; INLINE_MAX];
             bytes[..frame.len()].copy_from_slice(frame);
             bytes[frame.len()..total].copy_from_slice(payload);
-            Outgoing::Inline {
+            let mut queue = self.queue.lock();
+            if queue.is_empty() && self.in_flight() < self.depth.min(self.rdma.link_share()) {
+                self.in_flight.fetch_add(1, Ordering::AcqRel);
+                self.posts.fetch_add(1, Ordering::Relaxed);
+                match self
+                    .conn
+                    .post_send_inline(&bytes[..total], COOKIE_SEND | self.id.0)
+                {
+                    Ok(()) => return Ok(Queued::Posted),
+                    // The flush tries again, and reports the failure if it fails again.
+                    Err(_) => self.completed(),
+                }
+            }
+            queue.push_back(Outgoing::Inline {
                 bytes,
                 len: total as u16,
-            }
+            });
+            return Ok(Queued::ForFlush);
         } else {
             let pool = &mut st.rdma.send_pool;
             if total > pool.buf_len() {
@@ -275,7 +294,7 @@ impl TransportLink for RdmaLink {
             Outgoing::Frame { buf, len: total }
         };
         self.push(item);
-        Ok(())
+        Ok(Queued::ForFlush)
     }
 
     /// The destination is registered (per operation or through the cache, as configured)

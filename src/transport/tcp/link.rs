@@ -12,7 +12,8 @@ use rdmx_tcp::Event;
 
 use super::{Answer, Exposures};
 use crate::transport::{
-    Deferred, LinkEvent, LockedIfaces, PollScratch, ReadOp, RecvFrame, Transport, TransportLink,
+    Deferred, LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, RecvFrame, Transport,
+    TransportLink,
 };
 use crate::usermem::UserMem;
 
@@ -91,9 +92,9 @@ impl TransportLink for TcpLink {
         _: &mut LockedIfaces,
         frame: &[u8],
         payload: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<Queued, String> {
         self.link.queue_frame(frame, payload);
-        Ok(())
+        Ok(Queued::ForFlush)
     }
 
     /// The destination is lent to the link, which writes the READ data straight into it,
