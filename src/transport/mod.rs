@@ -225,8 +225,11 @@ pub(crate) trait TransportLink: Send + Sync {
         let _ = (buf, mem);
     }
 
-    /// Work the link posted completed (RDMA: a send queue slot is free again).
-    fn work_done(&self) {}
+    /// Work the link posted completed (RDMA: a send queue slot is free again). Returns
+    /// whether work waits in the link's queue, to be flushed now that there is room.
+    fn work_done(&self) -> bool {
+        true
+    }
 
     /// Gives the buffer of a frame this link received back once the engine has read it (RDMA:
     /// reposted on the SRQ after the lock is released; TCP: reused by the link).

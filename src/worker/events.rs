@@ -11,8 +11,10 @@ impl Protocol {
                 // A flushing endpoint waits for its sends' work to complete.
                 out.news = true;
                 if let Some(cs) = self.conns.get(&conn) {
-                    cs.link.work_done();
-                    out.flush(cs);
+                    // (Flushed only if work waits for the room: most sends leave nothing.)
+                    if cs.link.work_done() {
+                        out.flush(cs);
+                    }
                     if let (Some(e), false) = (&error, cs.is_closing()) {
                         log::warn!("send on {conn:?} to {:?} failed: {e}", cs.peer);
                     }
@@ -24,7 +26,7 @@ impl Protocol {
                 // The bind's record (and with it, maybe, the window's last hold) is gone.
                 self.release_held(out);
                 if let Some(cs) = self.conns.get(&conn) {
-                    cs.link.work_done();
+                    let _ = cs.link.work_done();
                     out.flush(cs);
                     if let (Some(e), false) = (&error, cs.is_closing()) {
                         // The connection fails as a whole (RDMA: its QP is in the error state).
@@ -86,7 +88,7 @@ impl Protocol {
         };
         if let Some(cs) = self.conns.get(&r.conn) {
             if posted {
-                cs.link.work_done();
+                let _ = cs.link.work_done();
             }
             cs.link.read_finished(r.buf, self.user_bufs.get_mut(&r.buf));
             out.flush(cs);

@@ -343,8 +343,9 @@ impl TransportLink for RdmaLink {
             .expose(&self.rdma, st.mode, self, buf, mem, &mut st.rcache, len)
     }
 
-    fn work_done(&self) {
+    fn work_done(&self) -> bool {
         self.completed();
+        !self.queue.lock().is_empty()
     }
 
     fn close(&self) {
