@@ -78,12 +78,13 @@ impl Ifaces {
     }
 
     /// Runs what a locked section deferred until after the lock (RDMA: reposting receive
-    /// buffers); returns what failed, for [`LockedIfaces::retry`].
-    pub(crate) fn run_deferred(&self, deferred: Deferred) -> Deferred {
+    /// buffers), leaving `deferred` empty with its capacity kept; returns what failed, for
+    /// [`LockedIfaces::retry`].
+    pub(crate) fn run_deferred(&self, deferred: &mut Deferred) -> Deferred {
         #[cfg(feature = "rdma")]
         return self.rdma.run_deferred(deferred);
         #[cfg(not(feature = "rdma"))]
-        deferred
+        std::mem::take(deferred)
     }
 
     /// Resource figures for [`crate::WorkerStats`].

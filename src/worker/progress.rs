@@ -120,7 +120,8 @@ impl Driver {
 
     /// Reposts the receive buffers in `reposts` (left empty).
     pub(super) fn repost(&self, reposts: &mut Deferred) {
-        let failed = self.ifaces.run_deferred(std::mem::take(reposts));
+        // (Drained in place: a batch of reposts allocates nothing once the first spilled.)
+        let failed = self.ifaces.run_deferred(reposts);
         if !failed.is_empty() {
             self.state.lock().ifaces.retry(failed);
         }

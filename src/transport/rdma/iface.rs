@@ -100,10 +100,10 @@ impl RdmaIface {
     }
 
     /// Reposts receive buffers; returns those whose repost failed.
-    pub(crate) fn run_deferred(&self, deferred: Deferred) -> Deferred {
+    pub(crate) fn run_deferred(&self, deferred: &mut Deferred) -> Deferred {
         let mut failed = Deferred::default();
         if let Some(rdma) = self.res.get() {
-            for item in deferred.reposts {
+            for item in deferred.reposts.drain(..) {
                 let Some((buf, id)) = rdma.reserve.keep(&rdma.srq, item) else {
                     continue;
                 };
@@ -113,6 +113,7 @@ impl RdmaIface {
                 }
             }
         }
+        deferred.reposts.clear();
         failed
     }
 
