@@ -85,6 +85,23 @@ impl Driver {
         };
         let len = buf.len() as u64;
         let made = self.with_protocol_out(|st, out| {
+            if st
+                .engine
+                .tag_send_now(cs.id, tag, SENDING_NOW, len)
+                .is_some()
+            {
+                // Out at once (the common case of a small message): its frame, the one
+                // action, copies the payload from here; the buffer never enters the tables.
+                st.sending_now = buf;
+                st.run_actions(out);
+                return Made::Done(Outcome {
+                    status: Status::Ok,
+                    length: len,
+                    tag,
+                    buf: std::mem::take(&mut st.sending_now),
+                    conn: Some(cs.id),
+                });
+            }
             let bufid = st.new_buf(UserMem::Plain(buf));
             match st.engine.tag_send(cs.id, tag, bufid, len) {
                 Ok(id) if id.is_immediate() => {

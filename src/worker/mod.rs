@@ -214,6 +214,11 @@ struct ReadCtx {
     off: u64,
 }
 
+/// The id under which the engine names the buffer of a send that goes out as it is made
+/// ([`Protocol::sending_now`]): not a key `user_bufs` ever gives out (a slotmap key of
+/// index and version `u32::MAX`).
+const SENDING_NOW: UserBufId = UserBufId(u64::MAX);
+
 /// Frames without an index of their own (TCP) get receive-buffer ids from here up (SRQ
 /// buffers use their index).
 const FRAME_IDS: u64 = 1 << 48;
@@ -239,6 +244,9 @@ struct Protocol {
     /// The completion of a receive the engine completed as it was made
     /// (`RequestId::is_immediate`), for `Worker::tag_recv` to take.
     immediate_recv: Option<rdmx_proto::Completion>,
+    /// The buffer of the send being made that goes out at once, named [`SENDING_NOW`] for
+    /// the actions of that one locked section (it never enters `user_bufs`).
+    sending_now: Vec<u8>,
     conns: HashMap<ConnId, Arc<Conn>>,
     reads: HashMap<u64, ReadCtx>,
     next_read: u64,
@@ -299,6 +307,7 @@ impl Worker {
                 held: Vec::new(),
                 arrivals_seen: 0,
                 immediate_recv: None,
+                sending_now: Vec::new(),
                 conns: HashMap::default(),
                 reads: HashMap::default(),
                 next_read: 0,

@@ -788,3 +788,35 @@ fn expose_failure_fails_send() {
     s.run();
     assert_eq!(s.peers[1].engine.unexpected_len(), 1);
 }
+
+#[test]
+fn a_send_now_goes_out_at_once_or_does_nothing() {
+    let mut e = Engine::new(Config::default());
+    let hs = e.local_handshake();
+    e.handle_connection_up(ConnId(1), &hs).unwrap();
+    let eager = e.conn_stats(ConnId(1)).unwrap().eager_limit;
+    // Unknown connection, or a rendezvous-sized message: nothing happens.
+    assert_eq!(e.tag_send_now(ConnId(2), 1, UserBufId(1), 8), None);
+    assert_eq!(e.tag_send_now(ConnId(1), 1, UserBufId(1), eager + 1), None);
+    assert!(e.poll_action().is_none());
+    // Eager with credit to spare: one frame, its payload the buffer named, done as made.
+    let id = e.tag_send_now(ConnId(1), 7, UserBufId(42), 8).unwrap();
+    assert!(id.is_immediate());
+    match e.poll_action() {
+        Some(Action::SendFrame {
+            conn,
+            payload: Some(p),
+            ..
+        }) => assert_eq!((conn, p.buf, p.len), (ConnId(1), UserBufId(42), 8)),
+        other => panic!("expected the send's frame, got {other:?}"),
+    }
+    assert!(e.poll_action().is_none());
+    assert_eq!(e.pending_requests(), 0);
+    // Out of credit: no longer at once (tag_send queues it instead).
+    while e.tag_send_now(ConnId(1), 7, UserBufId(42), 8).is_some() {
+        while e.poll_action().is_some() {}
+    }
+    assert!(e.poll_action().is_none());
+    let queued = e.tag_send(ConnId(1), 7, UserBufId(43), 8).unwrap();
+    assert!(!queued.is_immediate());
+}

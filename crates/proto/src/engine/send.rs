@@ -17,30 +17,13 @@ impl Engine {
         buf: UserBufId,
         len: u64,
     ) -> Result<RequestId, Error> {
+        if let Some(id) = self.tag_send_now(conn, tag, buf, len) {
+            return Ok(id);
+        }
         let Some(c) = self.conns.get_mut(&conn) else {
             return Err(Error::UnknownConnection(conn));
         };
         let eager = len <= c.eager_limit;
-        if eager && c.data_q.is_empty() && c.ctrl_q.is_empty() && c.tx_credits >= 2 {
-            // Nothing queued ahead and credit to spare: the message goes out now and the send
-            // completes with it, never stored (what `flush` would do, without the table).
-            let id = immediate_id(&mut self.next_immediate);
-            let mut h = Header::new(Opcode::Eager);
-            h.tag = tag;
-            h.sreq = id.0;
-            h.payload_len = len as u32;
-            c.emit(
-                conn,
-                h,
-                None,
-                Some(PayloadRef { buf, len }),
-                &mut self.actions,
-                &mut self.credits,
-            );
-            // No Complete: the id says the send is done once its frame is (see
-            // `RequestId::is_immediate`).
-            return Ok(id);
-        }
         let phase = if eager {
             SendPhase::EagerQueued
         } else {
@@ -65,6 +48,43 @@ impl Engine {
         }
         self.flush(conn);
         Ok(id)
+    }
+
+    /// [`Engine::tag_send`] for a send that goes out at once, or nothing: when the message is
+    /// eager, nothing is queued ahead of it and there is credit to spare, its frame is
+    /// emitted (the only action it causes) and the send completes as it is made (the
+    /// returned id [`is_immediate`](RequestId::is_immediate)); otherwise `None`, and nothing
+    /// happened. The engine keeps nothing of `buf`, so a driver may name with it a buffer
+    /// it holds only while it runs the actions that follow.
+    pub fn tag_send_now(
+        &mut self,
+        conn: ConnId,
+        tag: Tag,
+        buf: UserBufId,
+        len: u64,
+    ) -> Option<RequestId> {
+        let c = self.conns.get_mut(&conn)?;
+        if !c.sends_now(len) {
+            return None;
+        }
+        // Nothing queued ahead and credit to spare: the message goes out now and the send
+        // completes with it, never stored (what `flush` would do, without the table).
+        let id = immediate_id(&mut self.next_immediate);
+        let mut h = Header::new(Opcode::Eager);
+        h.tag = tag;
+        h.sreq = id.0;
+        h.payload_len = len as u32;
+        c.emit(
+            conn,
+            h,
+            None,
+            Some(PayloadRef { buf, len }),
+            &mut self.actions,
+            &mut self.credits,
+        );
+        // No Complete: the id says the send is done once its frame is (see
+        // `RequestId::is_immediate`).
+        Some(id)
     }
 
     /// The driver exposed a rendezvous send buffer.
@@ -192,6 +212,14 @@ impl Conn {
     /// its window, at least 2.
     pub(super) fn credit_threshold(&self) -> u32 {
         (self.window / 4).max(2)
+    }
+
+    /// Whether a send of `len` bytes goes out at once (see [`Engine::tag_send_now`]).
+    fn sends_now(&self, len: u64) -> bool {
+        len <= self.eager_limit
+            && self.data_q.is_empty()
+            && self.ctrl_q.is_empty()
+            && self.tx_credits >= 2
     }
 
     /// Emits a frame on this connection (`id`): piggybacks the credits owed to the peer
