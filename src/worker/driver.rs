@@ -102,20 +102,10 @@ impl Driver {
                     conn: Some(cs.id),
                 });
             }
+            // Not at once (tag_send_now just declined it, so tag_send cannot send it at once
+            // either): queued, or rendezvous, or refused.
             let bufid = st.new_buf(UserMem::Plain(buf));
             match st.engine.tag_send(cs.id, tag, bufid, len) {
-                Ok(id) if id.is_immediate() => {
-                    // Sent as it was made: done once its frame is queued, which the engine's
-                    // actions do now; it never reaches the request table.
-                    st.run_actions(out);
-                    Made::Done(Outcome {
-                        status: Status::Ok,
-                        length: len,
-                        tag,
-                        buf: st.take_buf(bufid),
-                        conn: Some(cs.id),
-                    })
-                }
                 Ok(id) => {
                     let slot = st.requests.open();
                     cs.pending_sends.fetch_add(1, Ordering::AcqRel);

@@ -108,6 +108,72 @@ impl RdmaLink {
         self.in_flight.load(Ordering::Acquire)
     }
 
+    /// How much work may be in flight on this link now: its send queue's depth, or less while
+    /// many links share the device.
+    fn depth_now(&self) -> u32 {
+        self.depth.min(self.rdma.link_share())
+    }
+
+    /// Posts one piece of work (not a disconnect), counting it in flight; on failure it is
+    /// counted out again and given back with the error.
+    // (The error hands the work item back by value, as the posting calls do: no allocation
+    // on the path of a failure that requeues it.)
+    #[allow(clippy::result_large_err)]
+    fn post_one(&self, item: Outgoing) -> Result<(), (rdmx_conn::Error, Outgoing)> {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        if !matches!(item, Outgoing::Probe) {
+            self.posts.fetch_add(1, Ordering::Relaxed);
+        }
+        let cookie_send = COOKIE_SEND | self.id.0;
+        let result = match item {
+            Outgoing::Inline { bytes, len } => {
+                match self
+                    .conn
+                    .post_send_inline(&bytes[..len as usize], cookie_send)
+                {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err((e, Outgoing::Inline { bytes, len })),
+                }
+            }
+            Outgoing::Frame { buf, len } => self
+                .conn
+                .post_send(buf, len, cookie_send)
+                .map_err(|(e, buf)| (e, Outgoing::Frame { buf, len })),
+            Outgoing::Read {
+                target,
+                len,
+                remote,
+                cookie,
+            } => self
+                .conn
+                .post_read(target, len, remote, cookie)
+                .map_err(|(e, target)| {
+                    (
+                        e,
+                        Outgoing::Read {
+                            target,
+                            len,
+                            remote,
+                            cookie,
+                        },
+                    )
+                }),
+            Outgoing::Bind(window) => match self.conn.post_bind(&window, COOKIE_BIND | self.id.0) {
+                Ok(()) => Ok(()),
+                Err(e) => Err((e, Outgoing::Bind(window))),
+            },
+            Outgoing::Probe => self
+                .conn
+                .post_probe(cookie_send)
+                .map_err(|e| (e, Outgoing::Probe)),
+            Outgoing::Disconnect => unreachable!("`post` handles disconnects"),
+        };
+        if result.is_err() {
+            self.completed();
+        }
+        result
+    }
+
     /// Posts queued work in order while the send queue has room. Returns whether a post
     /// failed (the failure is recorded in `failures` for the worker to report). `closing`
     /// says whether failures are expected (the connection is going away).
@@ -124,7 +190,6 @@ impl RdmaLink {
                 }
                 continue;
             }
-            let depth = self.depth.min(self.rdma.link_share());
             let in_flight = self.in_flight.load(Ordering::Acquire);
             // Soft-RoCE (Linux 6.1, at least) retransmits from the oldest unacknowledged work
             // request and executes again a bind it finds on the way that already took effect
@@ -134,64 +199,13 @@ impl RdmaLink {
             // is ever reported: the connection hangs for good (seen across two guests: a
             // retransmission on a timeout, the RTS of a rendezvous two sends later). Posted on
             // an idle queue, the bind completes at once and no retransmission can reach it.
-            if in_flight >= depth
+            if in_flight >= self.depth_now()
                 || (in_flight > 0 && self.rdma.bind_when_idle && matches!(item, Outgoing::Bind(_)))
             {
                 stalled.push_front(item);
                 break;
             }
-            self.in_flight.fetch_add(1, Ordering::AcqRel);
-            if !matches!(item, Outgoing::Probe) {
-                self.posts.fetch_add(1, Ordering::Relaxed);
-            }
-            let cookie_send = COOKIE_SEND | self.id.0;
-            let result = match item {
-                Outgoing::Inline { bytes, len } => {
-                    match self
-                        .conn
-                        .post_send_inline(&bytes[..len as usize], cookie_send)
-                    {
-                        Ok(()) => Ok(()),
-                        Err(e) => Err((e, Outgoing::Inline { bytes, len })),
-                    }
-                }
-                Outgoing::Frame { buf, len } => self
-                    .conn
-                    .post_send(buf, len, cookie_send)
-                    .map_err(|(e, buf)| (e, Outgoing::Frame { buf, len })),
-                Outgoing::Read {
-                    target,
-                    len,
-                    remote,
-                    cookie,
-                } => self
-                    .conn
-                    .post_read(target, len, remote, cookie)
-                    .map_err(|(e, target)| {
-                        (
-                            e,
-                            Outgoing::Read {
-                                target,
-                                len,
-                                remote,
-                                cookie,
-                            },
-                        )
-                    }),
-                Outgoing::Bind(window) => {
-                    match self.conn.post_bind(&window, COOKIE_BIND | self.id.0) {
-                        Ok(()) => Ok(()),
-                        Err(e) => Err((e, Outgoing::Bind(window))),
-                    }
-                }
-                Outgoing::Probe => self
-                    .conn
-                    .post_probe(cookie_send)
-                    .map_err(|e| (e, Outgoing::Probe)),
-                Outgoing::Disconnect => unreachable!("handled above"),
-            };
-            if let Err((e, item)) = result {
-                self.completed();
+            if let Err((e, item)) = self.post_one(item) {
                 if e.is_queue_full() && self.in_flight() > 0 {
                     // The provider's queue is smaller than we thought: wait for completions.
                     log::debug!(
@@ -263,23 +277,19 @@ impl TransportLink for RdmaLink {
             let mut bytes = [0u8; INLINE_MAX];
             bytes[..frame.len()].copy_from_slice(frame);
             bytes[frame.len()..total].copy_from_slice(payload);
-            let mut queue = self.queue.lock();
-            if queue.is_empty() && self.in_flight() < self.depth.min(self.rdma.link_share()) {
-                self.in_flight.fetch_add(1, Ordering::AcqRel);
-                self.posts.fetch_add(1, Ordering::Relaxed);
-                match self
-                    .conn
-                    .post_send_inline(&bytes[..total], COOKIE_SEND | self.id.0)
-                {
-                    Ok(()) => return Ok(Queued::Posted),
-                    // The flush tries again, and reports the failure if it fails again.
-                    Err(_) => self.completed(),
-                }
-            }
-            queue.push_back(Outgoing::Inline {
+            let mut item = Outgoing::Inline {
                 bytes,
                 len: total as u16,
-            });
+            };
+            let mut queue = self.queue.lock();
+            if queue.is_empty() && self.in_flight() < self.depth_now() {
+                match self.post_one(item) {
+                    Ok(()) => return Ok(Queued::Posted),
+                    // The flush tries again, and reports the failure if it fails again.
+                    Err((_, back)) => item = back,
+                }
+            }
+            queue.push_back(item);
             return Ok(Queued::ForFlush);
         } else {
             let pool = &mut st.rdma.send_pool;
