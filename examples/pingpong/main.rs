@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use rdmx::{Context, Ep, Request, Transport, Worker, TAG_MASK_ALL};
 use rdmx_bench::plan::{Plan, SweepArgs};
-use rdmx_bench::schema::{self, histogram, record, Histogram, PingpongDoc, PingpongRow, MB};
+use rdmx_bench::schema::{
+    self, histogram, record, record_n, Histogram, PingpongDoc, PingpongRow, MB,
+};
 use rdmx_bench::sizes::format_size;
 
 const SETUP: u64 = 1;
@@ -440,11 +442,9 @@ fn latency(
         rbuf = got.buf;
     }
     if run_clock && timed > 0 {
-        let each = u64::try_from(t0.elapsed().as_nanos() / u128::from(timed)).unwrap_or(u64::MAX);
-        // (`record_n` grows the histogram; `saturating_record_n` would clamp to its range.)
-        if rtt.record_n(each.max(1), timed).is_err() {
-            rtt.saturating_record_n(each.max(1), timed);
-        }
+        let ns = t0.elapsed().as_nanos() / u128::from(timed);
+        let each = Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX));
+        record_n(&mut rtt, each, timed);
     }
     if rbuf != sbuf {
         let at = rbuf.iter().zip(&sbuf).position(|(a, b)| a != b);

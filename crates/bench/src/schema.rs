@@ -81,10 +81,15 @@ pub fn histogram() -> Histogram<u64> {
 
 /// Records `d` in `h` in nanoseconds (at least 1).
 pub fn record(h: &mut Histogram<u64>, d: Duration) {
+    record_n(h, d, 1);
+}
+
+/// Records `d` in `h` `count` times, in nanoseconds (at least 1).
+pub fn record_n(h: &mut Histogram<u64>, d: Duration, count: u64) {
     let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1);
-    // `record` grows the histogram; only a value beyond any range is clamped.
-    if h.record(ns).is_err() {
-        h.saturating_record(ns);
+    // `record_n` grows the histogram; only a value beyond any range is clamped.
+    if h.record_n(ns, count).is_err() {
+        h.saturating_record_n(ns, count);
     }
 }
 
