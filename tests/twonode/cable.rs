@@ -327,23 +327,17 @@ fn cable_pulled_mid_eager_stream_fails_every_pending_request_within_5s() {
         );
         twonode(&["mark", "A-failed"]);
     } else {
-        let signal = signal_file("eager-cut-asked");
+        let mut signal = SignalWatch::new("eager-cut-asked");
         let mut pending = std::collections::VecDeque::new();
         let (mut next, mut ok, mut failed) = (0u64, 0, 0);
-        let (mut reference, mut last_failure) = (None::<Instant>, None);
-        let mut last_check = Instant::now();
+        let mut last_failure = None;
         let deadline = Instant::now() + LONG;
         while ep.is_connected() || !pending.is_empty() {
             assert!(
                 Instant::now() < deadline,
                 "the stream neither failed nor drained within {LONG:?}"
             );
-            if reference.is_none() && last_check.elapsed() > Duration::from_millis(10) {
-                last_check = Instant::now();
-                if signal.exists() {
-                    reference = Some(Instant::now());
-                }
-            }
+            signal.seen();
             while ep.is_connected() && pending.len() < EAGER_WINDOW {
                 pending.push_back(ep.tag_send(11, numbered(next)));
                 next += 1;
@@ -355,7 +349,7 @@ fn cable_pulled_mid_eager_stream_fails_every_pending_request_within_5s() {
                     Err(e) => {
                         assert_eq!(e.status(), Some(Status::ConnectionClosed), "{e}");
                         failed += 1;
-                        let since = reference.expect("A's signal seen before a send failed");
+                        let since = signal.reference_for_failure();
                         last_failure = Some(since.elapsed());
                     }
                 }

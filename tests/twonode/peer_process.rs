@@ -72,16 +72,15 @@ fn peer_process_killed_mid_rendezvous_fails_pending_requests_across_the_wire() {
         } else {
             let recvs = receives_mid_stream(&w, 9, MSGS, LEN);
             twonode(&["signal", &format!("reading-{port}")]);
-            let signal = signal_file(&asked);
+            let mut signal = SignalWatch::new(&asked);
             let deadline = Instant::now() + LONG;
-            let mut last_check = Instant::now();
             let reference = loop {
                 w.progress();
-                if last_check.elapsed() > Duration::from_millis(10) {
-                    last_check = Instant::now();
-                    if signal.exists() {
-                        break Instant::now();
-                    }
+                if let Some(seen) = signal.seen() {
+                    break seen;
+                }
+                if !ep.is_connected() {
+                    break signal.reference_for_failure();
                 }
                 assert!(Instant::now() < deadline, "A never asked for the kill");
             };

@@ -148,28 +148,73 @@ pub(super) struct Sent {
     pub(super) last_failure: Option<Duration>,
 }
 
-/// The file the runner's helper creates for `twonode signal NAME` (what `twonode wait`
-/// waits for), for a test that checks it while it progresses.
-pub(super) fn signal_file(name: &str) -> std::path::PathBuf {
-    std::path::PathBuf::from(env("RDMX_NODE_JOB")).join(format!("sync/s.{name}"))
+/// A signal of node A's (`twonode signal NAME`) as node B watches for it while it progresses:
+/// the file the runner's helper creates, looked at every 10 ms (a `stat` over 9p).
+pub(super) struct SignalWatch {
+    file: std::path::PathBuf,
+    /// The last moment the file was seen absent: the signal was given after it.
+    absent_at: Instant,
+    seen_at: Option<Instant>,
+}
+
+impl SignalWatch {
+    pub(super) fn new(name: &str) -> SignalWatch {
+        SignalWatch {
+            file: std::path::PathBuf::from(env("RDMX_NODE_JOB")).join(format!("sync/s.{name}")),
+            absent_at: Instant::now(),
+            seen_at: None,
+        }
+    }
+
+    /// When B first saw the signal, looking again if 10 ms have passed since it last looked.
+    pub(super) fn seen(&mut self) -> Option<Instant> {
+        if self.seen_at.is_none() && self.absent_at.elapsed() > Duration::from_millis(10) {
+            self.look();
+        }
+        self.seen_at
+    }
+
+    /// The reference point for a failure B sees now. A causes the fault right after giving the
+    /// signal, and the fault can reach B before B's next look: so B looks at once, and if the
+    /// signal is there but was not seen before, the reference is the last moment B saw it absent
+    /// (A gave it later, so this can only lengthen the time measured). Fails the test if the
+    /// signal has not been given: the failure came before A caused any fault.
+    pub(super) fn reference_for_failure(&mut self) -> Instant {
+        if self.seen_at.is_none() {
+            let absent_at = self.absent_at;
+            if self.look() {
+                return absent_at;
+            }
+        }
+        self.seen_at
+            .expect("a request failed before A gave the signal that comes just before its fault")
+    }
+
+    fn look(&mut self) -> bool {
+        let now = Instant::now();
+        if self.file.exists() {
+            self.seen_at = Some(now);
+            true
+        } else {
+            self.absent_at = now;
+            false
+        }
+    }
 }
 
 /// Progresses node B's `sends` until all are done (at most [`LONG`]), watching for A's
 /// `signal`. A send may complete or fail with [`Status::ConnectionClosed`]; nothing else.
 pub(super) fn sends_until_done(w: &Worker, sends: Vec<Request>, signal: &str) -> Sent {
     let mut sends: Vec<Option<Request>> = sends.into_iter().map(Some).collect();
-    let signal = signal_file(signal);
+    let mut signal = SignalWatch::new(signal);
     let (mut ok, mut failed) = (0, 0);
+    // The signal, or the last send that completed after it.
     let mut reference: Option<Instant> = None;
-    let mut last_check = Instant::now();
     let mut last_failure = None;
     let deadline = Instant::now() + LONG;
     while sends.iter().any(Option::is_some) {
-        if reference.is_none() && last_check.elapsed() > Duration::from_millis(10) {
-            last_check = Instant::now();
-            if signal.exists() {
-                reference = Some(Instant::now());
-            }
+        if reference.is_none() {
+            reference = signal.seen();
         }
         assert!(
             Instant::now() < deadline,
@@ -190,8 +235,8 @@ pub(super) fn sends_until_done(w: &Worker, sends: Vec<Request>, signal: &str) ->
                 Err(e) => {
                     assert_eq!(e.status(), Some(Status::ConnectionClosed), "{e}");
                     failed += 1;
-                    let reference = reference.expect("A's signal seen before a send failed");
-                    last_failure = Some(reference.elapsed());
+                    let since = *reference.get_or_insert_with(|| signal.reference_for_failure());
+                    last_failure = Some(since.elapsed());
                 }
             }
         }
