@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use rdmx_sys as sys;
 
 use crate::cm::{CmEvent, CmEventKind, QpConfig, RawId};
-use crate::cq::{new_owner, Owner, WorkKind};
+use crate::cq::{new_owner, Owner, WorkKind, UNRECORDED};
 use crate::device::Device;
 use crate::memory::{RegisteredBuf, RemoteBuf};
 use crate::window::MemoryWindow;
@@ -228,7 +228,8 @@ impl Connection {
         unsafe { (*self.raw.id()).qp }
     }
 
-    /// Posts a send work request and records its buffer in the CQ's table.
+    /// Posts a send work request and records its buffer in the CQ's table (an inline SEND,
+    /// which holds nothing once posted, is not recorded: see [`crate::cq`]).
     fn post(&self, work: SendWork<'_>, cookie: u64) -> Result<(), (Error, Option<RegisteredBuf>)> {
         let (opcode, len, inline, remote) = (work.opcode, work.len, work.inline, work.remote);
         let mut sge = match (&work.buf, inline) {
@@ -244,10 +245,14 @@ impl Connection {
         if opcode == sys::ibv_wr_opcode::IBV_WR_SEND && (len as u64) <= u64::from(self.max_inline) {
             flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
         }
-        let wr_id = self
-            .config
-            .cq
-            .record(self.owner, work.kind, cookie, work.buf);
+        let unrecorded = work.buf.is_none() && work.kind == WorkKind::Send;
+        let wr_id = if unrecorded {
+            cookie | UNRECORDED
+        } else {
+            self.config
+                .cq
+                .record(self.owner, work.kind, cookie, work.buf)
+        };
         let mut wr = sys::ibv_send_wr {
             wr_id,
             next: ptr::null_mut(),
@@ -270,7 +275,11 @@ impl Connection {
         // the QP is destroyed.
         let ret = unsafe { sys::ibv_post_send(self.qp(), &mut wr, &mut bad) };
         if ret != 0 {
-            let buf = self.config.cq.unrecord(wr_id);
+            let buf = if unrecorded {
+                None
+            } else {
+                self.config.cq.unrecord(wr_id)
+            };
             return Err((
                 Error::from_ret(
                     work.call,
@@ -360,8 +369,19 @@ impl Connection {
     }
 
     /// SENDs `data` inline: the bytes are copied into the work request, so no registered
-    /// buffer is needed. `data` must be at most [`Connection::max_inline`] bytes.
+    /// buffer is needed. `data` must be at most [`Connection::max_inline`] bytes, and `cookie`
+    /// below 2^63.
+    ///
+    /// Nothing is recorded for it (it holds nothing once posted): its completion is made from
+    /// its `wr_id` alone, so, unlike recorded work's, it is reported even if it surfaces after
+    /// its QP was destroyed.
     pub fn post_send_inline(&self, data: &[u8], cookie: u64) -> Result<()> {
+        if cookie & UNRECORDED != 0 {
+            return Err(Error::invalid(
+                "ibv_post_send",
+                format!("an inline send's cookie must be below 2^63 (got {cookie:#x})"),
+            ));
+        }
         if data.len() as u64 > u64::from(self.max_inline) {
             return Err(Error::invalid(
                 "ibv_post_send",

@@ -1,9 +1,14 @@
 //! Completion queues, completion channels, and the table of posted work.
 //!
 //! Every work request posted through this crate (on a connection or on a shared receive queue)
-//! is recorded in its completion queue's table, together with the buffer it uses. The `wr_id`
-//! given to the NIC is the record's slot and generation, so a completion finds its buffer again
-//! and hands it back; a stale completion (of a QP already destroyed) finds nothing and is dropped.
+//! that uses a buffer or a window is recorded in its completion queue's table, together with
+//! it. The `wr_id` given to the NIC is the record's slot and generation, so a completion finds
+//! its buffer again and hands it back; a stale completion (of a QP already destroyed) finds
+//! nothing and is dropped.
+//!
+//! An inline SEND uses nothing once posted (its bytes are copied into the work request), so it
+//! is not recorded: its `wr_id` is its cookie with [`UNRECORDED`] set, and its completion is
+//! made from that alone (no table lock on either side of the message's hot path).
 
 use std::mem;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -19,6 +24,10 @@ use crate::device::Device;
 use crate::memory::RegisteredBuf;
 use crate::window::WindowInner;
 use crate::{Error, Result};
+
+/// The `wr_id` bit of work not recorded in the table (inline SENDs): the other bits are the
+/// caller's cookie. Recorded work's ids keep it clear (their generation has 31 bits).
+pub(crate) const UNRECORDED: u64 = 1 << 63;
 
 /// How many completion events are collected before `ibv_ack_cq_events` is called.
 const ACK_BATCH: u32 = 16;
@@ -140,13 +149,17 @@ impl WorkTable {
             }
         };
         let slot = &mut self.slots[index as usize];
-        slot.generation = slot.generation.wrapping_add(1);
+        // (31 bits: the top bit of a wr_id marks unrecorded work.)
+        slot.generation = slot.generation.wrapping_add(1) & 0x7fff_ffff;
         slot.pending = Some(pending);
         self.len += 1;
         (u64::from(slot.generation) << 32) | u64::from(index)
     }
 
     fn remove(&mut self, wr_id: u64) -> Option<Pending> {
+        if wr_id & UNRECORDED != 0 {
+            return None;
+        }
         let index = (wr_id & 0xffff_ffff) as usize;
         let generation = (wr_id >> 32) as u32;
         let slot = self.slots.get_mut(index)?;
@@ -330,7 +343,8 @@ impl CompletionQueue {
         self.inner.capacity
     }
 
-    /// How many posted work requests have not completed yet.
+    /// How many posted work requests have not completed yet, inline SENDs aside (they hold
+    /// nothing, and are not recorded).
     pub fn pending(&self) -> usize {
         self.inner.table.lock().len
     }
@@ -431,27 +445,35 @@ impl CompletionQueue {
             let polled =
                 unsafe { std::slice::from_raw_parts(wcs.as_ptr().cast::<sys::ibv_wc>(), n) };
             let mut done_windows = Vec::new();
-            let mut table = self.inner.table.lock();
+            // Taken at the first recorded completion: a batch of inline SENDs needs no lock.
+            let mut table = None;
             for wc in polled {
-                let Some(pending) = table.remove(wc.wr_id) else {
-                    log::debug!(
-                        "completion for work no longer tracked (qp {} destroyed?)",
-                        wc.qp_num
-                    );
-                    continue;
-                };
                 let imm = (wc.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0) != 0;
-                out.push(Completion {
-                    cookie: pending.cookie,
-                    kind: pending.kind,
+                let mut completion = Completion {
+                    cookie: wc.wr_id & !UNRECORDED,
+                    kind: WorkKind::Send,
                     status: WcStatus(wc.status.0),
                     byte_len: wc.byte_len,
                     qp_num: wc.qp_num,
                     // SAFETY: with IBV_WC_WITH_IMM the union holds imm_data (network order).
                     imm_data: imm.then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })),
-                    buffer: pending.buffer,
-                });
-                done_windows.extend(pending.window);
+                    buffer: None,
+                };
+                if wc.wr_id & UNRECORDED == 0 {
+                    let table = table.get_or_insert_with(|| self.inner.table.lock());
+                    let Some(pending) = table.remove(wc.wr_id) else {
+                        log::debug!(
+                            "completion for work no longer tracked (qp {} destroyed?)",
+                            wc.qp_num
+                        );
+                        continue;
+                    };
+                    completion.cookie = pending.cookie;
+                    completion.kind = pending.kind;
+                    completion.buffer = pending.buffer;
+                    done_windows.extend(pending.window);
+                }
+                out.push(completion);
                 added += 1;
             }
             // A window whose last handle is gone is deallocated here, outside the lock.
