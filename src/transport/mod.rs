@@ -345,17 +345,6 @@ pub(crate) enum RecvFrame {
     Owned(Vec<u8>),
 }
 
-impl RecvFrame {
-    /// The buffer's own index, if it has one (SRQ buffers); the worker numbers the others.
-    pub(crate) fn index(&self) -> Option<u64> {
-        match self {
-            #[cfg(feature = "rdma")]
-            RecvFrame::Srq { index, .. } => Some(*index),
-            RecvFrame::Owned(_) => None,
-        }
-    }
-}
-
 impl std::ops::Deref for RecvFrame {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

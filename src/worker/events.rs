@@ -56,22 +56,17 @@ impl Protocol {
         }
     }
 
-    /// A frame arrived on `conn`: the engine reads it, and hands its buffer back in the same
-    /// locked section. Frames on closing connections (which the engine has forgotten) go
-    /// straight back.
+    /// A frame arrived on `conn`: the engine reads it, the actions it queued run while the
+    /// frame is at hand (the engine keeps nothing of a frame once they ran), and its buffer
+    /// goes back to its link. Frames on closing connections (which the engine has forgotten)
+    /// go straight back.
     fn deliver(&mut self, conn: ConnId, frame: RecvFrame, len: usize, out: &mut AfterUnlock) {
-        if self.conns.get(&conn).map_or(true, |cs| cs.is_closing()) {
-            super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
-            return;
+        if self.conns.get(&conn).is_some_and(|cs| !cs.is_closing()) {
+            let bytes = &frame[..len.min(frame.len())];
+            self.engine.handle_frame(conn, AT_HAND, bytes);
+            self.run_actions_reading(Some(bytes), out);
         }
-        let id = frame.index().unwrap_or_else(|| {
-            let id = self.next_frame;
-            self.next_frame += 1;
-            id
-        });
-        self.engine
-            .handle_frame(conn, RecvBufId(id), &frame[..len.min(frame.len())]);
-        self.recv_held.insert(id, (frame, conn));
+        super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
     }
 
     /// A READ completed (`posted`) or could not be posted: give its piece back and report it.

@@ -35,6 +35,12 @@ impl Protocol {
     }
 
     pub(super) fn run_actions(&mut self, out: &mut AfterUnlock) {
+        self.run_actions_reading(None, out);
+    }
+
+    /// Runs the engine's actions, with `at_hand` the bytes of the frame being delivered
+    /// ([`AT_HAND`]), the only receive buffer an action may copy from.
+    pub(super) fn run_actions_reading(&mut self, at_hand: Option<&[u8]>, out: &mut AfterUnlock) {
         while let Some(action) = self.engine.poll_action() {
             match action {
                 Action::SendFrame {
@@ -84,8 +90,9 @@ impl Protocol {
                     dst,
                     dst_offset,
                 } => {
-                    let copied = match (self.recv_held.get(&src.0), self.user_bufs.get_mut(&dst)) {
-                        (Some((b, _)), Some(mem)) => b
+                    let frame = at_hand.filter(|_| src == AT_HAND);
+                    let copied = match (frame, self.user_bufs.get_mut(&dst)) {
+                        (Some(b), Some(mem)) => b
                             .get(src_offset..src_offset + len)
                             .is_some_and(|data| mem.write_at(dst_offset, data)),
                         _ => false,
@@ -130,11 +137,6 @@ impl Protocol {
                 }
             }
         }
-        // The engine keeps nothing of a frame once the actions it queued ran: every frame
-        // goes back to its link (an SRQ repost, or a buffer for the next TCP frame).
-        let conns = &self.conns;
-        self.recv_held
-            .drain(|_, (frame, conn)| give_back(conns, frame, conn, &mut out.deferred));
     }
 
     pub(super) fn send_frame(

@@ -27,7 +27,7 @@ pub(crate) use requests::RequestKey;
 use requests::RequestTable;
 use sleepers::Sleepers;
 pub(crate) use sleepers::WaitFor;
-use tables::{HeldFrames, RequestMap, UserBufs};
+use tables::{RequestMap, UserBufs};
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -219,9 +219,9 @@ struct ReadCtx {
 /// index and version `u32::MAX`).
 const SENDING_NOW: UserBufId = UserBufId(u64::MAX);
 
-/// Frames without an index of their own (TCP) get receive-buffer ids from here up (SRQ
-/// buffers use their index).
-const FRAME_IDS: u64 = 1 << 48;
+/// The engine's name for the received frame being delivered: its actions run while the frame
+/// is at hand (see `Protocol::deliver`), so no other is ever named.
+const AT_HAND: RecvBufId = RecvBufId(0);
 
 struct Protocol {
     engine: Engine,
@@ -230,9 +230,6 @@ struct Protocol {
     reqs: RequestMap<Tracked>,
     /// The requests the handles name, and their outcomes.
     requests: RequestTable,
-    /// Received frames the engine's actions still read, with their connection.
-    recv_held: HeldFrames<(RecvFrame, ConnId)>,
-    next_frame: u64,
     /// The transports' worker-wide state under this lock.
     ifaces: LockedIfaces,
     /// Buffers whose window could not be invalidated yet (a bind of it is still posted),
@@ -301,8 +298,6 @@ impl Worker {
                 orphans: HashSet::default(),
                 reqs: RequestMap::default(),
                 requests: RequestTable::default(),
-                recv_held: HeldFrames::new(FRAME_IDS),
-                next_frame: FRAME_IDS,
                 ifaces: ifaces.locked(&cfg),
                 held: Vec::new(),
                 arrivals_seen: 0,

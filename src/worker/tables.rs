@@ -1,7 +1,6 @@
 //! The worker's tables of what the engine names by id: the user buffers it holds
-//! ([`UserBufs`], by [`UserBufId`]), the requests it tracks ([`RequestMap`], by the
-//! engine's [`RequestId`]) and the received frames whose buffers the engine still reads
-//! ([`HeldFrames`], by receive-buffer id). Both index arrays instead of hashing: a buffer's id is a slotmap
+//! ([`UserBufs`], by [`UserBufId`]) and the requests it tracks ([`RequestMap`], by the
+//! engine's [`RequestId`]). Both index arrays instead of hashing: a buffer's id is a slotmap
 //! key (index and version), and a request's id carries the index of the engine's slot
 //! ([`RequestId::index`]), so a message costs no hash-table insert or removal.
 
@@ -89,74 +88,6 @@ impl<T> RequestMap<T> {
     }
 }
 
-/// Received frames held while the engine's actions read them, by receive-buffer id: SRQ
-/// buffers by their index (below `dense_limit`), others (TCP frames, numbered upwards) in a
-/// short list. The engine keeps nothing of a frame once the actions it queued ran, so every
-/// frame goes back within the locked section that delivered it ([`HeldFrames::drain`]).
-pub(super) struct HeldFrames<T> {
-    dense: Vec<Option<T>>,
-    dense_limit: u64,
-    /// The ids held in `dense`, so that draining visits only those.
-    dense_ids: Vec<u64>,
-    other: Vec<(u64, T)>,
-}
-
-impl<T> HeldFrames<T> {
-    /// Ids below `dense_limit` are kept in an array.
-    pub(super) fn new(dense_limit: u64) -> Self {
-        HeldFrames {
-            dense: Vec::new(),
-            dense_limit,
-            dense_ids: Vec::new(),
-            other: Vec::new(),
-        }
-    }
-
-    pub(super) fn insert(&mut self, id: u64, value: T) {
-        if id < self.dense_limit {
-            let i = id as usize;
-            if self.dense.len() <= i {
-                self.dense.resize_with(i + 1, || None);
-            }
-            if self.dense[i].replace(value).is_none() {
-                self.dense_ids.push(id);
-            }
-        } else {
-            // (Frame ids above the dense range are numbered upwards, never reused.)
-            self.other.push((id, value));
-        }
-    }
-
-    pub(super) fn get(&self, id: &u64) -> Option<&T> {
-        if *id < self.dense_limit {
-            self.dense.get(*id as usize).and_then(Option::as_ref)
-        } else {
-            self.other.iter().find(|(have, _)| have == id).map(|e| &e.1)
-        }
-    }
-
-    /// Takes every held frame out, with its id, visiting only those held.
-    #[inline]
-    pub(super) fn drain(&mut self, f: impl FnMut(u64, T)) {
-        // Most calls find nothing held: that check stays in the caller.
-        if !self.dense_ids.is_empty() || !self.other.is_empty() {
-            self.drain_held(f);
-        }
-    }
-
-    #[inline(never)]
-    fn drain_held(&mut self, mut f: impl FnMut(u64, T)) {
-        for id in self.dense_ids.drain(..) {
-            if let Some(v) = self.dense.get_mut(id as usize).and_then(Option::take) {
-                f(id, v);
-            }
-        }
-        for (id, v) in self.other.drain(..) {
-            f(id, v);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,25 +105,6 @@ mod tests {
         assert!(b.get(&a).is_none());
         assert!(matches!(b.get_mut(&c), Some(UserMem::Plain(v)) if v == &[2]));
         assert_eq!(b.len(), 2);
-    }
-
-    #[test]
-    fn held_frames_dense_and_other() {
-        let mut h = HeldFrames::new(100);
-        h.insert(3, "srq 3");
-        h.insert(1 << 48, "tcp 0");
-        h.insert(7, "srq 7");
-        assert_eq!(h.get(&3), Some(&"srq 3"));
-        assert_eq!(h.get(&4), None);
-        assert_eq!(h.get(&(1 << 48)), Some(&"tcp 0"));
-        let mut all = Vec::new();
-        h.drain(|id, v| all.push((id, v)));
-        assert_eq!(all, vec![(3, "srq 3"), (7, "srq 7"), (1 << 48, "tcp 0")]);
-        let mut again = Vec::new();
-        h.drain(|id, v| again.push((id, v)));
-        assert!(again.is_empty() && h.get(&3).is_none());
-        h.insert(3, "srq 3 again");
-        assert_eq!(h.get(&3), Some(&"srq 3 again"));
     }
 
     #[test]
