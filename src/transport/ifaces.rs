@@ -52,13 +52,23 @@ impl Ifaces {
     }
 
     /// Polls the worker-wide completion queues (RDMA's CQ) into `scratch`, for
-    /// [`LockedIfaces::completions`] under the lock; returns how many completions it found.
+    /// [`LockedIfaces::next_completion`] under the lock; returns how many completions it
+    /// found.
     #[inline]
     pub(crate) fn poll(&self, scratch: &mut PollScratch) -> usize {
         #[cfg(feature = "rdma")]
-        return self.rdma.poll(&mut scratch.wcs);
+        let n = {
+            let n = self.rdma.poll(&mut scratch.wcs);
+            // Taken from the end by `LockedIfaces::next_completion`, in order.
+            scratch.wcs.reverse();
+            n
+        };
         #[cfg(not(feature = "rdma"))]
-        0
+        let n = {
+            let _ = scratch;
+            0
+        };
+        n
     }
 
     /// Before sleeping on the registry: asks for a wake-up on the next completion (RDMA).
@@ -106,21 +116,25 @@ pub(crate) struct LockedIfaces {
 }
 
 impl LockedIfaces {
-    /// Turns what [`Ifaces::poll`] found into events (RDMA: work completions), deferring
-    /// what must wait for the lock's release. `recv_buf_size` is the receive buffers' size,
-    /// for errors.
+    /// The next event of what [`Ifaces::poll`] found (RDMA: work completions), in order,
+    /// deferring what must wait for the lock's release; `None` once all were taken.
+    /// `recv_buf_size` is the receive buffers' size, for errors.
     #[inline]
-    pub(crate) fn completions(
+    pub(crate) fn next_completion(
         &mut self,
         scratch: &mut PollScratch,
         recv_buf_size: u32,
         deferred: &mut Deferred,
-        out: &mut Vec<LinkEvent>,
-    ) {
+    ) -> Option<LinkEvent> {
+        // (`poll` left them in reverse order: the next is the last.)
         #[cfg(feature = "rdma")]
-        self.rdma
-            .completions(&mut scratch.wcs, recv_buf_size, deferred, out);
-        let _ = (scratch, recv_buf_size, deferred, out);
+        while let Some(wc) = scratch.wcs.pop() {
+            if let Some(ev) = self.rdma.completion(wc, recv_buf_size, deferred) {
+                return Some(ev);
+            }
+        }
+        let _ = (scratch, recv_buf_size, deferred);
+        None
     }
 
     /// Ends every transport's hold on the user buffer `buf` (`mem`, if it is still there):
@@ -225,7 +239,8 @@ impl Deferred {
 /// What a progress call reuses for the transports, so that it allocates nothing when there
 /// is nothing new.
 pub(crate) struct PollScratch {
-    /// RDMA: work completions polled from the CQ.
+    /// RDMA: work completions polled from the CQ (in reverse order: see
+    /// [`LockedIfaces::next_completion`]).
     #[cfg(feature = "rdma")]
     pub(crate) wcs: Vec<rdmx_conn::Completion>,
     /// TCP: what a link's input meant, before it becomes [`LinkEvent`]s.

@@ -83,27 +83,14 @@ impl Driver {
             tag,
             peer: cs.peer,
         };
+        let buf = match self.send_now(cs, tag, buf) {
+            Ok(outcome) => return Request::done(outcome, what),
+            Err(buf) => buf,
+        };
+        // Not at once (tag_send_now declined it, so tag_send cannot send it at once either):
+        // queued, or rendezvous, or refused.
         let len = buf.len() as u64;
-        let made = self.with_protocol_out(|st, out| {
-            if st
-                .engine
-                .tag_send_now(cs.id, tag, SENDING_NOW, len)
-                .is_some()
-            {
-                // Out at once (the common case of a small message): its frame, the one
-                // action, copies the payload from here; the buffer never enters the tables.
-                st.sending_now = buf;
-                st.run_actions(out);
-                return Made::Done(Outcome {
-                    status: Status::Ok,
-                    length: len,
-                    tag,
-                    buf: std::mem::take(&mut st.sending_now),
-                    conn: Some(cs.id),
-                });
-            }
-            // Not at once (tag_send_now just declined it, so tag_send cannot send it at once
-            // either): queued, or rendezvous, or refused.
+        let made = self.with_protocol_out(|st, _| {
             let bufid = st.new_buf(UserMem::Plain(buf));
             match st.engine.tag_send(cs.id, tag, bufid, len) {
                 Ok(id) => {
@@ -125,6 +112,61 @@ impl Driver {
             }
         });
         made.into_request(worker, what)
+    }
+
+    /// A send that goes out as it is made (the common case of a small message), done: its
+    /// frame, the one action `Engine::tag_send_now` causes, copies the payload from `buf`,
+    /// which never enters the tables. When the frame is posted at once (an RDMA link with
+    /// nothing queued), that is all: no executor, no work for after the lock. Otherwise the
+    /// locked section ends as any does. `Err(buf)` when the send cannot go out at once.
+    fn send_now(&self, cs: &Arc<Conn>, tag: Tag, buf: Vec<u8>) -> Result<Outcome, Vec<u8>> {
+        let len = buf.len() as u64;
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if st
+            .engine
+            .tag_send_now(cs.id, tag, SENDING_NOW, len)
+            .is_none()
+        {
+            return Err(buf);
+        }
+        let done = |buf| Outcome {
+            status: Status::Ok,
+            length: len,
+            tag,
+            buf,
+            conn: Some(cs.id),
+        };
+        let frame = match st.engine.poll_action() {
+            Some(Action::SendFrame {
+                conn,
+                frame,
+                payload: Some(p),
+            }) if conn == cs.id && p.buf == SENDING_NOW && p.len == len => frame,
+            other => {
+                // (Not what tag_send_now causes: carried out as any action.)
+                let mut out = AfterUnlock::default();
+                st.sending_now = buf;
+                if let Some(action) = other {
+                    st.execute(action, None, &mut out);
+                }
+                self.run(st, &mut out);
+                let buf = std::mem::take(&mut st.sending_now);
+                drop(guard);
+                self.finish(&mut out);
+                return Ok(done(buf));
+            }
+        };
+        let queued = cs.link.queue_frame(&mut st.ifaces, frame.as_bytes(), &buf);
+        if matches!(queued, Ok(Queued::Posted)) && !st.engine.has_actions() {
+            return Ok(done(buf));
+        }
+        let mut out = AfterUnlock::default();
+        super::executor::frame_queued(&mut st.engine, cs, queued, &mut out);
+        self.run(st, &mut out);
+        drop(guard);
+        self.finish(&mut out);
+        Ok(done(buf))
     }
 
     /// Asks the engine to cancel the request in `slot`, if it is still pending.
@@ -241,10 +283,13 @@ impl Driver {
     }
 
     /// Posts, reposts and wakes what the last locked section left to do (`out` is left
-    /// empty; taken by reference, so that it is not copied on every locked section).
+    /// empty, to be used again; taken by reference, so that it is not copied on every locked
+    /// section).
     pub(super) fn finish(&self, out: &mut AfterUnlock) {
-        for cs in &out.flush {
-            self.flush_conn(cs);
+        if !out.flush.is_empty() {
+            for cs in out.flush.drain(..) {
+                self.flush_conn(&cs);
+            }
         }
         if !out.deferred.is_empty() {
             self.repost(&mut out.deferred);
@@ -260,8 +305,12 @@ impl Driver {
                 }
             }
         }
-        if (out.news || !out.completed.is_empty()) && self.sleepers.any() {
-            self.sleepers.wake(&out.completed, out.news);
+        if out.news || !out.completed.is_empty() {
+            if self.sleepers.any() {
+                self.sleepers.wake(&out.completed, out.news);
+            }
+            out.news = false;
+            out.completed.clear();
         }
     }
 }

@@ -42,98 +42,109 @@ impl Protocol {
     /// ([`AT_HAND`]), the only receive buffer an action may copy from.
     pub(super) fn run_actions_reading(&mut self, at_hand: Option<&[u8]>, out: &mut AfterUnlock) {
         while let Some(action) = self.engine.poll_action() {
-            match action {
-                Action::SendFrame {
-                    conn,
-                    frame,
-                    payload,
-                } => self.send_frame(conn, frame.as_bytes(), payload, out),
-                Action::ExposeSendBuffer { request, buf, len } => {
-                    let exposed = self.expose(request, buf, len, out);
-                    match exposed {
-                        Ok(remote) => self.engine.handle_send_buffer_exposed(request, remote),
-                        Err(e) => {
-                            log::warn!("cannot expose a {len}-byte send buffer: {e}");
-                            self.engine.handle_send_buffer_expose_failed(request);
-                        }
+            self.execute(action, at_hand, out);
+        }
+    }
+
+    /// Carries out one of the engine's actions (`at_hand`: see
+    /// [`Protocol::run_actions_reading`]).
+    pub(super) fn execute(
+        &mut self,
+        action: Action,
+        at_hand: Option<&[u8]>,
+        out: &mut AfterUnlock,
+    ) {
+        match action {
+            Action::SendFrame {
+                conn,
+                frame,
+                payload,
+            } => self.send_frame(conn, frame.as_bytes(), payload, out),
+            Action::ExposeSendBuffer { request, buf, len } => {
+                let exposed = self.expose(request, buf, len, out);
+                match exposed {
+                    Ok(remote) => self.engine.handle_send_buffer_exposed(request, remote),
+                    Err(e) => {
+                        log::warn!("cannot expose a {len}-byte send buffer: {e}");
+                        self.engine.handle_send_buffer_expose_failed(request);
                     }
                 }
-                Action::ReleaseSendBuffer { buf, .. } => {
-                    if !self.release(buf, 0) {
-                        self.held.push((buf, None));
-                    }
+            }
+            Action::ReleaseSendBuffer { buf, .. } => {
+                if !self.release(buf, 0) {
+                    self.held.push((buf, None));
                 }
-                Action::RdmaRead {
-                    conn,
-                    request,
+            }
+            Action::RdmaRead {
+                conn,
+                request,
+                remote,
+                len,
+                dst,
+                dst_offset,
+            } => {
+                let read = ReadOp {
+                    key: self.next_read,
                     remote,
                     len,
-                    dst,
-                    dst_offset,
-                } => {
-                    let read = ReadOp {
-                        key: self.next_read,
-                        remote,
-                        len,
-                        buf: dst,
-                        offset: dst_offset,
-                    };
-                    if let Err(e) = self.post_read(conn, request, read, out) {
-                        log::warn!("cannot read {len} bytes on {conn:?}: {e}");
-                        self.engine.handle_read_complete(request, dst_offset, false);
-                    }
+                    buf: dst,
+                    offset: dst_offset,
+                };
+                if let Err(e) = self.post_read(conn, request, read, out) {
+                    log::warn!("cannot read {len} bytes on {conn:?}: {e}");
+                    self.engine.handle_read_complete(request, dst_offset, false);
                 }
-                Action::CopyFromRecvBuf {
-                    src,
-                    src_offset,
-                    len,
-                    dst,
-                    dst_offset,
-                } => {
-                    let frame = at_hand.filter(|_| src == AT_HAND);
-                    let copied = match (frame, self.user_bufs.get_mut(&dst)) {
-                        (Some(b), Some(mem)) => b
-                            .get(src_offset..src_offset + len)
-                            .is_some_and(|data| mem.write_at(dst_offset, data)),
-                        _ => false,
-                    };
-                    if !copied {
-                        log::error!("eager copy of {len} bytes into {dst:?} out of range");
-                    }
+            }
+            Action::CopyFromRecvBuf {
+                src,
+                src_offset,
+                len,
+                dst,
+                dst_offset,
+            } => {
+                let frame = at_hand.filter(|_| src == AT_HAND);
+                let copied = match (frame, self.user_bufs.get_mut(&dst)) {
+                    (Some(b), Some(mem)) => b
+                        .get(src_offset..src_offset + len)
+                        .is_some_and(|data| mem.write_at(dst_offset, data)),
+                    _ => false,
+                };
+                if !copied {
+                    log::error!("eager copy of {len} bytes into {dst:?} out of range");
                 }
-                Action::CopyToUser {
-                    dst,
-                    dst_offset,
-                    data,
-                } => {
-                    let copied = self
-                        .user_bufs
-                        .get_mut(&dst)
-                        .is_some_and(|mem| mem.write_at(dst_offset, &data));
-                    if !copied {
-                        log::error!("copy of {} bytes into {dst:?} out of range", data.len());
-                    }
-                    self.engine.recycle_payload(data);
+            }
+            Action::CopyToUser {
+                dst,
+                dst_offset,
+                data,
+            } => {
+                let copied = self
+                    .user_bufs
+                    .get_mut(&dst)
+                    .is_some_and(|mem| mem.write_at(dst_offset, &data));
+                if !copied {
+                    log::error!("copy of {} bytes into {dst:?} out of range", data.len());
                 }
-                Action::Complete(c) => self.complete(c, out),
-                Action::CloseConnection { conn, reason } => {
-                    let why = match &reason {
-                        CloseReason::Local => "closed locally".to_string(),
-                        CloseReason::ProtocolError(e) => format!("protocol error: {e}"),
-                        CloseReason::PeerError(status) => {
-                            format!("the peer reported an error ({status:?}) and closed")
-                        }
-                        CloseReason::SendFailed => {
-                            "a send or READ failed: the connection is broken".to_string()
-                        }
-                    };
-                    match &reason {
-                        CloseReason::Local => log::debug!("{conn:?}: closed locally"),
-                        _ => log::warn!("{conn:?}: closing: {why}"),
+                self.engine.recycle_payload(data);
+            }
+            Action::Complete(c) => self.complete(c, out),
+            Action::CloseConnection { conn, reason } => {
+                let why = match &reason {
+                    CloseReason::Local => "closed locally".to_string(),
+                    CloseReason::ProtocolError(e) => format!("protocol error: {e}"),
+                    CloseReason::PeerError(status) => {
+                        format!("the peer reported an error ({status:?}) and closed")
                     }
-                    if let Some(cs) = self.conns.get(&conn).cloned() {
-                        self.start_closing(&cs, why, out);
+                    CloseReason::SendFailed => {
+                        "a send or READ failed: the connection is broken".to_string()
                     }
+                };
+                match &reason {
+                    CloseReason::Local => log::debug!("{conn:?}: closed locally"),
+                    _ => log::warn!("{conn:?}: closing: {why}"),
+                }
+                if let Some(cs) = self.conns.get(&conn).cloned() {
+                    self.start_closing(&cs, why, out);
                 }
             }
         }
@@ -171,14 +182,8 @@ impl Protocol {
             },
             None => &[],
         };
-        match cs.link.queue_frame(&mut self.ifaces, frame, data) {
-            Ok(Queued::ForFlush) => out.flush(cs),
-            Ok(Queued::Posted) => {}
-            Err(e) => {
-                log::error!("{conn:?}: {e}");
-                self.engine.handle_send_complete(conn, false);
-            }
-        }
+        let queued = cs.link.queue_frame(&mut self.ifaces, frame, data);
+        frame_queued(&mut self.engine, cs, queued, out);
     }
 
     /// Exposes `len` bytes of the send buffer `buf` to the peer of the send `request`, for
@@ -311,6 +316,24 @@ impl Protocol {
         // (An outcome nobody will take is dropped: its handle is gone.)
         if self.requests.finish(p.slot, outcome).is_none() {
             out.completed.push(p.slot);
+        }
+    }
+}
+
+/// What is left to do once a frame was queued or posted on `cs` (`queued`, from
+/// [`TransportLink::queue_frame`]).
+pub(super) fn frame_queued(
+    engine: &mut Engine,
+    cs: &Arc<Conn>,
+    queued: Result<Queued, String>,
+    out: &mut AfterUnlock,
+) {
+    match queued {
+        Ok(Queued::ForFlush) => out.flush(cs),
+        Ok(Queued::Posted) => {}
+        Err(e) => {
+            log::error!("{:?}: {e}", cs.id);
+            engine.handle_send_complete(cs.id, false);
         }
     }
 }

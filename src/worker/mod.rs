@@ -185,14 +185,17 @@ pub(crate) struct Driver {
 /// What a progress call reuses, so that it allocates nothing when there is nothing new.
 struct Scratch {
     ready: Vec<Ready>,
-    /// What the worker-wide completion queues reported, in order.
-    completions: Vec<LinkEvent>,
+    /// What failed posts reported, in order.
+    failed_posts: Vec<LinkEvent>,
     /// What the links reported, in order.
     events: Vec<LinkEvent>,
     transport: PollScratch,
     /// Receive buffers whose frames were read, to repost once progress finds nothing to do
     /// (or [`REPOST_BATCH`] gathered): off the path from a completion to its waiter.
     reposts: Deferred,
+    /// What a progress call leaves for after the state lock ([`Driver::finish`] leaves it
+    /// empty): not made and dropped call after call.
+    after: AfterUnlock,
 }
 
 /// How many receive buffers a progressing worker gathers at most before reposting them.
@@ -313,10 +316,11 @@ impl Worker {
             conn_list: RwLock::new(HashMap::default()),
             progress_lock: Mutex::new(Scratch {
                 ready: Vec::with_capacity(64),
-                completions: Vec::new(),
+                failed_posts: Vec::new(),
                 events: Vec::new(),
                 transport: PollScratch::new(),
                 reposts: Deferred::default(),
+                after: AfterUnlock::default(),
             }),
             waiter: Mutex::new(()),
             registry,

@@ -21,10 +21,11 @@ impl Driver {
         };
         let Scratch {
             ready,
-            completions,
+            failed_posts,
             events,
             transport,
             reposts,
+            after: out,
         } = &mut *scratch;
         let polled = self.ifaces.poll(transport);
         let now = self.now_ns();
@@ -72,29 +73,27 @@ impl Driver {
             }
             return 0;
         }
-        let mut out = AfterUnlock::default();
         {
             let mut st = self.state.lock();
             let recv_buf_size = st.engine.config().recv_buf_size;
-            st.ifaces
-                .completions(transport, recv_buf_size, &mut out.deferred, completions);
-            // (Draining an empty list is not free: each is checked first.)
-            if !completions.is_empty() {
-                for ev in completions.drain(..) {
-                    st.on_link_event(ev, &mut out);
-                }
+            while let Some(ev) =
+                st.ifaces
+                    .next_completion(transport, recv_buf_size, &mut out.deferred)
+            {
+                st.on_link_event(ev, out);
             }
+            // (Draining an empty list is not free: each is checked first.)
             if !events.is_empty() {
                 for ev in events.drain(..) {
-                    st.on_link_event(ev, &mut out);
+                    st.on_link_event(ev, out);
                 }
             }
             if failures {
                 let list: Vec<Arc<Conn>> = st.conns.values().cloned().collect();
                 for cs in list {
-                    cs.link.take_failures(&mut st.ifaces, completions);
-                    for ev in completions.drain(..) {
-                        st.on_link_event(ev, &mut out);
+                    cs.link.take_failures(&mut st.ifaces, failed_posts);
+                    for ev in failed_posts.drain(..) {
+                        st.on_link_event(ev, out);
                     }
                 }
             }
@@ -105,16 +104,17 @@ impl Driver {
                 st.engine.handle_receive_pressure();
             }
             if housekeeping {
-                st.housekeeping(&mut out);
+                st.housekeeping(out);
             }
-            self.run(&mut st, &mut out);
+            self.run(&mut st, out);
         }
         reposts.append(&mut out.deferred);
         if reposts.len() >= REPOST_BATCH {
             self.repost(reposts);
         }
+        // (Under the progress lock: `out` is this lock's scratch, reused call after call.)
+        self.finish(out);
         drop(scratch);
-        self.finish(&mut out);
         work
     }
 

@@ -10,79 +10,64 @@ use super::{RdmaLockedIface, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
 use crate::transport::{Deferred, LinkEvent, RecvFrame};
 
 impl RdmaLockedIface {
-    /// Turns the work completions in `wcs` (drained) into events, in order. `recv_buf_size`
-    /// names the receive buffers' size in errors; failed receives' buffers are reposted
-    /// through `deferred`.
-    #[inline]
-    pub(crate) fn completions(
-        &mut self,
-        wcs: &mut Vec<Completion>,
-        recv_buf_size: u32,
-        deferred: &mut Deferred,
-        out: &mut Vec<LinkEvent>,
-    ) {
-        if wcs.is_empty() {
-            return;
-        }
-        for wc in wcs.drain(..) {
-            self.completion(wc, recv_buf_size, deferred, out);
-        }
-    }
-
-    fn completion(
+    /// What the work completion `wc` means, if anything yet (a frame from a QP not known yet
+    /// is kept aside). `recv_buf_size` names the receive buffers' size in errors; a failed
+    /// receive's buffer is reposted through `deferred`.
+    pub(crate) fn completion(
         &mut self,
         wc: Completion,
         recv_buf_size: u32,
         deferred: &mut Deferred,
-        out: &mut Vec<LinkEvent>,
-    ) {
+    ) -> Option<LinkEvent> {
         let ok = wc.status.is_success();
         let conn = ConnId(wc.cookie & !COOKIE_KIND);
         match (wc.kind, wc.cookie & COOKIE_KIND) {
             (WorkKind::Recv, _) => {
-                let Some(buf) = wc.buffer else { return };
+                let buf = wc.buffer?;
                 let index = wc.cookie;
                 if !ok {
-                    if wc.status != WcStatus::FLUSHED {
-                        deferred.reposts.push((buf, index));
-                        // The QP is in the error state now: the connection is lost, typically
-                        // because the peer sent more than a receive buffer holds.
-                        let why = format!(
-                            "a receive failed ({}): the peer sent a frame larger than the \
-                             {recv_buf_size}-byte receive buffer, or the connection broke",
-                            wc.status.description(),
-                        );
-                        log::warn!("{why}");
-                        if let Some(&conn) = self.qp_map.get(&wc.qp_num) {
-                            out.push(LinkEvent::Down {
-                                conn,
-                                reason: why,
-                                reads_lost: false,
-                            });
-                        }
+                    if wc.status == WcStatus::FLUSHED {
+                        return None;
                     }
-                    return;
+                    deferred.reposts.push((buf, index));
+                    // The QP is in the error state now: the connection is lost, typically
+                    // because the peer sent more than a receive buffer holds.
+                    let why = format!(
+                        "a receive failed ({}): the peer sent a frame larger than the \
+                         {recv_buf_size}-byte receive buffer, or the connection broke",
+                        wc.status.description(),
+                    );
+                    log::warn!("{why}");
+                    let &conn = self.qp_map.get(&wc.qp_num)?;
+                    return Some(LinkEvent::Down {
+                        conn,
+                        reason: why,
+                        reads_lost: false,
+                    });
                 }
                 let len = wc.byte_len as usize;
                 match self.qp_map.get(&wc.qp_num) {
-                    Some(&conn) => out.push(LinkEvent::Frame {
+                    Some(&conn) => Some(LinkEvent::Frame {
                         conn,
                         frame: RecvFrame::Srq { buf, index },
                         len,
                     }),
-                    None => self.parked.push(Parked {
-                        qp: wc.qp_num,
-                        index,
-                        buf,
-                        len,
-                        since: crate::clock::coarse_now_ns(),
-                    }),
+                    None => {
+                        self.parked.push(Parked {
+                            qp: wc.qp_num,
+                            index,
+                            buf,
+                            len,
+                            since: crate::clock::coarse_now_ns(),
+                        });
+                        None
+                    }
                 }
             }
             // A keepalive probe (the only RDMA WRITE rdmx posts): the peer did not
             // acknowledge it, so it is dead or out of reach.
             (WorkKind::Write, COOKIE_SEND) if !ok && wc.status != WcStatus::FLUSHED => {
-                out.push(LinkEvent::Down {
+                Some(LinkEvent::Down {
                     conn,
                     reason: format!(
                         "the peer did not answer a keepalive probe ({}): it is dead or out \
@@ -90,18 +75,18 @@ impl RdmaLockedIface {
                         wc.status.description()
                     ),
                     reads_lost: false,
-                });
+                })
             }
             (_, COOKIE_SEND) => {
                 if let Some(buf) = wc.buffer {
                     self.send_pool.give(buf);
                 }
-                out.push(LinkEvent::SendDone {
+                Some(LinkEvent::SendDone {
                     conn,
                     error: (!ok).then(|| wc.status.description()),
-                });
+                })
             }
-            (WorkKind::Bind, _) => out.push(LinkEvent::Bound {
+            (WorkKind::Bind, _) => Some(LinkEvent::Bound {
                 conn,
                 error: (!ok).then(|| {
                     format!(
@@ -114,14 +99,17 @@ impl RdmaLockedIface {
                 if !ok {
                     log::debug!("RDMA READ failed: {}", wc.status.description());
                 }
-                out.push(LinkEvent::ReadDone {
+                Some(LinkEvent::ReadDone {
                     key: wc.cookie & !COOKIE_KIND,
                     piece: wc.buffer,
                     ok,
                     posted: true,
-                });
+                })
             }
-            _ => log::debug!("completion with unknown cookie {:#x}", wc.cookie),
+            _ => {
+                log::debug!("completion with unknown cookie {:#x}", wc.cookie);
+                None
+            }
         }
     }
 
