@@ -140,9 +140,11 @@ impl Request {
     /// and the buffer (see [`Error::take_buffer`]).
     pub fn wait(self) -> Result<Done> {
         if let State::Pending { slot, worker } = &self.state {
-            worker
-                .driver
-                .wait_until(WaitFor::Request(slot.index), || slot.is_done(), None);
+            if !slot.is_done() {
+                worker
+                    .driver
+                    .wait_until(WaitFor::Request(slot.index), || slot.is_done(), None);
+            }
         }
         self.take()
     }

@@ -61,12 +61,14 @@ impl Protocol {
     /// goes back to its link. Frames on closing connections (which the engine has forgotten)
     /// go straight back.
     fn deliver(&mut self, conn: ConnId, frame: RecvFrame, len: usize, out: &mut AfterUnlock) {
-        if self.conns.get(&conn).is_some_and(|cs| !cs.is_closing()) {
-            let bytes = &frame[..len.min(frame.len())];
-            self.engine.handle_frame(conn, AT_HAND, bytes);
-            self.run_actions_reading(Some(bytes), out);
-        }
-        super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
+        let Some(cs) = self.conns.get(&conn).filter(|cs| !cs.is_closing()).cloned() else {
+            super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
+            return;
+        };
+        let bytes = &frame[..len.min(frame.len())];
+        self.engine.handle_frame(conn, AT_HAND, bytes);
+        self.run_actions_reading(Some(bytes), out);
+        cs.link.give_back(frame, &mut out.deferred);
     }
 
     /// A READ completed (`posted`) or could not be posted: give its piece back and report it.
