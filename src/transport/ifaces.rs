@@ -212,13 +212,6 @@ impl Deferred {
         }
     }
 
-    /// Moves everything in `other` (left empty) into this.
-    pub(crate) fn append(&mut self, other: &mut Deferred) {
-        #[cfg(feature = "rdma")]
-        self.reposts.extend(other.reposts.drain(..));
-        let _ = other;
-    }
-
     /// How many things there are to do.
     pub(crate) fn len(&self) -> usize {
         #[cfg(feature = "rdma")]

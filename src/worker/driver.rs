@@ -286,13 +286,18 @@ impl Driver {
     /// empty, to be used again; taken by reference, so that it is not copied on every locked
     /// section).
     pub(super) fn finish(&self, out: &mut AfterUnlock) {
+        if !out.deferred.is_empty() {
+            self.repost(&mut out.deferred);
+        }
+        self.after_unlock(out);
+    }
+
+    /// [`Driver::finish`] but for the receive buffers to repost (`out.deferred`, kept).
+    pub(super) fn after_unlock(&self, out: &mut AfterUnlock) {
         if !out.flush.is_empty() {
             for cs in out.flush.drain(..) {
                 self.flush_conn(&cs);
             }
-        }
-        if !out.deferred.is_empty() {
-            self.repost(&mut out.deferred);
         }
         if !out.reaped.is_empty() {
             let mut list = self.conn_list.write();

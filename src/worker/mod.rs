@@ -190,11 +190,10 @@ struct Scratch {
     /// What the links reported, in order.
     events: Vec<LinkEvent>,
     transport: PollScratch,
-    /// Receive buffers whose frames were read, to repost once progress finds nothing to do
-    /// (or [`REPOST_BATCH`] gathered): off the path from a completion to its waiter.
-    reposts: Deferred,
-    /// What a progress call leaves for after the state lock ([`Driver::finish`] leaves it
-    /// empty): not made and dropped call after call.
+    /// What a progress call leaves for after the state lock, not made and dropped call after
+    /// call: [`Driver::after_unlock`] leaves it empty but for its receive buffers to repost,
+    /// which wait for a call that finds nothing to do (or [`REPOST_BATCH`] of them): off the
+    /// path from a completion to its waiter.
     after: AfterUnlock,
 }
 
@@ -319,7 +318,6 @@ impl Worker {
                 failed_posts: Vec::new(),
                 events: Vec::new(),
                 transport: PollScratch::new(),
-                reposts: Deferred::default(),
                 after: AfterUnlock::default(),
             }),
             waiter: Mutex::new(()),

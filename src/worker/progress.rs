@@ -24,7 +24,6 @@ impl Driver {
             failed_posts,
             events,
             transport,
-            reposts,
             after: out,
         } = &mut *scratch;
         let polled = self.ifaces.poll(transport);
@@ -68,8 +67,10 @@ impl Driver {
             && self.failures_pending.swap(false, Ordering::AcqRel);
         let work = polled + events.len() + answered;
         if work == 0 && !timer_due && !failures && !housekeeping {
-            if !reposts.is_empty() {
-                self.repost(reposts);
+            // Receive buffers wait for a call that finds nothing to do: off the path from a
+            // completion to its waiter.
+            if !out.deferred.is_empty() {
+                self.repost(&mut out.deferred);
             }
             return 0;
         }
@@ -108,12 +109,12 @@ impl Driver {
             }
             self.run(&mut st, out);
         }
-        reposts.append(&mut out.deferred);
-        if reposts.len() >= REPOST_BATCH {
-            self.repost(reposts);
+        if out.deferred.len() >= REPOST_BATCH {
+            self.repost(&mut out.deferred);
         }
-        // (Under the progress lock: `out` is this lock's scratch, reused call after call.)
-        self.finish(out);
+        // (Under the progress lock: `out` is this lock's scratch, reused call after call. Its
+        // receive buffers stay in it, for a call that finds nothing to do.)
+        self.after_unlock(out);
         drop(scratch);
         work
     }
