@@ -137,6 +137,43 @@ fn bandwidth_mode_keeps_a_window_outstanding() {
 }
 
 #[test]
+fn a_server_may_keep_fewer_receives_posted_than_the_window() {
+    // One receive posted for a window of 8: the other rendezvous messages of a window wait
+    // at the server unexpected, and each repost takes the next.
+    let (mut server, addr) = start_server("127.0.0.1:0", &[("RDMX_TRANSPORT", "tcp")], "tcp");
+    let out = pingpong(
+        &[
+            "--client",
+            &addr,
+            "--bw",
+            "--window",
+            "8",
+            "--recv-window",
+            "1",
+            "-s",
+            "64K,1M",
+            "-n",
+            "24",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let results = doc["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    for r in results {
+        assert_eq!(r["iterations"], 24, "{r}");
+    }
+    assert!(server.0.wait().unwrap().success());
+    one_line_error(
+        &pingpong(&["--bw", "--window", "4", "--recv-window", "5"], &[]),
+        2,
+        "receive window 5",
+    );
+}
+
+#[test]
 fn server_and_client_in_two_processes() {
     let (mut server, addr) = start_server("127.0.0.1:0", &[("RDMX_TRANSPORT", "tcp")], "tcp");
     let out = pingpong(&["--client", &addr, "-s", "16,1M", "-n", "10"], &[]);
@@ -197,7 +234,15 @@ fn help_lists_the_options() {
     assert!(out.status.success());
     let s = text(&out.stdout);
     for opt in [
-        "--server", "--client", "--sizes", "--iters", "--warmup", "--bw", "--window", "--json",
+        "--server",
+        "--client",
+        "--sizes",
+        "--iters",
+        "--warmup",
+        "--bw",
+        "--window",
+        "--recv-window",
+        "--json",
     ] {
         assert!(s.contains(opt), "{opt} in {s}");
     }

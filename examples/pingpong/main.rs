@@ -14,7 +14,7 @@
 //! call).
 //! Bandwidth mode keeps a sliding window of sends outstanding (the oldest is waited for
 //! before the next starts), the server keeps as many receives posted (each reposted as it
-//! completes) and acknowledges once after the warm-up and once after the measured messages,
+//! completes; `--recv-window N`: N of them) and acknowledges once after the warm-up and once after the measured messages,
 //! as `ucx_perftest`'s stream test runs. Every latency size's last echo is checked byte for
 //! byte. The server prints `pingpong: listening on HOST:PORT (TRANSPORTS)` on stderr once it
 //! listens. Sizes, defaults, statistics and the JSON schema are `rdmx-bench`'s, shared with
@@ -74,12 +74,19 @@ struct Args {
     /// count of system calls; `ib_send_lat` reads the TSC, which costs no call.
     #[arg(long)]
     run_clock: bool,
+    /// Bandwidth: receives the server keeps posted, 1 to the window [default: the window].
+    /// Rendezvous messages beyond them wait at the server as headers (their data stays with
+    /// the client until a receive matches), so the server's buffers hold N messages instead
+    /// of a window's worth: `ucx_perftest` posts all its receives into one buffer, which a
+    /// safe API cannot do, and stays in cache where 16 MiB of distinct buffers do not
+    #[arg(long, value_name = "N", requires = "bw")]
+    recv_window: Option<u32>,
 }
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args: Args = rdmx_bench::cli::parse_or_exit("pingpong");
-    let plan = args.sweep.plan().unwrap_or_else(|e| {
+    let plan = plan_of(&args).unwrap_or_else(|e| {
         eprintln!("pingpong: {e}");
         std::process::exit(2)
     });
@@ -87,6 +94,14 @@ fn main() {
         eprintln!("pingpong: {e}");
         std::process::exit(1);
     }
+}
+
+/// The sweep the options describe, checked.
+fn plan_of(args: &Args) -> Result<Plan> {
+    let mut plan = args.sweep.plan()?;
+    plan.recv_window = args.recv_window;
+    plan.validate()?;
+    Ok(plan)
 }
 
 /// `HOST` or `HOST:PORT` (IPv6 as `[::1]:PORT`) → `HOST:PORT`, checking the port.
@@ -248,7 +263,10 @@ fn serve(worker: &Worker, ep: &Ep) -> Result<()> {
         match plan.window {
             None => serve_latency(worker, ep, size, warm + timed)?,
             Some(w) => {
-                let mut bufs = (0..w).map(|_| alloc(size)).collect::<Result<Vec<_>>>()?;
+                let posted = plan.recv_window.unwrap_or(w);
+                let mut bufs = (0..posted)
+                    .map(|_| alloc(size))
+                    .collect::<Result<Vec<_>>>()?;
                 for count in [warm, timed].into_iter().filter(|&c| c > 0) {
                     serve_window(worker, ep, &mut bufs, size, count)?;
                 }
@@ -544,6 +562,12 @@ mod tests {
         let plan = a.sweep.plan().unwrap();
         assert_eq!((plan.window, plan.iters_for(1 << 20)), (Some(16), 64));
         assert!(Args::try_parse_from(["pingpong", "--window", "4"]).is_err());
+        let a = Args::try_parse_from(["pingpong", "--bw", "--recv-window", "2"]).unwrap();
+        assert_eq!(plan_of(&a).unwrap().recv_window, Some(2));
+        let a = Args::try_parse_from(["pingpong", "--bw", "--window", "4", "--recv-window", "5"])
+            .unwrap();
+        assert!(plan_of(&a).unwrap_err().contains("receive window 5"));
+        assert!(Args::try_parse_from(["pingpong", "--recv-window", "2"]).is_err());
         assert!(Args::try_parse_from(["pingpong", "--server", "--client", "x"]).is_err());
         assert!(Args::try_parse_from(["pingpong", "--json", "--result"]).is_err());
     }

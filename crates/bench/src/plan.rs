@@ -40,6 +40,10 @@ pub struct Plan {
     pub warmup: Option<u64>,
     /// Bandwidth mode's window; `None` in latency mode.
     pub window: Option<u32>,
+    /// Bandwidth mode: receives the server keeps posted, at most the window (`None`: as many
+    /// as the window). Only rdmx's `pingpong` posts receives; see its `--recv-window`.
+    #[serde(default)]
+    pub recv_window: Option<u32>,
 }
 
 impl Plan {
@@ -93,6 +97,16 @@ impl Plan {
                 ));
             }
         }
+        match (self.recv_window, self.window) {
+            (None, _) => {}
+            (Some(_), None) => return Err("a receive window needs bandwidth mode".into()),
+            (Some(r), Some(w)) if r == 0 || r > w => {
+                return Err(format!(
+                    "receive window {r}; it must be 1 to the window ({w})"
+                ))
+            }
+            (Some(_), Some(_)) => {}
+        }
         Ok(())
     }
 }
@@ -143,6 +157,7 @@ impl SweepArgs {
             iters: self.iters,
             warmup: self.warmup,
             window: self.bw.then(|| self.window.unwrap_or(DEFAULT_WINDOW)),
+            recv_window: None,
         };
         plan.validate()?;
         Ok(plan)
@@ -165,6 +180,7 @@ mod tests {
             iters: Some(10),
             warmup: Some(3),
             window: None,
+            recv_window: None,
         };
         assert_eq!(p.counts_for(8), (3, 10));
         p.window = Some(4);
@@ -180,6 +196,7 @@ mod tests {
             iters: None,
             warmup: None,
             window: Some(16),
+            recv_window: None,
         };
         assert_eq!(ok.validate(), Ok(()));
         let bad = |f: fn(&mut Plan)| {
@@ -192,5 +209,15 @@ mod tests {
         assert!(bad(|p| p.window = Some(0)).contains("window 0"));
         assert!(bad(|p| p.window = Some(4096)).contains("needs more than"));
         assert!(bad(|p| p.sizes = vec![2 << 30]).contains("1 GiB"));
+        assert!(bad(|p| p.recv_window = Some(0)).contains("receive window 0"));
+        assert!(bad(|p| p.recv_window = Some(17)).contains("receive window 17"));
+        assert!(bad(|p| {
+            p.window = None;
+            p.recv_window = Some(1)
+        })
+        .contains("needs bandwidth mode"));
+        let mut two = ok.clone();
+        two.recv_window = Some(2);
+        assert_eq!(two.validate(), Ok(()));
     }
 }

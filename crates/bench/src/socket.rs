@@ -283,6 +283,7 @@ mod tests {
                 iters: None,
                 warmup: None,
                 window: None,
+                recv_window: None,
             };
             let e = run_client("127.0.0.1:9", &plan).unwrap_err();
             assert!(matches!(e, Error::Usage(_)), "{e}");
