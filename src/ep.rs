@@ -11,6 +11,7 @@ use rdmx_proto::{ConnId, Tag};
 use crate::error::{Error, Result};
 use crate::request::Request;
 use crate::transport::{Conn, Transport};
+use crate::usermem::SendData;
 use crate::worker::{WaitFor, Worker};
 
 /// The bincode settings of [`Ep::send_obj`] / [`Worker::recv_obj`]: bincode 1.3's
@@ -59,7 +60,37 @@ impl Ep {
     /// [`crate::Status::ConnectionClosed`].
     pub fn tag_send(&self, tag: Tag, buf: Vec<u8>) -> Request {
         let w = &self.inner.worker;
-        w.driver.tag_send(w, &self.inner.cs, tag, buf)
+        w.driver
+            .tag_send(w, &self.inner.cs, tag, SendData::Owned(buf))
+    }
+
+    /// Sends the bytes of `data` with `tag`, nonblocking, without taking them from you: as
+    /// MPI and UCP allow several sends from one buffer at once, any number of sends (to any
+    /// endpoints) may share one `Arc`, and you may read it meanwhile. Nobody can write it
+    /// while a send holds a clone (that would take `Arc::get_mut` or `Arc::try_unwrap`,
+    /// which fail while it is shared), so a peer reading it by rendezvous, or the NIC
+    /// sending it, sees the bytes as they were at the call.
+    ///
+    /// Eager messages are copied out at once and rendezvous messages are read by the peer
+    /// from the shared buffer itself (over RDMA registered in place for the send's duration,
+    /// or staged through the registration cache, as `RDMX_RNDV_REG` says), as with
+    /// [`Ep::tag_send`]. The completion's buffer ([`crate::Done::buf`]) is empty; the request
+    /// holds its clone until it completes.
+    ///
+    /// ```no_run
+    /// # fn demo(ep: &rdmx::Ep, others: &[rdmx::Ep]) -> rdmx::Result<()> {
+    /// use std::sync::Arc;
+    /// let block = Arc::new(vec![7u8; 1 << 20]);
+    /// let sends: Vec<_> = others.iter().map(|ep| ep.tag_send_shared(9, block.clone())).collect();
+    /// for s in sends {
+    ///     s.wait()?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn tag_send_shared(&self, tag: Tag, data: Arc<Vec<u8>>) -> Request {
+        let w = &self.inner.worker;
+        w.driver
+            .tag_send(w, &self.inner.cs, tag, SendData::Shared(data))
     }
 
     /// Sends a copy of `data` with `tag` and waits until the send completes.

@@ -78,7 +78,11 @@
 //! runs only the worker can reach the buffer, so neither the NIC nor a peer can ever touch
 //! memory the caller could free or reuse — `mem::forget` on a request leaks the buffer, and
 //! dropping a request leaves it with the worker until the NIC is done. Borrowed slices are
-//! only taken by blocking calls, which copy.
+//! only taken by blocking calls, which copy. A send may instead share its buffer
+//! ([`Ep::tag_send_shared`], an `Arc<Vec<u8>>`): any number of sends, and the caller, hold
+//! clones at once, and nobody can write the bytes while a clone is out (the NIC only reads
+//! them; over RDMA the registration itself holds a clone, so forgetting a request cannot
+//! free them under the NIC either).
 //!
 //! ## Many endpoints
 //!

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::transport::ReadPiece;
 
 #[cfg(feature = "rdma")]
-use rdmx_conn::{Access, ProtectionDomain, RegisteredBuf};
+use rdmx_conn::{Access, ProtectionDomain, RegisteredBuf, SharedBuf};
 
 #[cfg(feature = "rdma")]
 use crate::config::RndvRegistration;
@@ -104,17 +104,55 @@ impl Pieces {
     }
 }
 
+/// What a send sends: the user's own buffer, given back by the completion, or a shared one,
+/// of which the user keeps clones (the completion's buffer is then empty).
+pub(crate) enum SendData {
+    Owned(Vec<u8>),
+    Shared(Arc<Vec<u8>>),
+}
+
+impl SendData {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            SendData::Owned(v) => v,
+            SendData::Shared(d) => d,
+        }
+    }
+
+    /// The buffer as the worker holds it while the send runs.
+    pub(crate) fn into_mem(self) -> UserMem {
+        match self {
+            SendData::Owned(v) => UserMem::Plain(v),
+            SendData::Shared(d) => UserMem::Shared(d),
+        }
+    }
+
+    /// What the completion gives back.
+    pub(crate) fn into_returned(self) -> Vec<u8> {
+        match self {
+            SendData::Owned(v) => v,
+            SendData::Shared(_) => Vec::new(),
+        }
+    }
+}
+
 /// A user buffer inside the worker.
 pub(crate) enum UserMem {
     /// Not registered: eager messages are copied in and out.
     Plain(Vec<u8>),
+    /// A send's shared buffer (`Ep::tag_send_shared`), not registered: only ever read.
+    Shared(Arc<Vec<u8>>),
+    /// A shared send buffer registered in place for the NIC to read.
+    #[cfg(feature = "rdma")]
+    SharedDirect(SharedBuf),
     /// Registered in place for this operation.
     #[cfg(feature = "rdma")]
     Direct(Pieces),
-    /// Staged through a region of the registration cache; `copy_back` for receives.
+    /// Staged through a region of the registration cache; `copy_back` for receives (whose
+    /// buffer is always owned).
     #[cfg(feature = "rdma")]
     Staged {
-        vec: Vec<u8>,
+        held: SendData,
         region: Pieces,
         copy_back: bool,
     },
@@ -122,8 +160,13 @@ pub(crate) enum UserMem {
     /// keeps it until the connection is destroyed.
     Lost,
     /// TCP: a send buffer exposed for READ requests under exposure `key`; the link streams
-    /// from it without copying (it holds clones of the `Arc` while writing).
-    Exposed { data: Arc<Vec<u8>>, key: u32 },
+    /// from it without copying (it holds clones of the `Arc` while writing). `shared`: it was
+    /// [`UserMem::Shared`] (and goes back to that), not plain.
+    Exposed {
+        data: Arc<Vec<u8>>,
+        key: u32,
+        shared: bool,
+    },
     /// TCP: lent to a link as the destination of READ data; it comes back when no READ
     /// into it is left.
     Lent,
@@ -135,10 +178,17 @@ impl UserMem {
         match self {
             UserMem::Plain(v) => write_into(v, off, data),
             #[cfg(feature = "rdma")]
-            UserMem::Staged { vec: v, .. } => write_into(v, off, data),
+            UserMem::Staged {
+                held: SendData::Owned(v),
+                ..
+            } => write_into(v, off, data),
+            #[cfg(feature = "rdma")]
+            UserMem::Staged { .. } => false,
             #[cfg(feature = "rdma")]
             UserMem::Direct(p) => p.write_at(off, data),
-            UserMem::Lost | UserMem::Lent | UserMem::Exposed { .. } => false,
+            #[cfg(feature = "rdma")]
+            UserMem::SharedDirect(_) => false,
+            UserMem::Shared(_) | UserMem::Lost | UserMem::Lent | UserMem::Exposed { .. } => false,
         }
     }
 }
@@ -161,10 +211,12 @@ impl UserMem {
         match self {
             UserMem::Plain(v) => v.get(..len),
             #[cfg(feature = "rdma")]
-            UserMem::Staged { vec: v, .. } => v.get(..len),
+            UserMem::Staged { held, .. } => held.bytes().get(..len),
             #[cfg(feature = "rdma")]
             UserMem::Direct(p) => p.read(len),
-            UserMem::Exposed { data, .. } => data.get(..len),
+            #[cfg(feature = "rdma")]
+            UserMem::SharedDirect(b) => b.get(..len),
+            UserMem::Shared(data) | UserMem::Exposed { data, .. } => data.get(..len),
             UserMem::Lost | UserMem::Lent => None,
         }
     }
@@ -181,15 +233,17 @@ impl UserMem {
         access: Access,
         copy_back: bool,
     ) -> Result<(), String> {
-        let vec = match std::mem::replace(self, UserMem::Lost) {
-            UserMem::Plain(v) => v,
+        let held = match std::mem::replace(self, UserMem::Lost) {
+            UserMem::Plain(v) => SendData::Owned(v),
+            UserMem::Shared(d) => SendData::Shared(d),
             other => {
                 *self = other;
                 return Ok(());
             }
         };
-        match mode.for_len(vec.len()) {
-            RndvRegistration::PerOperation | RndvRegistration::Auto => {
+        let len = held.bytes().len();
+        match (mode.for_len(len), held) {
+            (RndvRegistration::PerOperation | RndvRegistration::Auto, SendData::Owned(vec)) => {
                 match pd.register_vec(vec, access) {
                     Ok(buf) => {
                         *self = UserMem::Direct(Pieces::whole(buf));
@@ -201,20 +255,32 @@ impl UserMem {
                     }
                 }
             }
-            RndvRegistration::Cache => match cache.take(pd, vec.len(), access) {
+            (RndvRegistration::PerOperation | RndvRegistration::Auto, SendData::Shared(d)) => {
+                match pd.register_shared(d, access) {
+                    Ok(buf) => {
+                        *self = UserMem::SharedDirect(buf);
+                        Ok(())
+                    }
+                    Err((e, d)) => {
+                        *self = UserMem::Shared(d);
+                        Err(e.to_string())
+                    }
+                }
+            }
+            (RndvRegistration::Cache, held) => match cache.take(pd, len, access) {
                 Ok(mut region) => {
                     if !copy_back {
-                        region[..vec.len()].copy_from_slice(&vec);
+                        region[..len].copy_from_slice(held.bytes());
                     }
                     *self = UserMem::Staged {
-                        vec,
+                        held,
                         region: Pieces::whole(region),
                         copy_back,
                     };
                     Ok(())
                 }
                 Err(e) => {
-                    *self = UserMem::Plain(vec);
+                    *self = held.into_mem();
                     Err(e.to_string())
                 }
             },
@@ -224,7 +290,19 @@ impl UserMem {
     #[cfg(feature = "rdma")]
     /// The registered buffer's address and rkey, for an RTS.
     pub(crate) fn remote(&self) -> Option<rdmx_conn::RemoteBuf> {
-        self.registered().and_then(|b| b.remote())
+        match self {
+            UserMem::SharedDirect(b) => b.remote(),
+            _ => self.registered().and_then(|b| b.remote()),
+        }
+    }
+
+    #[cfg(feature = "rdma")]
+    /// The registered shared buffer, for a memory window over it.
+    pub(crate) fn registered_shared(&self) -> Option<&SharedBuf> {
+        match self {
+            UserMem::SharedDirect(b) => Some(b),
+            _ => None,
+        }
     }
 
     #[cfg(feature = "rdma")]
@@ -273,10 +351,17 @@ impl UserMem {
     /// buffer as plain memory. `length` bytes are copied back from a staged receive.
     #[cfg(feature = "rdma")]
     pub(crate) fn unregister(&mut self, cache: &mut RegCache, length: u64) {
-        if let UserMem::Plain(_) = self {
+        if let UserMem::Plain(_) | UserMem::Shared(_) = self {
             return;
         }
         match std::mem::replace(self, UserMem::Lost) {
+            UserMem::SharedDirect(b) => match b.into_shared() {
+                Ok(data) => *self = UserMem::Shared(data),
+                Err(b) => {
+                    log::error!("a registered shared send buffer is still in use; keeping it");
+                    *self = UserMem::SharedDirect(b);
+                }
+            },
             UserMem::Direct(p) => match p.merge() {
                 Ok(buf) => match buf.into_vec() {
                     Ok(v) => *self = UserMem::Plain(v),
@@ -288,26 +373,28 @@ impl UserMem {
                 Err(p) => *self = UserMem::Direct(p),
             },
             UserMem::Staged {
-                mut vec,
+                mut held,
                 region,
                 copy_back,
             } => match region.merge() {
                 Ok(mut region) => {
-                    if copy_back {
-                        let n = (length as usize).min(vec.len());
-                        vec[..n].copy_from_slice(&region[..n]);
-                    } else {
+                    match &mut held {
+                        SendData::Owned(vec) if copy_back => {
+                            let n = (length as usize).min(vec.len());
+                            vec[..n].copy_from_slice(&region[..n]);
+                        }
                         // A send-staging region goes back wiped: what a peer may later read
-                        // through it (a window exposes its message, and on some providers the
-                        // region around it) never includes a message sent to someone else.
-                        region[..vec.len()].fill(0);
+                        // through it (a window exposes its message, and on some providers
+                        // the region around it) never includes a message sent to someone
+                        // else.
+                        held => region[..held.bytes().len()].fill(0),
                     }
                     cache.give(region);
-                    *self = UserMem::Plain(vec);
+                    *self = held.into_mem();
                 }
                 Err(region) => {
                     *self = UserMem::Staged {
-                        vec,
+                        held,
                         region,
                         copy_back,
                     }
@@ -323,9 +410,13 @@ impl UserMem {
     /// Takes a TCP-exposed send buffer back as plain memory.
     pub(crate) fn unexpose(&mut self) {
         if let UserMem::Exposed { .. } = self {
-            if let UserMem::Exposed { data, .. } = std::mem::replace(self, UserMem::Lost) {
-                // A READ answer still being written holds a clone: the user gets a copy.
-                *self = UserMem::Plain(Arc::try_unwrap(data).unwrap_or_else(|d| (*d).clone()));
+            if let UserMem::Exposed { data, shared, .. } = std::mem::replace(self, UserMem::Lost) {
+                *self = if shared {
+                    UserMem::Shared(data)
+                } else {
+                    // A READ answer still being written holds a clone: the user gets a copy.
+                    UserMem::Plain(Arc::try_unwrap(data).unwrap_or_else(|d| (*d).clone()))
+                };
             }
         }
     }
@@ -338,10 +429,12 @@ impl UserMem {
         }
     }
 
-    /// The buffer for the user, if it is free of the NIC (call [`UserMem::unregister`] first).
+    /// The buffer for the user, if it is free of the NIC (call [`UserMem::unregister`] first):
+    /// an empty one for a shared buffer (the user holds it already).
     pub(crate) fn into_vec(self) -> Option<Vec<u8>> {
         match self {
             UserMem::Plain(v) => Some(v),
+            UserMem::Shared(_) => Some(Vec::new()),
             _ => None,
         }
     }

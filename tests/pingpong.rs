@@ -115,24 +115,26 @@ fn a_run_clock_gives_the_mean_of_the_whole_run_as_every_figure() {
 
 #[test]
 fn bandwidth_mode_keeps_a_window_outstanding() {
-    let out = pingpong(
-        &[
+    // From one shared buffer (the default) and from a buffer per send.
+    for own in [None, Some("--own-buffers")] {
+        let mut args = vec![
             "--bw", "--window", "4", "-s", "4K,256K", "-n", "8", "--json",
-        ],
-        &[],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    assert_eq!(doc["mode"], "bandwidth");
-    assert_eq!(doc["window"], 4);
-    for r in doc["results"].as_array().unwrap() {
-        assert_eq!(r["iterations"], 8, "{r}");
-        let size = r["size"].as_f64().unwrap();
-        let (bps, mps) = (
-            r["bytes_per_s"].as_f64().unwrap(),
-            r["msgs_per_s"].as_f64().unwrap(),
-        );
-        assert!(bps > 0.0 && ((bps / mps) - size).abs() < 1e-6 * size, "{r}");
+        ];
+        args.extend(own);
+        let out = pingpong(&args, &[]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(doc["mode"], "bandwidth");
+        assert_eq!(doc["window"], 4);
+        for r in doc["results"].as_array().unwrap() {
+            assert_eq!(r["iterations"], 8, "{r}");
+            let size = r["size"].as_f64().unwrap();
+            let (bps, mps) = (
+                r["bytes_per_s"].as_f64().unwrap(),
+                r["msgs_per_s"].as_f64().unwrap(),
+            );
+            assert!(bps > 0.0 && ((bps / mps) - size).abs() < 1e-6 * size, "{r}");
+        }
     }
 }
 

@@ -13,7 +13,7 @@
 //! (`--run-clock`: times the run as a whole, for machines where reading the clock is a system
 //! call).
 //! Bandwidth mode keeps a sliding window of sends outstanding (the oldest is waited for
-//! before the next starts), the server keeps as many receives posted (each reposted as it
+//! before the next starts), all from one shared buffer (`--own-buffers`: one per send), the server keeps as many receives posted (each reposted as it
 //! completes; `--recv-window N`: N of them) and acknowledges once after the warm-up and once after the measured messages,
 //! as `ucx_perftest`'s stream test runs. Every latency size's last echo is checked byte for
 //! byte. The server prints `pingpong: listening on HOST:PORT (TRANSPORTS)` on stderr once it
@@ -24,6 +24,7 @@ use std::collections::VecDeque;
 use std::io::{IsTerminal, Write};
 #[cfg(feature = "rdma")]
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -81,6 +82,11 @@ struct Args {
     /// safe API cannot do, and stays in cache where 16 MiB of distinct buffers do not
     #[arg(long, value_name = "N", requires = "bw")]
     recv_window: Option<u32>,
+    /// Bandwidth: each send of the window from a buffer of its own (moved into the send and
+    /// back), instead of one buffer shared by the window's sends (`Ep::tag_send_shared`), as
+    /// `ucx_perftest`, `ib_read_bw` and `osu_bw` send
+    #[arg(long, requires = "bw")]
+    own_buffers: bool,
 }
 
 fn main() {
@@ -391,7 +397,7 @@ fn client(ctx: &Context, worker: &Worker, ep: &Ep, args: &Args, plan: &Plan) -> 
         let counts = plan.counts_for(size);
         let row = match plan.window {
             None => latency(worker, ep, size, protocol, counts, args.run_clock)?,
-            Some(w) => bandwidth(worker, ep, size, protocol, counts, w)?,
+            Some(w) => bandwidth(worker, ep, size, protocol, counts, w, args.own_buffers)?,
         };
         if table {
             println!("{}", schema::table_row(&row));
@@ -472,36 +478,50 @@ fn latency(
     Ok(PingpongRow::latency(size, protocol, (warm, timed), &rtt))
 }
 
-/// Sends `count` messages from `bufs` with at most `bufs.len()` outstanding (a sliding
-/// window: the oldest send is waited for before the next starts), then waits for the
-/// server's acknowledgement. Each wait for the oldest send records the time since the
-/// previous one in `gaps`.
+/// What a bandwidth run sends from.
+enum Source {
+    /// One buffer, shared by every send of the window (`Ep::tag_send_shared`).
+    Shared(Arc<Vec<u8>>),
+    /// A buffer per send of the window, moved into the send and back (`Ep::tag_send`).
+    Own(Vec<Vec<u8>>),
+}
+
+/// Sends `count` messages from `src` with at most `window` outstanding (a sliding window: the
+/// oldest send is waited for before the next starts), then waits for the server's
+/// acknowledgement. Each wait for the oldest send records the time since the previous one
+/// in `gaps`.
 fn send_window(
     worker: &Worker,
     ep: &Ep,
-    bufs: &mut Vec<Vec<u8>>,
+    src: &mut Source,
+    window: usize,
     count: u64,
     gaps: &mut Histogram<u64>,
 ) -> Result<()> {
     let ack = worker.tag_recv(ACK, TAG_MASK_ALL, Vec::new());
-    let mut sends = VecDeque::with_capacity(bufs.len());
+    let mut sends = VecDeque::with_capacity(window);
     let mut last = Instant::now();
     for _ in 0..count {
-        let buf = match bufs.pop() {
-            Some(buf) => buf,
-            None => {
-                let oldest = sends.pop_front().ok_or("an empty send window")?;
-                let buf = wait(oldest, "send")?.buf;
-                let now = Instant::now();
-                record(gaps, now - last);
-                last = now;
-                buf
+        if sends.len() == window {
+            let oldest: Request = sends.pop_front().ok_or("an empty send window")?;
+            let buf = wait(oldest, "send")?.buf;
+            if let Source::Own(bufs) = src {
+                bufs.push(buf);
             }
-        };
-        sends.push_back(ep.tag_send(DATA, buf));
+            let now = Instant::now();
+            record(gaps, now - last);
+            last = now;
+        }
+        sends.push_back(match src {
+            Source::Shared(data) => ep.tag_send_shared(DATA, data.clone()),
+            Source::Own(bufs) => ep.tag_send(DATA, bufs.pop().ok_or("no send buffer left")?),
+        });
     }
     for s in sends {
-        bufs.push(wait(s, "send")?.buf);
+        let buf = wait(s, "send")?.buf;
+        if let Source::Own(bufs) = src {
+            bufs.push(buf);
+        }
     }
     wait(ack, "acknowledgement")?;
     Ok(())
@@ -514,16 +534,24 @@ fn bandwidth(
     protocol: &str,
     (warm, timed): (u64, u64),
     w: u32,
+    own_buffers: bool,
 ) -> Result<PingpongRow> {
-    let mut bufs = (0..u64::from(w))
-        .map(|k| pattern(size, k))
-        .collect::<Result<Vec<_>>>()?;
+    let mut src = if own_buffers {
+        Source::Own(
+            (0..u64::from(w))
+                .map(|k| pattern(size, k))
+                .collect::<Result<Vec<_>>>()?,
+        )
+    } else {
+        Source::Shared(Arc::new(pattern(size, 0)?))
+    };
+    let window = w as usize;
     if warm > 0 {
-        send_window(worker, ep, &mut bufs, warm, &mut histogram())?;
+        send_window(worker, ep, &mut src, window, warm, &mut histogram())?;
     }
     let mut gaps = histogram();
     let t0 = Instant::now();
-    send_window(worker, ep, &mut bufs, timed, &mut gaps)?;
+    send_window(worker, ep, &mut src, window, timed, &mut gaps)?;
     let elapsed = t0.elapsed();
     if gaps.is_empty() {
         // A single window: no send waited for another; its mean is all there is.

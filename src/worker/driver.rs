@@ -76,22 +76,22 @@ impl Driver {
         worker: &Worker,
         cs: &Arc<Conn>,
         tag: Tag,
-        buf: Vec<u8>,
+        data: SendData,
     ) -> Request {
         let what = Describe {
             kind: RequestKind::Send,
             tag,
             peer: cs.peer,
         };
-        let buf = match self.send_now(cs, tag, buf) {
+        let data = match self.send_now(cs, tag, data) {
             Ok(outcome) => return Request::done(outcome, what),
-            Err(buf) => buf,
+            Err(data) => data,
         };
         // Not at once (tag_send_now declined it, so tag_send cannot send it at once either):
         // queued, or rendezvous, or refused.
-        let len = buf.len() as u64;
+        let len = data.bytes().len() as u64;
         let made = self.with_protocol_out(|st, _| {
-            let bufid = st.new_buf(UserMem::Plain(buf));
+            let bufid = st.new_buf(data.into_mem());
             match st.engine.tag_send(cs.id, tag, bufid, len) {
                 Ok(id) => {
                     let slot = st.requests.open();
@@ -114,59 +114,38 @@ impl Driver {
         made.into_request(worker, what)
     }
 
-    /// A send that goes out as it is made (the common case of a small message), done: its
-    /// frame, the one action `Engine::tag_send_now` causes, copies the payload from `buf`,
-    /// which never enters the tables. When the frame is posted at once (an RDMA link with
-    /// nothing queued), that is all: no executor, no work for after the lock. Otherwise the
-    /// locked section ends as any does. `Err(buf)` when the send cannot go out at once.
-    fn send_now(&self, cs: &Arc<Conn>, tag: Tag, buf: Vec<u8>) -> Result<Outcome, Vec<u8>> {
-        let len = buf.len() as u64;
+    /// A send that goes out as it is made (the common case of a small message), done: the
+    /// frame `Engine::tag_send_now` makes is queued at once with the payload from `buf`,
+    /// which never enters the tables. When it is posted at once (an RDMA link with nothing
+    /// queued) and no action waits, that is all: no executor, no work for after the lock.
+    /// Otherwise the locked section ends as any does. `Err(buf)` when the send cannot go out
+    /// at once.
+    fn send_now(&self, cs: &Arc<Conn>, tag: Tag, data: SendData) -> Result<Outcome, SendData> {
+        let len = data.bytes().len() as u64;
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        if st
-            .engine
-            .tag_send_now(cs.id, tag, SENDING_NOW, len)
-            .is_none()
-        {
-            return Err(buf);
-        }
-        let done = |buf| Outcome {
+        let Some((_, frame)) = st.engine.tag_send_now(cs.id, tag, len) else {
+            return Err(data);
+        };
+        let queued = cs
+            .link
+            .queue_frame(&mut st.ifaces, frame.as_bytes(), data.bytes());
+        let done = Outcome {
             status: Status::Ok,
             length: len,
             tag,
-            buf,
+            buf: data.into_returned(),
             conn: Some(cs.id),
         };
-        let frame = match st.engine.poll_action() {
-            Some(Action::SendFrame {
-                conn,
-                frame,
-                payload: Some(p),
-            }) if conn == cs.id && p.buf == SENDING_NOW && p.len == len => frame,
-            other => {
-                // (Not what tag_send_now causes: carried out as any action.)
-                let mut out = AfterUnlock::default();
-                st.sending_now = buf;
-                if let Some(action) = other {
-                    st.execute(action, None, &mut out);
-                }
-                self.run(st, &mut out);
-                let buf = std::mem::take(&mut st.sending_now);
-                drop(guard);
-                self.finish(&mut out);
-                return Ok(done(buf));
-            }
-        };
-        let queued = cs.link.queue_frame(&mut st.ifaces, frame.as_bytes(), &buf);
         if matches!(queued, Ok(Queued::Posted)) && !st.engine.has_actions() {
-            return Ok(done(buf));
+            return Ok(done);
         }
         let mut out = AfterUnlock::default();
         super::executor::frame_queued(&mut st.engine, cs, queued, &mut out);
         self.run(st, &mut out);
         drop(guard);
         self.finish(&mut out);
-        Ok(done(buf))
+        Ok(done)
     }
 
     /// Asks the engine to cancel the request in `slot`, if it is still pending.

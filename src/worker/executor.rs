@@ -162,13 +162,6 @@ impl Protocol {
             return;
         };
         let data: &[u8] = match payload {
-            Some(p) if p.buf == SENDING_NOW => match self.sending_now.get(..p.len as usize) {
-                Some(d) => d,
-                None => {
-                    log::error!("eager payload of {} bytes unavailable", p.len);
-                    return;
-                }
-            },
             Some(p) => match self
                 .user_bufs
                 .get(&p.buf)

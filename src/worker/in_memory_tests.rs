@@ -118,6 +118,37 @@ fn truncation_and_cancel_through_the_executor() {
     assert_eq!(err.status(), Some(Status::Cancelled), "{err}");
 }
 
+/// A shared buffer (`Ep::tag_send_shared`) goes back to its owner alone whatever ends its
+/// sends: delivered, truncated at the receiver, or failed with the connection.
+#[test]
+fn shared_sends_give_their_clone_back_however_they_end() {
+    let (a, ea, b, _eb, cable) = connected();
+    let limit = ea.eager_limit().expect("connected") as usize;
+    for len in [16, limit + 100] {
+        let data = std::sync::Arc::new(pattern(len, 4));
+        let fits = b.tag_recv(1, TAG_MASK_ALL, vec![0; len]);
+        let small = b.tag_recv(1, TAG_MASK_ALL, vec![0; 8]);
+        let sends = [
+            ea.tag_send_shared(1, data.clone()),
+            ea.tag_send_shared(1, data.clone()),
+        ];
+        assert!(finished(&a, &b, fits).expect("received").buf == *data);
+        let err = finished(&a, &b, small).expect_err("too small");
+        assert_eq!(err.status(), Some(Status::Truncated), "{err}");
+        let [first, second] = sends;
+        assert!(finished(&a, &b, first).expect("sent").buf.is_empty());
+        assert_eq!(finished(&a, &b, second).is_err(), len > limit);
+        assert_eq!(std::sync::Arc::strong_count(&data), 1, "{len} bytes");
+    }
+    let data = std::sync::Arc::new(pattern(limit + 1, 5));
+    let send = ea.tag_send_shared(2, data.clone());
+    step_until(&a, &b, || b.probe(2, TAG_MASK_ALL).is_some());
+    cable.cut();
+    let err = finished(&a, &b, send).expect_err("the connection is gone");
+    assert_eq!(err.status(), Some(Status::ConnectionClosed), "{err}");
+    assert_eq!(std::sync::Arc::strong_count(&data), 1);
+}
+
 #[test]
 fn a_cut_cable_fails_the_pending_send_and_closes_both_endpoints() {
     let (a, ea, b, eb, cable) = connected();

@@ -54,7 +54,7 @@ use crate::transport::{
     Conn, Deferred, Ifaces, LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, ReadPiece,
     RecvFrame, Transport, TransportLink, READ_KEY_MASK,
 };
-use crate::usermem::UserMem;
+use crate::usermem::{SendData, UserMem};
 use driver::Made;
 
 const TOKEN_WAKER: u64 = 0;
@@ -216,11 +216,6 @@ struct ReadCtx {
     off: u64,
 }
 
-/// The id under which the engine names the buffer of a send that goes out as it is made
-/// ([`Protocol::sending_now`]): not a key `user_bufs` ever gives out (a slotmap key of
-/// index and version `u32::MAX`).
-const SENDING_NOW: UserBufId = UserBufId(u64::MAX);
-
 /// The engine's name for the received frame being delivered: its actions run while the frame
 /// is at hand (see `Protocol::deliver`), so no other is ever named.
 const AT_HAND: RecvBufId = RecvBufId(0);
@@ -243,9 +238,6 @@ struct Protocol {
     /// The completion of a receive the engine completed as it was made
     /// (`RequestId::is_immediate`), for `Worker::tag_recv` to take.
     immediate_recv: Option<rdmx_proto::Completion>,
-    /// The buffer of the send being made that goes out at once, named [`SENDING_NOW`] for
-    /// the actions of that one locked section (it never enters `user_bufs`).
-    sending_now: Vec<u8>,
     conns: HashMap<ConnId, Arc<Conn>>,
     reads: HashMap<u64, ReadCtx>,
     next_read: u64,
@@ -304,7 +296,6 @@ impl Worker {
                 held: Vec::new(),
                 arrivals_seen: 0,
                 immediate_recv: None,
-                sending_now: Vec::new(),
                 conns: HashMap::default(),
                 reads: HashMap::default(),
                 next_read: 0,

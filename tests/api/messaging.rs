@@ -83,6 +83,72 @@ pub fn eager_and_rendezvous_unexpected() {
     });
 }
 
+/// Sends that share one buffer (`Ep::tag_send_shared`), as MPI and UCP allow: a
+/// large and a small rendezvous-sized and an eager buffer, each sent 4 times at once on each
+/// of 3 endpoints
+/// while the sender reads them. Every copy arrives byte-exact, the completions' buffers are
+/// empty, and the sender holds each `Arc` alone again once its sends are done (no clone
+/// kept by the worker, a link or a registration). With the registration cache too (a shared
+/// buffer is registered in place whatever the mode says).
+pub fn shared_sends_from_one_buffer() {
+    two_sided("shared_sends_from_one_buffer", |p| {
+        const COPIES: usize = 4;
+        const EPS: usize = 3;
+        let sizes = [(1 << 20) + 3, 64, 20_000];
+        for mode in [RndvRegistration::Auto, RndvRegistration::Cache] {
+            let ctx = builder().rndv_registration(mode).build().unwrap();
+            let (w, eps) = p.endpoints(&ctx, EPS);
+            if p.is_server() {
+                let recvs: Vec<_> = (0..EPS * COPIES)
+                    .flat_map(|_| sizes.iter().enumerate())
+                    .map(|(i, &len)| (i, w.tag_recv(i as u64, TAG_MASK_ALL, vec![0; len])))
+                    .collect();
+                p.barrier(); // the receives are posted
+                for (i, r) in recvs {
+                    let got = finish(r).expect("a shared send's message");
+                    assert_eq!(got.length, sizes[i]);
+                    assert!(
+                        got.buf == pattern(sizes[i], i as u8 + 5),
+                        "a copy of shared buffer {i} differs ({mode:?})"
+                    );
+                }
+                p.barrier();
+                continue;
+            }
+            let bufs: Vec<_> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &len)| Arc::new(pattern(len, i as u8 + 5)))
+                .collect();
+            p.barrier();
+            let mut sends = Vec::new();
+            for ep in &eps {
+                for _ in 0..COPIES {
+                    for (i, b) in bufs.iter().enumerate() {
+                        sends.push(ep.tag_send_shared(i as u64, b.clone()));
+                    }
+                }
+            }
+            // The sender may read its buffers while they are being sent.
+            for (i, b) in bufs.iter().enumerate() {
+                assert!(**b == pattern(sizes[i], i as u8 + 5));
+            }
+            for s in sends {
+                let done = finish(s).expect("a shared send");
+                assert!(done.buf.is_empty(), "a shared send gives back no buffer");
+            }
+            for b in &bufs {
+                assert_eq!(
+                    Arc::strong_count(b),
+                    1,
+                    "a completed send still holds the shared buffer ({mode:?})"
+                );
+            }
+            p.barrier();
+        }
+    });
+}
+
 pub fn registration_cache_mode_and_small_threshold() {
     two_sided("registration_cache_mode_and_small_threshold", |p| {
         let ctx = builder()

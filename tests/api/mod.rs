@@ -81,6 +81,7 @@ macro_rules! two_sided_api_tests {
         api_tests!([$($attr)*];
             eager_and_rendezvous_expected,
             eager_and_rendezvous_unexpected,
+            shared_sends_from_one_buffer,
             registration_cache_mode_and_small_threshold,
             per_operation_registration_mode,
             event_wait_mode_roundtrips_and_idles,

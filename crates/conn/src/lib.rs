@@ -69,6 +69,7 @@ pub use device::{Device, DeviceLimits, PortInfo};
 pub use error::{Error, Result};
 pub use memory::{
     live_registrations, Access, ProtectionDomain, RegisteredBuf, RegistrationCount, RemoteBuf,
+    SharedBuf,
 };
 pub use poll::{Poller, Waker};
 pub use srq::SharedReceiveQueue;

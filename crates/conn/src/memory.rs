@@ -191,6 +191,39 @@ impl ProtectionDomain {
         })
     }
 
+    /// Registers the bytes of a shared vector in place (no copy) for the NIC to read: a send
+    /// source, or a rendezvous source peers READ. The region holds a clone of `data` until
+    /// it is deregistered ([`SharedBuf::into_shared`], or dropping the last holder), so the
+    /// memory outlives every use the NIC makes of it, however the caller's clones are
+    /// dropped or forgotten.
+    ///
+    /// Other clones of `data` read the same bytes at any time, which is sound because nobody
+    /// writes them: `access` must not include [`Access::local_write`] (the only write access
+    /// the safe API offers), and no [`RegisteredBuf`] (which derefs mutably) is made of the
+    /// region, only a [`SharedBuf`], which derefs to `&[u8]`.
+    ///
+    /// # Errors
+    /// Local write access, or an empty vector, is refused (`EINVAL`). When `ibv_reg_mr`
+    /// fails (often the locked-memory limit), the error comes back with `data`.
+    pub fn register_shared(
+        &self,
+        data: Arc<Vec<u8>>,
+        access: Access,
+    ) -> Result<SharedBuf, (Error, Arc<Vec<u8>>)> {
+        if access.local_write {
+            return Err((
+                Error::invalid(
+                    "ibv_reg_mr",
+                    "shared memory is registered for the NIC to read only, not with local write",
+                ),
+                data,
+            ));
+        }
+        let len = data.len();
+        let region = Region::from_shared(self, data, access)?;
+        Ok(SharedBuf { len, region })
+    }
+
     /// Registers one region of `count * chunk_len` bytes and splits it into `count` buffers of
     /// `chunk_len` bytes: one registration for a whole pool of send or receive buffers.
     pub fn register_chunks(
@@ -232,7 +265,7 @@ pub(crate) struct Region {
     /// How many bytes starting at `base` are registered.
     pub(crate) len: usize,
     backing: Backing,
-    access: Access,
+    pub(crate) access: Access,
     pub(crate) pd: ProtectionDomain,
 }
 
@@ -243,6 +276,9 @@ enum Backing {
     /// A caller's vector, registered in place by `Region::from_vec`; `base` is its heap buffer.
     /// Its bytes are never accessed through the vector while the region is registered.
     Vec(Vec<u8>),
+    /// A caller's shared vector, registered in place by `Region::from_shared` for the NIC to
+    /// read only; `base` is its heap buffer, which no one writes while the `Arc` exists.
+    Shared(Arc<Vec<u8>>),
     /// Given up by `Region::release`: deregistered and freed or handed back, or leaked because
     /// deregistration failed.
     Released,
@@ -312,27 +348,63 @@ impl Region {
         access: Access,
     ) -> Result<Arc<Region>, (Error, Vec<u8>)> {
         let len = data.len();
-        if len == 0 {
-            return Err((
-                Error::invalid(
-                    "ibv_reg_mr",
-                    "cannot register an empty Vec: a region needs at least one byte",
-                ),
-                data,
-            ));
-        }
         // as_mut_ptr creates no reference to the elements, so this pointer stays valid while the
         // vector is moved into the region, for as long as the vector is neither accessed nor
         // reallocated (it is not: the region only ever drops it or hands it back).
-        let Some(base) = NonNull::new(data.as_mut_ptr()) else {
-            return Err((
-                Error::invalid("ibv_reg_mr", "a non-empty Vec has a null buffer"),
-                data,
-            ));
-        };
+        let base = data.as_mut_ptr();
         // SAFETY: base points to len initialised bytes of the vector's heap buffer. The vector
         // moves into the region below, which keeps it (without touching its bytes) until after
         // the MR is deregistered (Region::release deregisters before handing the vector out).
+        match unsafe { Region::in_place(pd, base, len, access, "a Vec") } {
+            Ok((mr, base)) => Ok(Region::of(pd, mr, base, len, Backing::Vec(data), access)),
+            Err(e) => Err((e, data)),
+        }
+    }
+
+    fn from_shared(
+        pd: &ProtectionDomain,
+        data: Arc<Vec<u8>>,
+        access: Access,
+    ) -> Result<Arc<Region>, (Error, Arc<Vec<u8>>)> {
+        debug_assert!(!access.local_write, "checked by register_shared");
+        let len = data.len();
+        let base = data.as_ptr().cast_mut();
+        // SAFETY: base points to len initialised bytes of the vector's heap buffer, which the
+        // Arc moved into the region below keeps allocated (and, being shared, unmodified)
+        // until after the MR is deregistered. The access flags give the NIC no write access,
+        // so its bytes stay as every clone of the Arc sees them.
+        match unsafe { Region::in_place(pd, base, len, access, "a shared Vec") } {
+            Ok((mr, base)) => Ok(Region::of(pd, mr, base, len, Backing::Shared(data), access)),
+            Err(e) => Err((e, data)),
+        }
+    }
+
+    /// Registers `len` bytes at `base`, a caller's memory (`what`, in errors); refuses an
+    /// empty range.
+    ///
+    /// # Safety
+    /// `base` must point to `len` initialised bytes that stay allocated, at the same
+    /// address, until the returned MR is deregistered.
+    unsafe fn in_place(
+        pd: &ProtectionDomain,
+        base: *mut u8,
+        len: usize,
+        access: Access,
+        what: &str,
+    ) -> Result<(*mut sys::ibv_mr, NonNull<u8>)> {
+        if len == 0 {
+            return Err(Error::invalid(
+                "ibv_reg_mr",
+                format!("cannot register {what} that is empty: a region needs at least one byte"),
+            ));
+        }
+        let Some(base) = NonNull::new(base) else {
+            return Err(Error::invalid(
+                "ibv_reg_mr",
+                format!("{what} of {len} bytes has a null buffer"),
+            ));
+        };
+        // SAFETY: the caller promises base points to len bytes that outlive the MR.
         let mr = unsafe {
             sys::__ibv_reg_mr(
                 pd.inner.pd,
@@ -343,24 +415,35 @@ impl Region {
             )
         };
         if mr.is_null() {
-            let err = Error::last_os(
+            return Err(Error::last_os(
                 "ibv_reg_mr",
                 format!(
-                    "cannot register a Vec of {len} bytes on {} (locked-memory limit? see `ulimit -l`)",
+                    "cannot register {what} of {len} bytes on {} (locked-memory limit? see `ulimit -l`)",
                     pd.device().name()
                 ),
-            );
-            return Err((err, data));
+            ));
         }
         count_registration(len);
-        Ok(Arc::new(Region {
+        Ok((mr, base))
+    }
+
+    /// The region of a registered caller's memory.
+    fn of(
+        pd: &ProtectionDomain,
+        mr: *mut sys::ibv_mr,
+        base: NonNull<u8>,
+        len: usize,
+        backing: Backing,
+        access: Access,
+    ) -> Arc<Region> {
+        Arc::new(Region {
             mr,
             base,
             len,
-            backing: Backing::Vec(data),
+            backing,
             access,
             pd: pd.clone(),
-        }))
+        })
     }
 
     pub(crate) fn lkey(&self) -> u32 {
@@ -413,6 +496,7 @@ impl Drop for Region {
             }
             // Deregistered: the vector frees its buffer like any other.
             Some(Backing::Vec(data)) => drop(data),
+            Some(Backing::Shared(data)) => drop(data),
             Some(Backing::Released) | None => {}
         }
     }
@@ -463,6 +547,87 @@ pub struct RemoteBuf {
     pub len: u32,
     /// The region's rkey.
     pub rkey: u32,
+}
+
+/// A shared vector registered in place for the NIC to read
+/// ([`ProtectionDomain::register_shared`]). Derefs to `[u8]`, never mutably: other clones of
+/// the vector may read it at any time.
+pub struct SharedBuf {
+    region: Arc<Region>,
+    len: usize,
+}
+
+impl SharedBuf {
+    /// The local key for scatter/gather entries.
+    pub fn lkey(&self) -> u32 {
+        self.region.lkey()
+    }
+
+    /// The address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.region.base.as_ptr() as u64
+    }
+
+    /// The access rights of the region.
+    pub fn access(&self) -> Access {
+        self.region.access
+    }
+
+    /// The address, length and rkey a peer uses to RDMA READ the buffer, or `None` when it
+    /// was not registered with [`Access::remote_read`].
+    pub fn remote(&self) -> Option<RemoteBuf> {
+        if !self.region.access.remote_read {
+            return None;
+        }
+        Some(RemoteBuf {
+            addr: self.addr(),
+            len: u32::try_from(self.len).ok()?,
+            rkey: self.region.rkey(),
+        })
+    }
+
+    /// Deregisters the region and gives back the shared vector (the same `Arc`). While
+    /// something else still holds the region (a [`crate::MemoryWindow`] over it), the buffer
+    /// comes back unchanged as `Err`. If `ibv_dereg_mr` fails, the NIC may still read the
+    /// memory, so the region's clone is leaked (the bytes stay allocated for good) and a
+    /// clone of it comes back.
+    pub fn into_shared(self) -> Result<Arc<Vec<u8>>, SharedBuf> {
+        let SharedBuf { region, len } = self;
+        let mut region = match Arc::try_unwrap(region) {
+            Ok(region) => region,
+            Err(region) => return Err(SharedBuf { region, len }),
+        };
+        let data = match &region.backing {
+            Backing::Shared(data) => data.clone(),
+            _ => unreachable!("a SharedBuf is only made over a shared backing"),
+        };
+        // (release leaks the region's own clone when deregistration fails.)
+        drop(region.release());
+        Ok(data)
+    }
+
+    pub(crate) fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+}
+
+impl Deref for SharedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.region.backing {
+            Backing::Shared(data) => &data[..self.len],
+            _ => &[],
+        }
+    }
+}
+
+impl std::fmt::Debug for SharedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedBuf")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .finish()
+    }
 }
 
 impl RegisteredBuf {

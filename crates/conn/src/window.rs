@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use rdmx_sys as sys;
 
-use crate::memory::{Access, ProtectionDomain, Region, RegisteredBuf, RemoteBuf};
+use crate::memory::{Access, ProtectionDomain, Region, RegisteredBuf, RemoteBuf, SharedBuf};
 use crate::{Error, Result};
 
 static LIVE_WINDOWS: AtomicUsize = AtomicUsize::new(0);
@@ -89,20 +89,32 @@ impl MemoryWindow {
     /// registered with [`Access::WINDOW_READ`]) for READ. Nothing is exposed until it is
     /// bound.
     pub fn new(buf: &RegisteredBuf, len: usize) -> Result<MemoryWindow> {
-        let access: Access = buf.access();
+        Self::over(&buf.region, buf.addr(), buf.len(), len)
+    }
+
+    /// [`MemoryWindow::new`] over a shared vector registered in place
+    /// ([`crate::ProtectionDomain::register_shared`] with [`Access::WINDOW_READ`]).
+    pub fn new_shared(buf: &SharedBuf, len: usize) -> Result<MemoryWindow> {
+        Self::over(buf.region(), buf.addr(), buf.len(), len)
+    }
+
+    /// A window that will expose `len` bytes of `region` from `addr`, where the buffer
+    /// being exposed holds `buf_len` bytes.
+    fn over(region: &Arc<Region>, addr: u64, buf_len: usize, len: usize) -> Result<MemoryWindow> {
+        let access: Access = region.access;
         if !access.window_read {
             return Err(Error::invalid(
                 "ibv_alloc_mw",
                 "a memory window needs a region registered with Access::WINDOW_READ",
             ));
         }
-        if len == 0 || len > buf.len() {
+        if len == 0 || len > buf_len {
             return Err(Error::invalid(
                 "ibv_alloc_mw",
-                format!("a window of {len} bytes over a {}-byte buffer", buf.len()),
+                format!("a window of {len} bytes over a {buf_len}-byte buffer"),
             ));
         }
-        let pd: &ProtectionDomain = buf.pd();
+        let pd: &ProtectionDomain = &region.pd;
         // SAFETY: the PD is valid while the buffer's region (which holds it) lives.
         let mw = unsafe { sys::ibv_alloc_mw(pd.inner.pd, sys::ibv_mw_type::IBV_MW_TYPE_2) };
         if mw.is_null() {
@@ -122,10 +134,10 @@ impl MemoryWindow {
         Ok(MemoryWindow {
             inner: Arc::new(WindowInner {
                 mw,
-                region: buf.region.clone(),
+                region: region.clone(),
                 posted: AtomicBool::new(false),
             }),
-            addr: buf.addr(),
+            addr,
             len: len as u64,
             rkey,
         })

@@ -796,27 +796,40 @@ fn a_send_now_goes_out_at_once_or_does_nothing() {
     e.handle_connection_up(ConnId(1), &hs).unwrap();
     let eager = e.conn_stats(ConnId(1)).unwrap().eager_limit;
     // Unknown connection, or a rendezvous-sized message: nothing happens.
-    assert_eq!(e.tag_send_now(ConnId(2), 1, UserBufId(1), 8), None);
-    assert_eq!(e.tag_send_now(ConnId(1), 1, UserBufId(1), eager + 1), None);
+    assert_eq!(e.tag_send_now(ConnId(2), 1, 8), None);
+    assert_eq!(e.tag_send_now(ConnId(1), 1, eager + 1), None);
     assert!(e.poll_action().is_none());
-    // Eager with credit to spare: one frame, its payload the buffer named, done as made.
-    let id = e.tag_send_now(ConnId(1), 7, UserBufId(42), 8).unwrap();
+    // Eager with credit to spare: the frame comes back, done as made, and no action follows.
+    let (id, frame) = e.tag_send_now(ConnId(1), 7, 8).unwrap();
     assert!(id.is_immediate());
+    assert!(e.poll_action().is_none());
+    assert_eq!(e.pending_requests(), 0);
+    let h = wire::decode_header(frame.as_bytes()).unwrap();
+    assert_eq!((h.opcode, h.tag, h.payload_len), (Opcode::Eager, 7, 8));
+    // The next is numbered after it, made by tag_send (its frame an action) ...
+    let second = e.tag_send(ConnId(1), 7, UserBufId(42), 8).unwrap();
+    assert!(second.is_immediate());
+    // ... and while that action waits for the driver, a frame made now would overtake it:
+    // not at once.
+    assert_eq!(e.tag_send_now(ConnId(1), 7, 8), None);
     match e.poll_action() {
         Some(Action::SendFrame {
             conn,
+            frame,
             payload: Some(p),
-            ..
-        }) => assert_eq!((conn, p.buf, p.len), (ConnId(1), UserBufId(42), 8)),
+        }) => {
+            assert_eq!((conn, p.buf, p.len), (ConnId(1), UserBufId(42), 8));
+            assert_eq!(
+                wire::decode_header(frame.as_bytes()).unwrap().seq,
+                h.seq.wrapping_add(1)
+            );
+        }
         other => panic!("expected the send's frame, got {other:?}"),
     }
     assert!(e.poll_action().is_none());
-    assert_eq!(e.pending_requests(), 0);
     // Out of credit: no longer at once (tag_send queues it instead).
-    while e.tag_send_now(ConnId(1), 7, UserBufId(42), 8).is_some() {
-        while e.poll_action().is_some() {}
-    }
+    while e.tag_send_now(ConnId(1), 7, 8).is_some() {}
     assert!(e.poll_action().is_none());
-    let queued = e.tag_send(ConnId(1), 7, UserBufId(43), 8).unwrap();
+    let queued = e.tag_send(ConnId(1), 7, UserBufId(44), 8).unwrap();
     assert!(!queued.is_immediate());
 }

@@ -48,11 +48,13 @@ impl Windows {
             });
         }
         mem.register(mode, &rdma.pd, rcache, Access::WINDOW_READ, false)?;
-        let head = mem
-            .registered()
-            .ok_or("the send buffer is not registered")?;
         let len = usize::try_from(len).map_err(|_| "the message is too long")?;
-        let window = MemoryWindow::new(head, len).map_err(|e| e.to_string())?;
+        let window = match (mem.registered(), mem.registered_shared()) {
+            (Some(head), _) => MemoryWindow::new(head, len),
+            (None, Some(shared)) => MemoryWindow::new_shared(shared, len),
+            (None, None) => return Err("the send buffer is not registered".into()),
+        }
+        .map_err(|e| e.to_string())?;
         let remote = rdmx_proto::RemoteBuf {
             addr: window.addr(),
             rkey: window.rkey(),

@@ -52,11 +52,16 @@ impl Exposures {
         }
     }
 
-    /// Exposes the plain buffer `mem` to READ requests arriving on `conn`; `mem` becomes
+    /// Exposes the plain or shared buffer `mem` to READ requests arriving on `conn`; `mem` becomes
     /// [`UserMem::Exposed`] under a fresh key until [`Exposures::withdraw`].
     pub(crate) fn expose(&mut self, conn: ConnId, mem: &mut UserMem) -> Result<RemoteBuf, String> {
-        let UserMem::Plain(vec) = std::mem::replace(mem, UserMem::Lost) else {
-            return Err("the send buffer is already exposed".into());
+        let (data, shared) = match std::mem::replace(mem, UserMem::Lost) {
+            UserMem::Plain(vec) => (Arc::new(vec), false),
+            UserMem::Shared(data) => (data, true),
+            other => {
+                *mem = other;
+                return Err("the send buffer is already exposed".into());
+            }
         };
         let key = loop {
             let k = self.keys.next_u32();
@@ -64,10 +69,10 @@ impl Exposures {
                 break k;
             }
         };
-        let data = Arc::new(vec);
         *mem = UserMem::Exposed {
             data: data.clone(),
             key,
+            shared,
         };
         self.by_key.insert(key, Exposure { conn, data });
         Ok(RemoteBuf { addr: 0, rkey: key })

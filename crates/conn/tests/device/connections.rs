@@ -117,3 +117,60 @@ fn inline_sends_complete_with_their_cookie_without_a_record() {
     let lens: Vec<u32> = got.iter().map(|c| c.byte_len).collect();
     assert_eq!(lens, vec![5, 8, 5], "{got:?}");
 }
+
+/// A shared vector registers in place for the NIC to read only: local write is refused (the
+/// bytes are reachable through other clones), an empty one too; the region holds a clone
+/// (so no one can take the vector back to write it) until `into_shared`, which waits for a
+/// memory window over it to go; the registration is counted and uncounted.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn shared_vectors_register_in_place_for_reading_only() {
+    use std::sync::Arc;
+    let v = Verbs::new(addr_a(), None, false);
+    let data = Arc::new((0..4096u32).map(|i| i as u8).collect::<Vec<u8>>());
+    let (err, back) =
+        v.pd.register_shared(data.clone(), Access::LOCAL_WRITE)
+            .unwrap_err();
+    assert_eq!(err.errno(), libc::EINVAL, "{err}");
+    assert!(Arc::ptr_eq(&back, &data), "the same Arc comes back");
+    drop(back);
+    let (err, _) =
+        v.pd.register_shared(Arc::new(Vec::new()), Access::REMOTE_READ)
+            .unwrap_err();
+    assert_eq!(err.errno(), libc::EINVAL, "{err}");
+
+    let before = live_registrations();
+    let read =
+        v.pd.register_shared(data.clone(), Access::REMOTE_READ)
+            .unwrap();
+    assert_eq!(live_registrations().regions, before.regions + 1);
+    assert_eq!(read.addr(), data.as_ptr() as u64, "registered in place");
+    assert!(*read == **data);
+    let remote = read.remote().expect("registered for remote read");
+    assert_eq!((remote.addr, remote.len), (data.as_ptr() as u64, 4096));
+    assert_eq!(Arc::strong_count(&data), 2, "the region holds a clone");
+    let again = read.into_shared().expect("nothing else holds the region");
+    assert!(Arc::ptr_eq(&again, &data));
+    drop(again);
+    assert_eq!(live_registrations().regions, before.regions);
+    assert_eq!(Arc::strong_count(&data), 1);
+
+    // Through a memory window: the window keeps the region registered.
+    let windowed =
+        v.pd.register_shared(data.clone(), Access::WINDOW_READ)
+            .unwrap();
+    assert!(
+        windowed.remote().is_none(),
+        "no access by the region's rkey"
+    );
+    let window = MemoryWindow::new_shared(&windowed, 100).expect("a window over it");
+    assert_eq!((window.addr(), window.len()), (data.as_ptr() as u64, 100));
+    assert!(MemoryWindow::new_shared(&windowed, 4097).is_err());
+    let windowed = windowed
+        .into_shared()
+        .expect_err("the window still holds the region");
+    drop(window);
+    drop(windowed.into_shared().expect("the window is gone"));
+    assert_eq!(Arc::strong_count(&data), 1);
+    assert_eq!(live_registrations().regions, before.regions);
+}

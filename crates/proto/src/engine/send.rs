@@ -17,7 +17,12 @@ impl Engine {
         buf: UserBufId,
         len: u64,
     ) -> Result<RequestId, Error> {
-        if let Some(id) = self.tag_send_now(conn, tag, buf, len) {
+        if let Some((id, frame)) = self.frame_now(conn, tag, len) {
+            self.actions.push_back(Action::SendFrame {
+                conn,
+                frame,
+                payload: Some(PayloadRef { buf, len }),
+            });
             return Ok(id);
         }
         let Some(c) = self.conns.get_mut(&conn) else {
@@ -51,18 +56,28 @@ impl Engine {
     }
 
     /// [`Engine::tag_send`] for a send that goes out at once, or nothing: when the message is
-    /// eager, nothing is queued ahead of it and there is credit to spare, its frame is
-    /// emitted (the only action it causes) and the send completes as it is made (the
-    /// returned id [`is_immediate`](RequestId::is_immediate)); otherwise `None`, and nothing
-    /// happened. The engine keeps nothing of `buf`, so a driver may name with it a buffer
-    /// it holds only while it runs the actions that follow.
+    /// eager, nothing is queued ahead of it (on its connection or among the actions) and there
+    /// is credit to spare, its frame header comes back, numbered and carrying the credits it
+    /// returns, for the driver to send at once with the `len` payload bytes after it, before
+    /// any action that follows. The send completes as it is made: the returned id
+    /// [`is_immediate`](RequestId::is_immediate), and no [`Action::Complete`] follows (nor any
+    /// other action). Otherwise `None`, and nothing happened. The engine never names the
+    /// payload's buffer, so the driver needs no table entry for it.
     pub fn tag_send_now(
         &mut self,
         conn: ConnId,
         tag: Tag,
-        buf: UserBufId,
         len: u64,
-    ) -> Option<RequestId> {
+    ) -> Option<(RequestId, FrameBuf)> {
+        if !self.actions.is_empty() {
+            return None;
+        }
+        self.frame_now(conn, tag, len)
+    }
+
+    /// [`Engine::tag_send_now`] but for the actions: its frame, if it goes out at once, to
+    /// send after the actions queued.
+    fn frame_now(&mut self, conn: ConnId, tag: Tag, len: u64) -> Option<(RequestId, FrameBuf)> {
         let c = self.conns.get_mut(&conn)?;
         if !c.sends_now(len) {
             return None;
@@ -74,17 +89,7 @@ impl Engine {
         h.tag = tag;
         h.sreq = id.0;
         h.payload_len = len as u32;
-        c.emit(
-            conn,
-            h,
-            None,
-            Some(PayloadRef { buf, len }),
-            &mut self.actions,
-            &mut self.credits,
-        );
-        // No Complete: the id says the send is done once its frame is (see
-        // `RequestId::is_immediate`).
-        Some(id)
+        Some((id, c.stamp(h, None, &mut self.credits)))
     }
 
     /// The driver exposed a rendezvous send buffer.
@@ -222,18 +227,29 @@ impl Conn {
             && self.tx_credits >= 2
     }
 
-    /// Emits a frame on this connection (`id`): piggybacks the credits owed to the peer
-    /// (less what `pool` takes back from its window), asks for more if this side ran out,
-    /// numbers it and spends a credit.
+    /// Emits a frame on this connection (`id`), [stamped](Conn::stamp), as a
+    /// [`Action::SendFrame`].
     pub(super) fn emit(
         &mut self,
         id: ConnId,
-        mut h: Header,
+        h: Header,
         rts: Option<&RtsBody>,
         payload: Option<PayloadRef>,
         actions: &mut VecDeque<Action>,
         pool: &mut CreditPool,
     ) {
+        let frame = self.stamp(h, rts, pool);
+        actions.push_back(Action::SendFrame {
+            conn: id,
+            frame,
+            payload,
+        });
+    }
+
+    /// Makes the next frame of this connection: piggybacks the credits owed to the peer
+    /// (less what `pool` takes back from its window), asks for more if this side ran out,
+    /// numbers it and spends a credit. The frame must be sent before any made later.
+    fn stamp(&mut self, mut h: Header, rts: Option<&RtsBody>, pool: &mut CreditPool) -> FrameBuf {
         if self.rx_unreturned > 0 {
             let back = pool.reclaim(self.window, self.rx_unreturned);
             self.window -= back;
@@ -248,10 +264,6 @@ impl Conn {
         h.seq = self.tx_seq;
         self.tx_seq = self.tx_seq.wrapping_add(1);
         self.tx_credits -= 1;
-        actions.push_back(Action::SendFrame {
-            conn: id,
-            frame: FrameBuf::encode(&h, rts),
-            payload,
-        });
+        FrameBuf::encode(&h, rts)
     }
 }
