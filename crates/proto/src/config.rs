@@ -1,5 +1,6 @@
 //! Engine configuration, with `RDMX_EAGER_THRESHOLD` parsing.
 
+use crate::error::Unit;
 use crate::wire::{HEADER_LEN, MAX_CTRL_FRAME};
 use crate::Error;
 
@@ -82,6 +83,7 @@ fn invalid(var: &'static str, value: &str, reason: impl Into<String>, min: u64, 
         reason: reason.into(),
         min,
         max,
+        unit: Unit::Bytes,
     }
 }
 
@@ -183,13 +185,22 @@ impl ConfigBuilder {
     /// Validates and returns the configuration.
     pub fn build(self) -> Result<Config, Error> {
         let c = self.cfg;
-        let chk = |var: &'static str, v: u64, min: u64, max: u64| {
+        let check = |unit: Unit, var: &'static str, v: u64, min: u64, max: u64| {
             if v < min || v > max {
-                Err(invalid(var, &v.to_string(), "out of range", min, max))
+                Err(Error::InvalidConfig {
+                    var,
+                    value: v.to_string(),
+                    reason: "out of range".into(),
+                    min,
+                    max,
+                    unit,
+                })
             } else {
                 Ok(())
             }
         };
+        let chk = |var, v, min, max| check(Unit::Bytes, var, v, min, max);
+        let count = |var, v, min, max| check(Unit::Count, var, v, min, max);
         chk("eager_threshold", c.eager_threshold, 0, MAX_EAGER_THRESHOLD)?;
         chk(
             "recv_buf_size",
@@ -197,26 +208,26 @@ impl ConfigBuilder {
             MAX_CTRL_FRAME as u64,
             u32::MAX as u64,
         )?;
-        chk(
+        count(
             "credits",
             c.credits.into(),
             MIN_CREDITS.into(),
             u16::MAX.into(),
         )?;
-        chk(
+        count(
             "initial_credits",
             c.initial_credits.into(),
             MIN_CREDITS.into(),
             c.credits.into(),
         )?;
-        chk(
+        count(
             "srq_depth",
             c.srq_depth.into(),
             c.credits.into(),
             u32::MAX.into(),
         )?;
         chk("rndv_chunk_size", c.rndv_chunk_size, 1, u32::MAX as u64)?;
-        chk(
+        count(
             "max_reads_in_flight",
             c.max_reads_in_flight.into(),
             1,

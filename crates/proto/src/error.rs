@@ -3,13 +3,31 @@
 use crate::wire::DecodeError;
 use crate::ConnId;
 
+/// What a configuration value counts, for [`Error::InvalidConfig`]'s message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Bytes, written with an optional size suffix ([`crate::config::parse_size`]).
+    Bytes,
+    /// Things (buffers, credits, READs): a whole number.
+    Count,
+}
+
+impl Unit {
+    fn describe(self) -> &'static str {
+        match self {
+            Unit::Bytes => " bytes (integer with optional suffix k, K, KiB, m, M or MiB)",
+            Unit::Count => " (a whole number)",
+        }
+    }
+}
+
 /// Every error returned by `rdmx-proto`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// A configuration variable (environment or programmatic) has an invalid value.
     #[error(
-        "invalid value {value:?} for {var}: {reason}; allowed range is {min}..={max} bytes \
-         (integer with optional suffix k, K, KiB, m, M or MiB)"
+        "invalid value {value:?} for {var}: {reason}; allowed range is {min}..={max}{}",
+        unit.describe()
     )]
     InvalidConfig {
         /// Name of the variable, e.g. `RDMX_EAGER_THRESHOLD`.
@@ -22,6 +40,8 @@ pub enum Error {
         min: u64,
         /// Largest allowed value.
         max: u64,
+        /// What the value counts.
+        unit: Unit,
     },
     /// A frame or handshake could not be decoded.
     #[error("malformed input: {0}")]

@@ -123,7 +123,7 @@ pub use engine::{
     Action, CloseReason, Completion, ConnLimits, ConnStats, CreditStats, Engine, PayloadRef,
     ProbeInfo, RemoteBuf, RequestKind, Status,
 };
-pub use error::Error;
+pub use error::{Error, Unit};
 pub use wire::{Handshake, HEADER_LEN};
 
 /// A message tag.

@@ -83,3 +83,17 @@ fn programmatic_override_wins() {
     assert!(Config::builder().srq_depth(10).credits(11).build().is_err());
     assert_eq!(Config::builder().build().unwrap(), Config::default());
 }
+
+#[test]
+fn counts_are_not_described_as_byte_sizes() {
+    let none = || ConfigBuilder::from_lookup(|_| None).unwrap();
+    let e = none().credits(64).srq_depth(16).build().unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("srq_depth") && msg.contains("64..=") && msg.contains("a whole number"),
+        "{msg}"
+    );
+    assert!(!msg.contains("bytes") && !msg.contains("KiB"), "{msg}");
+    let e = none().recv_buf_size(1).build().unwrap_err();
+    assert!(e.to_string().contains("bytes"), "{e}");
+}
