@@ -115,11 +115,11 @@ impl Driver {
     }
 
     /// A send that goes out as it is made (the common case of a small message), done: the
-    /// frame `Engine::tag_send_now` makes is queued at once with the payload from `buf`,
-    /// which never enters the tables. When it is posted at once (an RDMA link with nothing
-    /// queued) and no action waits, that is all: no executor, no work for after the lock.
-    /// Otherwise the locked section ends as any does. `Err(buf)` when the send cannot go out
-    /// at once.
+    /// frame `Engine::tag_send_now` makes is queued at once with the payload from `data`,
+    /// which never enters the tables (the engine queues no action with it). When it is
+    /// posted at once (an RDMA link with nothing queued), that is all: no executor, no work
+    /// for after the lock. Otherwise the locked section ends as any does. `Err(data)` when
+    /// the send cannot go out at once.
     fn send_now(&self, cs: &Arc<Conn>, tag: Tag, data: SendData) -> Result<Outcome, SendData> {
         let len = data.bytes().len() as u64;
         let mut guard = self.state.lock();
@@ -137,7 +137,7 @@ impl Driver {
             buf: data.into_returned(),
             conn: Some(cs.id),
         };
-        if matches!(queued, Ok(Queued::Posted)) && !st.engine.has_actions() {
+        if matches!(queued, Ok(Queued::Posted)) {
             return Ok(done);
         }
         let mut out = AfterUnlock::default();

@@ -48,12 +48,7 @@ impl Protocol {
 
     /// Carries out one of the engine's actions (`at_hand`: see
     /// [`Protocol::run_actions_reading`]).
-    pub(super) fn execute(
-        &mut self,
-        action: Action,
-        at_hand: Option<&[u8]>,
-        out: &mut AfterUnlock,
-    ) {
+    fn execute(&mut self, action: Action, at_hand: Option<&[u8]>, out: &mut AfterUnlock) {
         match action {
             Action::SendFrame {
                 conn,

@@ -456,6 +456,19 @@ impl Region {
         unsafe { (*self.mr).rkey }
     }
 
+    /// What a peer needs to RDMA READ `len` bytes of this region from `addr`, or `None` when
+    /// it was not registered with [`Access::remote_read`] (or `len` does not fit a READ).
+    fn remote(&self, addr: u64, len: usize) -> Option<RemoteBuf> {
+        if !self.access.remote_read {
+            return None;
+        }
+        Some(RemoteBuf {
+            addr,
+            len: u32::try_from(len).ok()?,
+            rkey: self.rkey(),
+        })
+    }
+
     /// Deregisters the MR and gives up the memory: returns its backing, to be freed or handed
     /// back, or `None` when there is nothing to give up (already released, or deregistration
     /// failed and the memory is leaked). Afterwards the region is `Released`.
@@ -576,14 +589,7 @@ impl SharedBuf {
     /// The address, length and rkey a peer uses to RDMA READ the buffer, or `None` when it
     /// was not registered with [`Access::remote_read`].
     pub fn remote(&self) -> Option<RemoteBuf> {
-        if !self.region.access.remote_read {
-            return None;
-        }
-        Some(RemoteBuf {
-            addr: self.addr(),
-            len: u32::try_from(self.len).ok()?,
-            rkey: self.region.rkey(),
-        })
+        self.region.remote(self.addr(), self.len)
     }
 
     /// Deregisters the region and gives back the shared vector (the same `Arc`). While
@@ -654,14 +660,7 @@ impl RegisteredBuf {
     /// The address, length and rkey a peer uses to RDMA READ this buffer, or `None` when the
     /// region was not registered with [`Access::remote_read`].
     pub fn remote(&self) -> Option<RemoteBuf> {
-        if !self.region.access.remote_read {
-            return None;
-        }
-        Some(RemoteBuf {
-            addr: self.addr(),
-            len: u32::try_from(self.len).ok()?,
-            rkey: self.region.rkey(),
-        })
+        self.region.remote(self.addr(), self.len)
     }
 
     /// Splits the buffer in two at `at`: `self` keeps `[0, at)`, the result owns `[at, len)`.
