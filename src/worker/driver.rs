@@ -279,15 +279,7 @@ impl Driver {
             }
         }
         if !out.reaped.is_empty() {
-            let mut list = self.conn_list.write();
-            for cs in out.reaped.drain(..) {
-                let _ = self.registry.remove(cs.event_fd());
-                list.remove(&cs.id.0);
-                self.links.fetch_sub(1, Ordering::AcqRel);
-                if cs.link.frames_on_event_fd() {
-                    self.fd_links.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
+            self.forget_reaped(&mut out.reaped);
         }
         if out.news || !out.completed.is_empty() {
             if self.sleepers.any() {
@@ -295,6 +287,22 @@ impl Driver {
             }
             out.news = false;
             out.completed.clear();
+        }
+    }
+}
+
+impl Driver {
+    /// Stops watching the connections in `reaped` (left empty) and forgets them.
+    #[cold]
+    fn forget_reaped(&self, reaped: &mut Vec<Arc<Conn>>) {
+        let mut list = self.conn_list.write();
+        for cs in reaped.drain(..) {
+            let _ = self.registry.remove(cs.event_fd());
+            list.remove(&cs.id.0);
+            self.links.fetch_sub(1, Ordering::AcqRel);
+            if cs.link.frames_on_event_fd() {
+                self.fd_links.fetch_sub(1, Ordering::AcqRel);
+            }
         }
     }
 }

@@ -56,18 +56,38 @@ impl Protocol {
         }
     }
 
-    /// A frame arrived on `conn`: the engine reads it, the actions it queued run while the
-    /// frame is at hand (the engine keeps nothing of a frame once they ran), and its buffer
-    /// goes back to its link. Frames on closing connections (which the engine has forgotten)
-    /// go straight back.
+    /// A frame arrived on `conn`: the engine reads it, an eager message for a posted receive
+    /// is copied into the receive's buffer here (no action of the engine reads a frame: see
+    /// [`Engine::handle_frame_delivering`]), the actions it queued run, and its buffer goes
+    /// back to its link. Frames on closing connections (which the engine has forgotten) go
+    /// straight back.
     fn deliver(&mut self, conn: ConnId, frame: RecvFrame, len: usize, out: &mut AfterUnlock) {
         let Some(cs) = self.conns.get(&conn).filter(|cs| !cs.is_closing()).cloned() else {
             super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
             return;
         };
         let bytes = &frame[..len.min(frame.len())];
-        self.engine.handle_frame(conn, AT_HAND, bytes);
-        self.run_actions_reading(Some(bytes), out);
+        if let Some(d) = self.engine.handle_frame_delivering(conn, bytes) {
+            let copied = d.len == 0
+                || match (
+                    bytes.get(d.offset..d.offset + d.len),
+                    self.user_bufs.get_mut(&d.dst),
+                ) {
+                    (Some(data), Some(mem)) => mem.write_at(0, data),
+                    _ => false,
+                };
+            if !copied {
+                log::error!(
+                    "eager delivery of {} bytes into {:?} out of range",
+                    d.len,
+                    d.dst
+                );
+            }
+            self.complete(d.completion, out);
+        }
+        // (What else it caused runs now, before the next event: completions keep the order
+        // of arrival.)
+        self.run_actions(out);
         cs.link.give_back(frame, &mut out.deferred);
     }
 

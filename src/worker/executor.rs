@@ -34,21 +34,17 @@ impl Protocol {
             .unwrap_or_default()
     }
 
+    /// Runs the engine's actions.
     pub(super) fn run_actions(&mut self, out: &mut AfterUnlock) {
-        self.run_actions_reading(None, out);
-    }
-
-    /// Runs the engine's actions, with `at_hand` the bytes of the frame being delivered
-    /// ([`AT_HAND`]), the only receive buffer an action may copy from.
-    pub(super) fn run_actions_reading(&mut self, at_hand: Option<&[u8]>, out: &mut AfterUnlock) {
         while let Some(action) = self.engine.poll_action() {
-            self.execute(action, at_hand, out);
+            self.execute(action, out);
         }
     }
 
-    /// Carries out one of the engine's actions (`at_hand`: see
-    /// [`Protocol::run_actions_reading`]).
-    fn execute(&mut self, action: Action, at_hand: Option<&[u8]>, out: &mut AfterUnlock) {
+    /// Carries out one of the engine's actions. (Not inlined: in `run_actions`, which most
+    /// often finds none, its frame would be set up on every call.)
+    #[inline(never)]
+    fn execute(&mut self, action: Action, out: &mut AfterUnlock) {
         match action {
             Action::SendFrame {
                 conn,
@@ -90,23 +86,10 @@ impl Protocol {
                     self.engine.handle_read_complete(request, dst_offset, false);
                 }
             }
-            Action::CopyFromRecvBuf {
-                src,
-                src_offset,
-                len,
-                dst,
-                dst_offset,
-            } => {
-                let frame = at_hand.filter(|_| src == AT_HAND);
-                let copied = match (frame, self.user_bufs.get_mut(&dst)) {
-                    (Some(b), Some(mem)) => b
-                        .get(src_offset..src_offset + len)
-                        .is_some_and(|data| mem.write_at(dst_offset, data)),
-                    _ => false,
-                };
-                if !copied {
-                    log::error!("eager copy of {len} bytes into {dst:?} out of range");
-                }
+            Action::CopyFromRecvBuf { len, dst, .. } => {
+                // Only `Engine::handle_frame` asks for it; the worker delivers frames with
+                // `Engine::handle_frame_delivering` (see `Protocol::deliver`).
+                log::error!("eager copy of {len} bytes into {dst:?} from a frame no longer held");
             }
             Action::CopyToUser {
                 dst,

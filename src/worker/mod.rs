@@ -38,8 +38,8 @@ use parking_lot::{Mutex, RwLock};
 #[cfg(feature = "rdma")]
 use rdmx_conn::{AddrInfo, Device, Side};
 use rdmx_proto::{
-    Action, CloseReason, ConnId, ConnLimits, Engine, Handshake, ProbeInfo, RecvBufId, RemoteBuf,
-    RequestId, RequestKind, Status, Tag, UserBufId,
+    Action, CloseReason, ConnId, ConnLimits, Engine, Handshake, ProbeInfo, RemoteBuf, RequestId,
+    RequestKind, Status, Tag, UserBufId,
 };
 use smallvec::SmallVec;
 
@@ -215,10 +215,6 @@ struct ReadCtx {
     buf: UserBufId,
     off: u64,
 }
-
-/// The engine's name for the received frame being delivered: its actions run while the frame
-/// is at hand (see `Protocol::deliver`), so no other is ever named.
-const AT_HAND: RecvBufId = RecvBufId(0);
 
 struct Protocol {
     engine: Engine,

@@ -120,8 +120,8 @@ pub mod wire;
 
 pub use config::{Config, ConfigBuilder, EAGER_THRESHOLD_VAR};
 pub use engine::{
-    Action, CloseReason, Completion, ConnLimits, ConnStats, CreditStats, Engine, PayloadRef,
-    ProbeInfo, RemoteBuf, RequestKind, Status,
+    Action, CloseReason, Completion, ConnLimits, ConnStats, CreditStats, Delivery, Engine,
+    PayloadRef, ProbeInfo, RemoteBuf, RequestKind, Status,
 };
 pub use error::{Error, Unit};
 pub use wire::{Handshake, HEADER_LEN};

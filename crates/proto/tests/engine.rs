@@ -87,6 +87,88 @@ fn a_receive_whose_eager_message_arrived_completes_as_it_is_made() {
     assert_eq!(e.pending_requests(), 1);
 }
 
+/// An eager frame carrying `payload` with sequence `seq` and tag `tag`.
+fn eager_frame(seq: u32, tag: Tag, payload: &[u8]) -> Vec<u8> {
+    let mut h = Header::new(Opcode::Eager);
+    h.seq = seq;
+    h.tag = tag;
+    h.payload_len = payload.len() as u32;
+    let mut frame = FrameBuf::encode(&h, None).as_bytes().to_vec();
+    frame.extend_from_slice(payload);
+    frame
+}
+
+#[test]
+fn delivering_a_frame_directly_does_what_its_actions_would() {
+    // Two engines in the same state get the same frames: one through `handle_frame` (the
+    // copy and the completion as actions), the other through `handle_frame_delivering`
+    // (them handed back). Turned into the actions they stand for, the deliveries and the
+    // second engine's actions are the first engine's actions, frame after frame: matched
+    // receives (empty and not), a truncated one, an unexpected message, credit updates
+    // the frames make due, and a malformed frame, which closes the connection in both.
+    let up = |cfg: Config| {
+        let mut e = Engine::new(cfg.clone());
+        let peer = Engine::new(cfg).local_handshake();
+        e.handle_connection_up(ConnId(1), &peer).unwrap();
+        while e.poll_action().is_some() {}
+        e
+    };
+    let (mut a, mut b) = (up(small_cfg()), up(small_cfg()));
+    let mut frames = Vec::new();
+    // (Within the window of 8 frames the connection grants: the test returns no credits.)
+    for i in 0..5u32 {
+        let payload = pattern(usize::try_from(i % 4).unwrap() * 2, u64::from(i));
+        frames.push((Some(8u64), eager_frame(i, 3, &payload)));
+    }
+    // Truncated: 9 bytes into a receive of 8.
+    frames.push((Some(8), eager_frame(5, 3, &[7; 9])));
+    // Unexpected: no receive posted for it.
+    frames.push((None, eager_frame(6, 4, &[1, 2])));
+    // Malformed: a sequence number out of order.
+    frames.push((Some(8), eager_frame(99, 3, &[1])));
+    let src = RecvBufId(6);
+    let (mut deliveries, mut credit_updates) = (0, 0);
+    for (i, (cap, frame)) in frames.iter().enumerate() {
+        let dst = UserBufId(100 + i as u64);
+        let recvs = cap.map(|cap| (a.tag_recv(3, !0, dst, cap), b.tag_recv(3, !0, dst, cap)));
+        if let Some((ra, rb)) = recvs {
+            assert_eq!(ra, rb, "frame {i}: the engines went apart");
+        }
+        a.handle_frame(ConnId(1), src, frame);
+        let expected: Vec<Action> = std::iter::from_fn(|| a.poll_action()).collect();
+        let mut got = Vec::new();
+        if let Some(d) = b.handle_frame_delivering(ConnId(1), frame) {
+            deliveries += 1;
+            assert_eq!(d.dst, dst);
+            assert_eq!(&frame[d.offset..d.offset + d.len], &frame[HEADER_LEN..]);
+            if d.len > 0 {
+                got.push(Action::CopyFromRecvBuf {
+                    src,
+                    src_offset: d.offset,
+                    len: d.len,
+                    dst: d.dst,
+                    dst_offset: 0,
+                });
+            }
+            got.push(Action::Complete(d.completion));
+        }
+        got.extend(std::iter::from_fn(|| b.poll_action()));
+        assert_eq!(got, expected, "frame {i}");
+        credit_updates += expected
+            .iter()
+            .filter(|a| matches!(a, Action::SendFrame { payload: None, frame, .. } if frame.header().opcode == Opcode::Credit))
+            .count();
+    }
+    assert!(credit_updates > 0, "no frame made a credit update due");
+    assert_eq!(
+        deliveries, 5,
+        "the matched receives that fit were delivered directly"
+    );
+    assert_eq!(a.pending_requests(), b.pending_requests());
+    assert_eq!(a.unexpected_len(), b.unexpected_len());
+    assert!(a.conn_stats(ConnId(1)).is_none() && b.conn_stats(ConnId(1)).is_none());
+}
+
 #[test]
 fn rendezvous_multi_chunk_pipelined() {
     let mut s = sim3(3);

@@ -8,26 +8,57 @@ impl Engine {
     /// [`Action::CopyFromRecvBuf`] out of it among them), it may repost or reuse it. A
     /// malformed frame or a protocol violation closes only this connection.
     pub fn handle_frame(&mut self, conn_id: ConnId, buf: RecvBufId, bytes: &[u8]) {
-        let result = self.process_frame(conn_id, buf, bytes);
-        match result {
-            Ok(true) => self.flush(conn_id),
-            Ok(false) => {}
+        if let Some((m, flush)) = self.arrive(conn_id, bytes) {
+            if m.len > 0 {
+                self.actions.push_back(Action::CopyFromRecvBuf {
+                    src: buf,
+                    src_offset: m.offset,
+                    len: m.len,
+                    dst: m.dst,
+                    dst_offset: 0,
+                });
+            }
+            self.actions.push_back(Action::Complete(m.completion));
+            if flush {
+                self.flush(conn_id);
+            }
+        }
+    }
+
+    /// [`Engine::handle_frame`], but an eager message that completes a posted receive is
+    /// handed back instead of queued as [`Action::CopyFromRecvBuf`] and [`Action::Complete`]:
+    /// the driver copies its payload out of `bytes` and completes the receive itself (the
+    /// common case of a small message, without going through the action queue). Everything
+    /// else the frame causes is queued as by `handle_frame`, and its actions name no receive
+    /// buffer, so they may run before or after the delivery.
+    pub fn handle_frame_delivering(&mut self, conn_id: ConnId, bytes: &[u8]) -> Option<Delivery> {
+        let (m, flush) = self.arrive(conn_id, bytes)?;
+        if flush {
+            self.flush(conn_id);
+        }
+        Some(m)
+    }
+
+    /// Processes a frame; returns the eager message that completed a posted receive, if it
+    /// was one, and whether to flush the connection once it is delivered.
+    fn arrive(&mut self, conn_id: ConnId, bytes: &[u8]) -> Option<(Delivery, bool)> {
+        match self.process_frame(conn_id, bytes) {
+            Ok(Processed::Matched(m, flush)) => return Some((m, flush)),
+            Ok(Processed::Flush) => self.flush(conn_id),
+            Ok(Processed::Quiet) => {}
             Err(reason) => {
                 warn!("connection {conn_id:?} closed: {reason:?}");
                 self.fail_conn(conn_id, Some(reason));
             }
         }
+        None
     }
 
-    pub(super) fn process_frame(
-        &mut self,
-        conn_id: ConnId,
-        buf: RecvBufId,
-        bytes: &[u8],
-    ) -> Result<bool, CloseReason> {
+    /// Checks, decodes and dispatches a frame: what the caller does next.
+    fn process_frame(&mut self, conn_id: ConnId, bytes: &[u8]) -> Result<Processed, CloseReason> {
         let Some(c) = self.conns.get_mut(&conn_id) else {
             debug!("frame on unknown connection {conn_id:?} dropped");
-            return Ok(false);
+            return Ok(Processed::Quiet);
         };
         let recv_buf_size = c.recv_buf_size as usize;
         c.rx_unreturned += 1;
@@ -71,9 +102,14 @@ impl Engine {
         let quiet = c.ctrl_q.is_empty() && c.data_q.is_empty() && c.rx_unreturned < threshold;
         match frame.body {
             Body::Eager(payload) => {
+                let flush = if quiet {
+                    Processed::Quiet
+                } else {
+                    Processed::Flush
+                };
                 if let Some(p) = self.take_posted_match(h.tag) {
                     let Some(Req::Recv(r)) = self.reqs.get(p.req) else {
-                        return Ok(!quiet);
+                        return Ok(flush);
                     };
                     let len = payload.len() as u64;
                     if len > r.cap {
@@ -85,30 +121,28 @@ impl Engine {
                             h.tag,
                             Some(conn_id),
                         );
-                    } else {
-                        if len > 0 {
-                            self.actions.push_back(Action::CopyFromRecvBuf {
-                                src: buf,
-                                src_offset: HEADER_LEN,
-                                len: payload.len(),
-                                dst: r.buf,
-                                dst_offset: 0,
-                            });
-                        }
-                        self.complete(
-                            p.req,
-                            RequestKind::Recv,
-                            Status::Ok,
-                            len,
-                            h.tag,
-                            Some(conn_id),
-                        );
+                        return Ok(flush);
                     }
-                } else {
-                    let data = self.payload_copy(payload);
-                    self.push_unexpected(conn_id, h.tag, UnexpKind::Eager(data));
+                    let dst = r.buf;
+                    self.reqs.discard(p.req);
+                    let delivery = Delivery {
+                        dst,
+                        offset: HEADER_LEN,
+                        len: payload.len(),
+                        completion: Completion {
+                            request: p.req,
+                            kind: RequestKind::Recv,
+                            status: Status::Ok,
+                            length: len,
+                            tag: h.tag,
+                            conn: Some(conn_id),
+                        },
+                    };
+                    return Ok(Processed::Matched(delivery, !quiet));
                 }
-                return Ok(!quiet);
+                let data = self.payload_copy(payload);
+                self.push_unexpected(conn_id, h.tag, UnexpKind::Eager(data));
+                return Ok(flush);
             }
             Body::Rts(body) => {
                 if let Some(p) = self.take_posted_match(h.tag) {
@@ -140,10 +174,39 @@ impl Engine {
                     _ => debug!("ATS for unknown or cancelled request {req:?}"),
                 }
             }
-            Body::Credit => return Ok(!quiet),
+            Body::Credit if quiet => return Ok(Processed::Quiet),
+            Body::Credit => return Ok(Processed::Flush),
             Body::Error => return Err(CloseReason::PeerError(h.status)),
             Body::Handshake(_) => return Err(perr("unexpected in-band handshake".into())),
         }
-        Ok(true)
+        Ok(Processed::Flush)
     }
+}
+
+/// What [`Engine::process_frame`] leaves its caller to do.
+enum Processed {
+    /// Nothing more.
+    Quiet,
+    /// Flush the connection: frames may wait for the credits it brought, or the peer is
+    /// owed a credit update.
+    Flush,
+    /// Deliver an eager message into the receive it matched (the engine forgot the
+    /// receive), then flush if true.
+    Matched(Delivery, bool),
+}
+
+/// An eager message for a posted receive, handed to the driver by
+/// [`Engine::handle_frame_delivering`]: it copies `len` bytes at `offset` of the frame into
+/// `dst` (at its start), then completes the receive with `completion`, as it would execute
+/// [`Action::CopyFromRecvBuf`] and [`Action::Complete`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    /// The receive's buffer.
+    pub dst: UserBufId,
+    /// Where the payload starts in the frame.
+    pub offset: usize,
+    /// Payload bytes (at most the receive's capacity; 0 copies nothing).
+    pub len: usize,
+    /// The receive's completion (status `Ok`).
+    pub completion: Completion,
 }

@@ -16,6 +16,7 @@ mod send;
 
 pub use actions::{Action, CloseReason, Completion, PayloadRef, RemoteBuf, RequestKind, Status};
 pub use credits::CreditStats;
+pub use frames::Delivery;
 
 use credits::CreditPool;
 
