@@ -56,6 +56,7 @@ impl Engine {
                 starved: false,
                 window: self.credits.admit(limits.credits),
                 rx_unreturned: 0,
+                rx_unreturned_data: 0,
                 tx_seq: 0,
                 rx_seq: 0,
                 ctrl_q: VecDeque::new(),

@@ -91,15 +91,19 @@ impl Engine {
             )));
         }
         c.tx_credits = new_credits;
+        if !matches!(frame.body, Body::Credit) {
+            c.rx_unreturned_data += 1;
+        }
         if h.flags & wire::FLAG_CREDIT_WANTED != 0 {
             let more = self.credits.grow(c.window);
             c.window += more;
             c.rx_unreturned += more;
+            // (The peer waits for them.)
+            c.rx_unreturned_data += more;
         }
-        let threshold = c.credit_threshold();
         // An eager message or a credit update adds nothing to send: unless frames wait for
         // credits or the peer is owed a credit update, there is nothing to flush after it.
-        let quiet = c.ctrl_q.is_empty() && c.data_q.is_empty() && c.rx_unreturned < threshold;
+        let quiet = c.ctrl_q.is_empty() && c.data_q.is_empty() && !c.credit_due();
         match frame.body {
             Body::Eager(payload) => {
                 let flush = if quiet {

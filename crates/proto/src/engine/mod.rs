@@ -185,7 +185,11 @@ struct Conn {
     starved: bool,
     /// Credits granted to the peer in all (see [`ConnStats::window`]).
     window: u32,
+    /// Frames received (and credits added to the window) not yet granted back to the peer.
     rx_unreturned: u32,
+    /// Of `rx_unreturned`, those for anything but CREDIT frames: only they make a CREDIT
+    /// frame of this side's worth sending (see [`Conn::credit_due`]).
+    rx_unreturned_data: u32,
     tx_seq: u32,
     rx_seq: u32,
     ctrl_q: VecDeque<Ctrl>,

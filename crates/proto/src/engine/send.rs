@@ -199,7 +199,7 @@ impl Engine {
             // Frames wait for credits: the next frame asks for a larger window.
             c.starved = true;
         }
-        if c.rx_unreturned >= c.credit_threshold() && c.tx_credits >= 1 {
+        if c.credit_due() && c.tx_credits >= 1 {
             c.emit(
                 conn_id,
                 Header::new(Opcode::Credit),
@@ -217,6 +217,19 @@ impl Conn {
     /// its window, at least 2.
     pub(super) fn credit_threshold(&self) -> u32 {
         (self.window / 4).max(2)
+    }
+
+    /// Whether the credits owed to the peer are worth a CREDIT frame of their own: those for
+    /// its other frames reached [`Conn::credit_threshold`], or all it is owed leave it less
+    /// than 2 of its window (what a data frame needs, see [`Conn::sends_now`]).
+    ///
+    /// Credits for the peer's CREDIT frames alone never make one due, though they count
+    /// towards the second condition: otherwise each side's CREDIT frame could make the
+    /// other's due, and a ping-pong would carry a CREDIT frame beside every message, each
+    /// way, for good (seen with 8-credit windows: the threshold of 2 is met by one message
+    /// and one CREDIT frame).
+    pub(super) fn credit_due(&self) -> bool {
+        self.rx_unreturned_data >= self.credit_threshold() || self.rx_unreturned + 2 > self.window
     }
 
     /// Whether a send of `len` bytes goes out at once (see [`Engine::tag_send_now`]).
@@ -260,6 +273,7 @@ impl Conn {
         }
         let grant = self.rx_unreturned.min(u32::from(u16::MAX));
         self.rx_unreturned -= grant;
+        self.rx_unreturned_data = self.rx_unreturned_data.min(self.rx_unreturned);
         h.credits = grant as u16;
         h.seq = self.tx_seq;
         self.tx_seq = self.tx_seq.wrapping_add(1);
