@@ -62,10 +62,12 @@ impl Protocol {
     /// back to its link. Frames on closing connections (which the engine has forgotten) go
     /// straight back.
     fn deliver(&mut self, conn: ConnId, frame: RecvFrame, len: usize, out: &mut AfterUnlock) {
-        let Some(cs) = self.conns.get(&conn).filter(|cs| !cs.is_closing()).cloned() else {
+        // (Looked up again to give the frame back, rather than its `Arc` cloned and dropped:
+        // two atomic operations on a line other threads write.)
+        if self.conns.get(&conn).map_or(true, |cs| cs.is_closing()) {
             super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
             return;
-        };
+        }
         let bytes = &frame[..len.min(frame.len())];
         if let Some(d) = self.engine.handle_frame_delivering(conn, bytes) {
             let copied = d.len == 0
@@ -88,7 +90,7 @@ impl Protocol {
         // (What else it caused runs now, before the next event: completions keep the order
         // of arrival.)
         self.run_actions(out);
-        cs.link.give_back(frame, &mut out.deferred);
+        super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
     }
 
     /// A READ completed (`posted`) or could not be posted: give its piece back and report it.

@@ -64,7 +64,8 @@ impl Connection {
         } else {
             config.recv_depth
         };
-        attr.cap.max_send_sge = 1;
+        // (An inline send may gather its bytes from up to this many pieces.)
+        attr.cap.max_send_sge = INLINE_PIECES as u32;
         attr.cap.max_recv_sge = 1;
         attr.cap.max_inline_data = config.max_inline;
         // SAFETY: the id is valid without a QP; the PD, CQ and SRQ are valid and on the id's
@@ -232,15 +233,26 @@ impl Connection {
     /// which holds nothing once posted, is not recorded: see [`crate::cq`]).
     fn post(&self, work: SendWork<'_>, cookie: u64) -> Result<(), (Error, Option<RegisteredBuf>)> {
         let (opcode, len, inline, remote) = (work.opcode, work.len, work.inline, work.remote);
-        let mut sge = match (&work.buf, inline) {
-            (Some(buf), _) => buf.sge(len),
-            (None, Some(data)) => sys::ibv_sge {
-                addr: data.as_ptr() as u64,
-                length: data.len() as u32,
-                lkey: 0,
-            },
-            (None, None) => sys::ibv_sge::default(),
-        };
+        let mut sges = [sys::ibv_sge::default(); INLINE_PIECES];
+        let mut num_sge = 0;
+        match (&work.buf, inline) {
+            (Some(buf), _) => {
+                sges[0] = buf.sge(len);
+                num_sge = usize::from(len > 0);
+            }
+            (None, Some(pieces)) => {
+                // (Empty pieces are left out: a zero-length entry says nothing.)
+                for p in pieces.iter().filter(|p| !p.is_empty()) {
+                    sges[num_sge] = sys::ibv_sge {
+                        addr: p.as_ptr() as u64,
+                        length: p.len() as u32,
+                        lkey: 0,
+                    };
+                    num_sge += 1;
+                }
+            }
+            (None, None) => {}
+        }
         let mut flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
         if opcode == sys::ibv_wr_opcode::IBV_WR_SEND && (len as u64) <= u64::from(self.max_inline) {
             flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
@@ -256,8 +268,8 @@ impl Connection {
         let mut wr = sys::ibv_send_wr {
             wr_id,
             next: ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: i32::from(len > 0),
+            sg_list: sges.as_mut_ptr(),
+            num_sge: num_sge as i32,
             opcode,
             send_flags: flags,
             ..Default::default()
@@ -269,7 +281,7 @@ impl Connection {
             };
         }
         let mut bad = ptr::null_mut();
-        // SAFETY: the QP is valid; wr and sge live across the call. The local memory is either
+        // SAFETY: the QP is valid; wr and sges live across the call. The local memory is either
         // copied now (inline) or owned by the buffer now recorded in the CQ's table, where it
         // stays — untouched by anyone else and never freed — until its completion is polled or
         // the QP is destroyed.
@@ -376,20 +388,35 @@ impl Connection {
     /// its `wr_id` alone, so, unlike recorded work's, it is reported even if it surfaces after
     /// its QP was destroyed.
     pub fn post_send_inline(&self, data: &[u8], cookie: u64) -> Result<()> {
+        self.post_send_inline_gather(&[data], cookie)
+    }
+
+    /// [`Connection::post_send_inline`] of the bytes of `pieces` one after the other (at
+    /// most [`INLINE_PIECES`] of them, e.g. a header and its payload), gathered from where
+    /// they are as the work request is made: no staging copy.
+    pub fn post_send_inline_gather(&self, pieces: &[&[u8]], cookie: u64) -> Result<()> {
+        if pieces.len() > INLINE_PIECES {
+            return Err(Error::invalid(
+                "ibv_post_send",
+                format!(
+                    "an inline send gathers at most {INLINE_PIECES} pieces (got {})",
+                    pieces.len()
+                ),
+            ));
+        }
+        let len: usize = pieces.iter().map(|p| p.len()).sum();
         if cookie & UNRECORDED != 0 {
             return Err(Error::invalid(
                 "ibv_post_send",
                 format!("an inline send's cookie must be below 2^63 (got {cookie:#x})"),
             ));
         }
-        if data.len() as u64 > u64::from(self.max_inline) {
+        if len as u64 > u64::from(self.max_inline) {
             return Err(Error::invalid(
                 "ibv_post_send",
                 format!(
-                    "{} bytes do not fit inline (at most {} on qp {})",
-                    data.len(),
-                    self.max_inline,
-                    self.qp_num
+                    "{len} bytes do not fit inline (at most {} on qp {})",
+                    self.max_inline, self.qp_num
                 ),
             ));
         }
@@ -398,9 +425,9 @@ impl Connection {
             WorkKind::Send,
             sys::ibv_wr_opcode::IBV_WR_SEND,
             None,
-            data.len(),
+            len,
         );
-        work.inline = Some(data);
+        work.inline = Some(pieces);
         self.post(work, cookie).map_err(|(e, _)| e)
     }
 
@@ -573,13 +600,16 @@ impl Connection {
     }
 }
 
+/// The most pieces [`Connection::post_send_inline_gather`] gathers a send from.
+pub const INLINE_PIECES: usize = 2;
+
 struct SendWork<'a> {
     call: &'static str,
     kind: WorkKind,
     opcode: sys::ibv_wr_opcode,
     buf: Option<RegisteredBuf>,
     len: usize,
-    inline: Option<&'a [u8]>,
+    inline: Option<&'a [&'a [u8]]>,
     remote: Option<RemoteBuf>,
 }
 

@@ -63,7 +63,7 @@ pub use cm::{
     connect, CmEvent, CmEventKind, ConnectionRequest, Listener, QpConfig, MAX_ACCEPT_PRIVATE_DATA,
     MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
-pub use connection::Connection;
+pub use connection::{Connection, INLINE_PIECES};
 pub use cq::{Completion, CompletionQueue, WcStatus, WorkKind};
 pub use device::{Device, DeviceLimits, PortInfo};
 pub use error::{Error, Result};

@@ -274,22 +274,27 @@ impl TransportLink for RdmaLink {
     ) -> Result<Queued, String> {
         let total = frame.len() + payload.len();
         let item = if total <= self.max_inline().min(INLINE_MAX) {
+            let mut queue = self.queue.lock();
+            if queue.is_empty() && self.in_flight() < self.depth_now() {
+                // Posted at once, gathered from where the frame and the payload are.
+                self.in_flight.fetch_add(1, Ordering::AcqRel);
+                self.posts.fetch_add(1, Ordering::Relaxed);
+                match self
+                    .conn
+                    .post_send_inline_gather(&[frame, payload], COOKIE_SEND | self.id.0)
+                {
+                    Ok(()) => return Ok(Queued::Posted),
+                    // The flush tries again, and reports the failure if it fails again.
+                    Err(_) => self.completed(),
+                }
+            }
             let mut bytes = [0u8; INLINE_MAX];
             bytes[..frame.len()].copy_from_slice(frame);
             bytes[frame.len()..total].copy_from_slice(payload);
-            let mut item = Outgoing::Inline {
+            queue.push_back(Outgoing::Inline {
                 bytes,
                 len: total as u16,
-            };
-            let mut queue = self.queue.lock();
-            if queue.is_empty() && self.in_flight() < self.depth_now() {
-                match self.post_one(item) {
-                    Ok(()) => return Ok(Queued::Posted),
-                    // The flush tries again, and reports the failure if it fails again.
-                    Err((_, back)) => item = back,
-                }
-            }
-            queue.push_back(item);
+            });
             return Ok(Queued::ForFlush);
         } else {
             let pool = &mut st.rdma.send_pool;

@@ -81,7 +81,8 @@ fn connect_failures_are_errors_within_bounded_time() {
 
 /// An inline SEND is not recorded (it holds nothing once posted): its completion, mixed in
 /// one poll with recorded work's, still carries its cookie and kind; it is never counted as
-/// pending; a cookie with the top bit set (which marks unrecorded work) is refused.
+/// pending; a cookie with the top bit set (which marks unrecorded work) is refused. Inline
+/// sends gathered from pieces arrive as their pieces joined.
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn inline_sends_complete_with_their_cookie_without_a_record() {
@@ -116,6 +117,26 @@ fn inline_sends_complete_with_their_cookie_without_a_record() {
     let got = collect(&server.cq, 3);
     let lens: Vec<u32> = got.iter().map(|c| c.byte_len).collect();
     assert_eq!(lens, vec![5, 8, 5], "{got:?}");
+
+    // Gathered from pieces (a header and its payload), an empty piece among them.
+    let too_many: [&[u8]; 3] = [b"a", b"b", b"c"];
+    assert!(conn.post_send_inline_gather(&too_many, 1).is_err());
+    let too_long = vec![0u8; conn.max_inline() as usize];
+    assert!(conn.post_send_inline_gather(&[&too_long, b"x"], 1).is_err());
+    conn.post_send_inline_gather(&[b"head", b"tail"], 8)
+        .unwrap();
+    conn.post_send_inline_gather(&[b"", b"only"], 9).unwrap();
+    conn.post_send_inline_gather(&[b"alone"], 10).unwrap();
+    let cookies: Vec<u64> = collect(&client.cq, 3).iter().map(|c| c.cookie).collect();
+    assert_eq!(cookies, vec![8, 9, 10]);
+    let got: Vec<Vec<u8>> = collect(&server.cq, 3)
+        .iter()
+        .map(|c| c.buffer.as_ref().unwrap()[..c.byte_len as usize].to_vec())
+        .collect();
+    assert_eq!(
+        got,
+        vec![b"headtail".to_vec(), b"only".to_vec(), b"alone".to_vec()]
+    );
 }
 
 /// A shared vector registers in place for the NIC to read only: local write is refused (the
