@@ -345,6 +345,14 @@ pub(crate) enum RecvFrame {
     Owned(Vec<u8>),
 }
 
+impl RecvFrame {
+    /// Whether the buffer goes back to the link it came from (a stream's, which the link
+    /// reuses) rather than to the worker (an SRQ's: [`Deferred::return_frame`]).
+    pub(crate) fn is_link_buffer(&self) -> bool {
+        matches!(self, RecvFrame::Owned(_))
+    }
+}
+
 impl std::ops::Deref for RecvFrame {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

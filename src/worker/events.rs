@@ -62,8 +62,8 @@ impl Protocol {
     /// back to its link. Frames on closing connections (which the engine has forgotten) go
     /// straight back.
     fn deliver(&mut self, conn: ConnId, frame: RecvFrame, len: usize, out: &mut AfterUnlock) {
-        // (Looked up again to give the frame back, rather than its `Arc` cloned and dropped:
-        // two atomic operations on a line other threads write.)
+        // (Looked up again to give the frame back, if need be, rather than its `Arc` cloned
+        // and dropped: two atomic operations on a line other threads write.)
         if self.conns.get(&conn).map_or(true, |cs| cs.is_closing()) {
             super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
             return;

@@ -317,7 +317,13 @@ pub(super) fn give_back(
     conn: ConnId,
     deferred: &mut Deferred,
 ) {
-    match conns.get(&conn) {
+    // (An SRQ's buffer goes back to the worker: its connection is not looked up.)
+    let link = if frame.is_link_buffer() {
+        conns.get(&conn)
+    } else {
+        None
+    };
+    match link {
         Some(cs) => cs.link.give_back(frame, deferred),
         None => deferred.return_frame(frame),
     }
