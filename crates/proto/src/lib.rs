@@ -89,7 +89,10 @@
 //! grants its peer `Config::initial_credits` frames at connect (the handshake's
 //! `credits`); every frame costs the sender one credit, and the receiver returns a credit
 //! for each frame whose buffer it reposted, piggybacked on the `credits` header field of
-//! any frame it sends, or in a standalone CREDIT frame once `max(2, window / 4)` are owed.
+//! any frame it sends, or in a standalone CREDIT frame once `max(2, window / 4)` are owed
+//! for frames other than CREDIT frames (or all it is owed would leave the peer fewer than the
+//! two credits a data frame needs): credits for CREDIT frames alone never make one due, or
+//! each side's CREDIT frame could make the other's due, beside every message, for good.
 //! A sender that ran out of credits with frames waiting sets the credit-wanted flag on its
 //! next frame, and the receiver doubles that peer's window from the pool, up to
 //! `Config::credits` (the handshake's `max_credits`); when the pool cannot serve such a
