@@ -289,9 +289,7 @@ impl Driver {
             out.completed.clear();
         }
     }
-}
 
-impl Driver {
     /// Stops watching the connections in `reaped` (left empty) and forgets them.
     #[cold]
     fn forget_reaped(&self, reaped: &mut Vec<Arc<Conn>>) {

@@ -71,13 +71,9 @@ impl Protocol {
         let bytes = &frame[..len.min(frame.len())];
         if let Some(d) = self.engine.handle_frame_delivering(conn, bytes) {
             let copied = d.len == 0
-                || match (
-                    bytes.get(d.offset..d.offset + d.len),
-                    self.user_bufs.get_mut(&d.dst),
-                ) {
-                    (Some(data), Some(mem)) => mem.write_at(0, data),
-                    _ => false,
-                };
+                || bytes
+                    .get(d.offset..d.offset + d.len)
+                    .is_some_and(|data| self.write_user(d.dst, 0, data));
             if !copied {
                 log::error!(
                     "eager delivery of {} bytes into {:?} out of range",

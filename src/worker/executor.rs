@@ -27,6 +27,14 @@ impl Protocol {
         }
     }
 
+    /// Copies `data` into the user buffer `dst` at `off`; false when the buffer is gone or
+    /// the bytes do not fit.
+    pub(super) fn write_user(&mut self, dst: UserBufId, off: u64, data: &[u8]) -> bool {
+        self.user_bufs
+            .get_mut(&dst)
+            .is_some_and(|mem| mem.write_at(off, data))
+    }
+
     pub(super) fn take_buf(&mut self, id: UserBufId) -> Vec<u8> {
         self.user_bufs
             .remove(&id)
@@ -96,11 +104,7 @@ impl Protocol {
                 dst_offset,
                 data,
             } => {
-                let copied = self
-                    .user_bufs
-                    .get_mut(&dst)
-                    .is_some_and(|mem| mem.write_at(dst_offset, &data));
-                if !copied {
+                if !self.write_user(dst, dst_offset, &data) {
                     log::error!("copy of {} bytes into {dst:?} out of range", data.len());
                 }
                 self.engine.recycle_payload(data);

@@ -48,11 +48,7 @@ fn a_receive_whose_eager_message_arrived_completes_as_it_is_made() {
     let mut e = Engine::new(Config::default());
     let hs = e.local_handshake();
     e.handle_connection_up(ConnId(1), &hs).unwrap();
-    let mut h = Header::new(Opcode::Eager);
-    h.tag = 5;
-    h.payload_len = 3;
-    let mut frame = FrameBuf::encode(&h, None).as_bytes().to_vec();
-    frame.extend_from_slice(&[1, 2, 3]);
+    let frame = eager_frame(0, 5, &[1, 2, 3]);
     e.handle_frame(ConnId(1), RecvBufId(0), &frame);
     while e.poll_action().is_some() {}
     let r = e.tag_recv(5, !0, UserBufId(9), 8);
@@ -666,13 +662,7 @@ fn malformed_frame_closes_only_that_connection() {
 
 #[test]
 fn every_malformation_is_a_protocol_error() {
-    let good = {
-        let mut h = Header::new(Opcode::Eager);
-        h.payload_len = 4;
-        let mut v = FrameBuf::encode(&h, None).as_bytes().to_vec();
-        v.extend_from_slice(b"abcd");
-        v
-    };
+    let good = eager_frame(0, 0, b"abcd");
     assert!(wire::decode(&good).is_ok());
     let mut cases: Vec<Vec<u8>> = vec![vec![], good[..39].to_vec(), good[..43].to_vec()];
     for (off, val) in [(0, 0u8), (2, 2), (3, 0), (3, 99), (4, 2), (5, 1), (12, 9)] {

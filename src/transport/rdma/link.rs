@@ -120,12 +120,8 @@ impl RdmaLink {
     // on the path of a failure that requeues it.)
     #[allow(clippy::result_large_err)]
     fn post_one(&self, item: Outgoing) -> Result<(), (rdmx_conn::Error, Outgoing)> {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        if !matches!(item, Outgoing::Probe) {
-            self.posts.fetch_add(1, Ordering::Relaxed);
-        }
         let cookie_send = COOKIE_SEND | self.id.0;
-        let result = match item {
+        self.counted(matches!(item, Outgoing::Probe), || match item {
             Outgoing::Inline { bytes, len } => {
                 match self
                     .conn
@@ -167,7 +163,17 @@ impl RdmaLink {
                 .post_probe(cookie_send)
                 .map_err(|e| (e, Outgoing::Probe)),
             Outgoing::Disconnect => unreachable!("`post` handles disconnects"),
-        };
+        })
+    }
+
+    /// Runs `post`, counting its work request in flight (and among the link's posts unless
+    /// it is a `probe`); a failed post is counted out again.
+    fn counted<E>(&self, probe: bool, post: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        if !probe {
+            self.posts.fetch_add(1, Ordering::Relaxed);
+        }
+        let result = post();
         if result.is_err() {
             self.completed();
         }
@@ -276,16 +282,14 @@ impl TransportLink for RdmaLink {
         let item = if total <= self.max_inline().min(INLINE_MAX) {
             let mut queue = self.queue.lock();
             if queue.is_empty() && self.in_flight() < self.depth_now() {
-                // Posted at once, gathered from where the frame and the payload are.
-                self.in_flight.fetch_add(1, Ordering::AcqRel);
-                self.posts.fetch_add(1, Ordering::Relaxed);
-                match self
-                    .conn
-                    .post_send_inline_gather(&[frame, payload], COOKIE_SEND | self.id.0)
-                {
-                    Ok(()) => return Ok(Queued::Posted),
-                    // The flush tries again, and reports the failure if it fails again.
-                    Err(_) => self.completed(),
+                // Posted at once, gathered from where the frame and the payload are. (If it
+                // fails, the flush tries again and reports the failure if it fails again.)
+                let posted = self.counted(false, || {
+                    self.conn
+                        .post_send_inline_gather(&[frame, payload], COOKIE_SEND | self.id.0)
+                });
+                if posted.is_ok() {
+                    return Ok(Queued::Posted);
                 }
             }
             let mut bytes = [0u8; INLINE_MAX];

@@ -104,13 +104,13 @@ impl Engine {
         // An eager message or a credit update adds nothing to send: unless frames wait for
         // credits or the peer is owed a credit update, there is nothing to flush after it.
         let quiet = c.ctrl_q.is_empty() && c.data_q.is_empty() && !c.credit_due();
+        let flush = if quiet {
+            Processed::Quiet
+        } else {
+            Processed::Flush
+        };
         match frame.body {
             Body::Eager(payload) => {
-                let flush = if quiet {
-                    Processed::Quiet
-                } else {
-                    Processed::Flush
-                };
                 if let Some(p) = self.take_posted_match(h.tag) {
                     let Some(Req::Recv(r)) = self.reqs.get(p.req) else {
                         return Ok(flush);
@@ -178,8 +178,7 @@ impl Engine {
                     _ => debug!("ATS for unknown or cancelled request {req:?}"),
                 }
             }
-            Body::Credit if quiet => return Ok(Processed::Quiet),
-            Body::Credit => return Ok(Processed::Flush),
+            Body::Credit => return Ok(flush),
             Body::Error => return Err(CloseReason::PeerError(h.status)),
             Body::Handshake(_) => return Err(perr("unexpected in-band handshake".into())),
         }
