@@ -1,0 +1,113 @@
+//! A shared segment: a sealed memfd mapped shared, accessed only through atomics.
+//!
+//! The segment is a trust boundary: the peer maps it too and may write anything into it at
+//! any moment. So this module never hands out a `&[u8]` or `&mut [u8]` of it (that would be
+//! a data race the compiler may exploit); every access is an atomic load or store of an
+//! aligned `u64`, bounds-checked against the mapping. Values read may be anything; the ring
+//! validates them before it uses them.
+//!
+//! The creator seals the memfd against shrinking and growing before handing it over, and
+//! [`Segment::open`] refuses a descriptor without those seals or of another size: a peer
+//! that could shrink the file would make our next access of a mapped page a SIGBUS.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::AtomicU64;
+
+use memmap2::{MmapOptions, MmapRaw};
+use rustix::fs::{MemfdFlags, SealFlags};
+
+use crate::{Error, Result};
+
+/// The seals a usable segment carries: its size is fixed for good.
+const SEALS: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::SEAL);
+
+/// A sealed memfd, mapped shared (see the module docs).
+pub struct Segment {
+    map: MmapRaw,
+    fd: OwnedFd,
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment").field("len", &self.len()).finish()
+    }
+}
+
+impl Segment {
+    /// Creates a zero-filled segment of `len` bytes (a positive multiple of 8), named `name`
+    /// in `/proc/*/fd` (a memfd has no path: nothing is left in `/dev/shm` when the
+    /// processes holding it die), sealed against resizing.
+    pub fn create(name: &str, len: usize) -> Result<Segment> {
+        if len == 0 || len % 8 != 0 {
+            return Err(Error::Invalid(format!(
+                "a segment of {len} bytes (a positive multiple of 8 is needed)"
+            )));
+        }
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(|e| Error::io("memfd_create", e))?;
+        rustix::fs::ftruncate(&fd, len as u64).map_err(|e| Error::io("sizing the segment", e))?;
+        rustix::fs::fcntl_add_seals(&fd, SEALS).map_err(|e| Error::io("sealing the segment", e))?;
+        Self::map(fd, len)
+    }
+
+    /// Maps a segment the peer handed over, which must be a memfd of exactly `len` bytes
+    /// sealed against shrinking and growing.
+    pub fn open(fd: OwnedFd, len: usize) -> Result<Segment> {
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|e| {
+            Error::BadSegment(format!("its seals cannot be read ({e}): not a memfd"))
+        })?;
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+            return Err(Error::BadSegment(format!(
+                "it can still be resized (seals {seals:?})"
+            )));
+        }
+        let size = rustix::fs::fstat(&fd)
+            .map_err(|e| Error::io("reading the segment's size", e))?
+            .st_size;
+        if u64::try_from(size).ok() != Some(len as u64) || len == 0 || len % 8 != 0 {
+            return Err(Error::BadSegment(format!(
+                "it holds {size} bytes, {len} were announced"
+            )));
+        }
+        Self::map(fd, len)
+    }
+
+    fn map(fd: OwnedFd, len: usize) -> Result<Segment> {
+        let map = MmapOptions::new()
+            .len(len)
+            .map_raw(&fd)
+            .map_err(|e| Error::io("mapping the segment", e))?;
+        Ok(Segment { map, fd })
+    }
+
+    /// The memfd, to hand to the peer.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The segment's size in bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the segment is empty (never: a segment has at least 8 bytes).
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    /// The aligned word at `offset`, or `None` when `offset` is not a multiple of 8 or the
+    /// word is not wholly inside the segment.
+    pub(crate) fn word(&self, offset: usize) -> Option<&AtomicU64> {
+        if offset % 8 != 0 || offset.checked_add(8)? > self.len() {
+            return None;
+        }
+        // SAFETY: the word lies inside the mapping (checked above), which is page-aligned, so
+        // `offset % 8 == 0` makes it 8-aligned; the mapping lives as long as `self`, which the
+        // returned reference borrows, and its size cannot change (the memfd is sealed against
+        // shrinking, checked at `open`, set at `create`). Every access to the segment from
+        // this process is atomic, so the peer's concurrent writes are not data races.
+        Some(unsafe { &*(self.map.as_mut_ptr().add(offset) as *const AtomicU64) })
+    }
+}

@@ -1,0 +1,281 @@
+//! The rings: frames in order and intact, across wrap-around, full rings, two mappings of
+//! one segment handed over a Unix socket, two threads — and a hostile peer scribbling the
+//! segment, which must yield errors and never a panic or an access outside it.
+
+use std::collections::VecDeque;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use rdmx_shm::channel::{self, Side};
+use rdmx_shm::ring::{ring_len, RING_HEADER_LEN};
+use rdmx_shm::{fdpass, Consumer, Doorbell, Error, Producer, Segment};
+
+const CAP: usize = 256;
+
+fn pair(cap: usize) -> (Arc<Segment>, Producer, Consumer) {
+    let seg = Arc::new(Segment::create("test", ring_len(cap)).expect("segment"));
+    let p = Producer::new(seg.clone(), 0, cap).expect("producer");
+    let c = Consumer::new(seg.clone(), 0, cap).expect("consumer");
+    (seg, p, c)
+}
+
+fn pop(c: &mut Consumer) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    c.pop(&mut out).expect("an intact ring").then_some(out)
+}
+
+#[test]
+fn frames_arrive_in_order_and_intact_across_the_wrap() {
+    let (_seg, mut p, mut c) = pair(CAP);
+    assert_eq!(pop(&mut c), None);
+    for round in 0..200u32 {
+        let len = (round as usize * 13) % 60;
+        let frame: Vec<u8> = (0..len).map(|i| (i as u32 ^ round) as u8).collect();
+        // Gathered from two pieces split anywhere.
+        let cut = (round as usize * 7) % (len + 1);
+        assert!(p.push(&[&frame[..cut], &frame[cut..]]).expect("push"));
+        assert_eq!(pop(&mut c).as_deref(), Some(&frame[..]), "round {round}");
+    }
+    assert!(p.drained().expect("drained"));
+}
+
+#[test]
+fn a_full_ring_refuses_until_the_consumer_catches_up() {
+    let (_seg, mut p, mut c) = pair(CAP);
+    // 24-byte frames take 32 bytes each: 8 fill the ring.
+    for i in 0..8u8 {
+        assert!(p.push(&[&[i; 24]]).expect("room"), "frame {i}");
+    }
+    assert!(!p.push(&[&[9; 1]]).expect("full, not an error"));
+    assert_eq!(pop(&mut c), Some(vec![0; 24]));
+    assert!(p.push(&[&[8; 24]]).expect("room again"));
+    for i in 1..=8u8 {
+        assert_eq!(pop(&mut c), Some(vec![i; 24]));
+    }
+    assert_eq!(pop(&mut c), None);
+}
+
+#[test]
+fn frames_too_long_for_the_ring_are_refused() {
+    let (_seg, mut p, _c) = pair(CAP);
+    assert_eq!(p.max_frame(), CAP - 8);
+    assert!(p.push(&[&[1; CAP - 8]]).expect("the longest fits"));
+    let e = p.push(&[&[1; CAP - 7]]).expect_err("too long");
+    assert!(matches!(e, Error::TooLong { len: 249, max: 248 }), "{e}");
+}
+
+#[test]
+fn rings_that_do_not_fit_are_refused() {
+    let seg = Arc::new(Segment::create("test", ring_len(CAP)).expect("segment"));
+    assert!(Producer::new(seg.clone(), 0, CAP + 8).is_err());
+    assert!(Producer::new(seg.clone(), 64, CAP).is_err());
+    assert!(Producer::new(seg.clone(), 0, 60).is_err());
+    assert!(Consumer::new(seg.clone(), 8, 64).is_err());
+    assert!(Segment::create("test", 12).is_err());
+    assert!(Segment::create("test", 0).is_err());
+}
+
+#[test]
+fn a_channel_handed_over_a_unix_socket_carries_frames_both_ways() {
+    let seg = channel::create("rdmx-test", CAP).expect("channel");
+    let bell = Doorbell::new().expect("doorbell");
+    let (a, b) = UnixStream::pair().expect("socketpair");
+    fdpass::send_with_fds(&a, b"hello", &[seg.fd(), bell.fd()]).expect("send");
+    let mut buf = [0u8; 16];
+    let (n, mut fds) = fdpass::recv_with_fds(&b, &mut buf).expect("recv");
+    assert_eq!(&buf[..n], b"hello");
+    assert_eq!(fds.len(), 2);
+    let (pid, uid) = fdpass::peer_credentials(&b).expect("credentials");
+    assert_eq!(pid as u32, std::process::id());
+    assert_eq!(uid, rustix::process::getuid().as_raw());
+    let their_bell = Doorbell::from_fd(fds.pop().expect("doorbell")).expect("an eventfd");
+    // A second mapping of the same memfd, as the peer process has.
+    let theirs = Arc::new(
+        Segment::open(fds.pop().expect("segment"), channel::channel_len(CAP)).expect("open"),
+    );
+    let (mut my_tx, mut my_rx) = channel::ends(&seg, CAP, Side::Creator).expect("ends");
+    let (mut their_tx, mut their_rx) = channel::ends(&theirs, CAP, Side::Opener).expect("ends");
+    assert!(my_tx.push(&[b"ping"]).expect("push"));
+    assert_eq!(pop(&mut their_rx).as_deref(), Some(&b"ping"[..]));
+    assert!(their_tx.push(&[b"pong"]).expect("push"));
+    assert_eq!(pop(&mut my_rx).as_deref(), Some(&b"pong"[..]));
+    // The doorbell: rung only while the consumer says it may sleep.
+    assert!(!their_tx.consumer_waiting());
+    my_rx.may_sleep(true);
+    assert!(my_rx.is_empty().expect("empty"));
+    assert!(their_tx.push(&[b"wake"]).expect("push"));
+    assert!(their_tx.consumer_waiting());
+    their_bell.ring().expect("ring");
+    assert!(bell.drain().expect("rung"));
+    assert!(!bell.drain().expect("drained"));
+    my_rx.may_sleep(false);
+    assert_eq!(pop(&mut my_rx).as_deref(), Some(&b"wake"[..]));
+}
+
+#[test]
+fn handed_over_descriptors_are_checked() {
+    // Not a memfd.
+    let file = std::fs::File::open("/proc/self/status").expect("a file");
+    let e = Segment::open(file.into(), 4096).expect_err("not a memfd");
+    assert!(matches!(e, Error::BadSegment(_)), "{e}");
+    // A memfd of another size.
+    let seg = Segment::create("test", 4096).expect("segment");
+    let dup = rustix::io::dup(seg.fd()).expect("dup");
+    let e = Segment::open(dup, 8192).expect_err("wrong size");
+    assert!(e.to_string().contains("4096 bytes"), "{e}");
+    // A memfd that can still shrink.
+    let open =
+        rustix::fs::memfd_create("unsealed", rustix::fs::MemfdFlags::CLOEXEC).expect("memfd");
+    rustix::fs::ftruncate(&open, 4096).expect("size");
+    assert!(matches!(
+        Segment::open(open, 4096),
+        Err(Error::BadSegment(_))
+    ));
+    // A sealed segment cannot be shrunk by the peer.
+    assert!(rustix::fs::ftruncate(seg.fd(), 0).is_err());
+    // A doorbell that is not an eventfd.
+    let (a, _b) = UnixStream::pair().expect("socketpair");
+    assert!(matches!(
+        Doorbell::from_fd(a.into()),
+        Err(Error::BadSegment(_))
+    ));
+}
+
+#[test]
+fn two_threads_stream_frames_through_a_small_ring() {
+    const N: u32 = 50_000;
+    let (_seg, mut p, mut c) = pair(CAP);
+    let producer = std::thread::spawn(move || {
+        for i in 0..N {
+            let len = (i % 41) as usize;
+            let mut frame = i.to_le_bytes().to_vec();
+            frame.extend((0..len).map(|j| (i as usize + j) as u8));
+            while !p.push(&[&frame]).expect("an intact ring") {
+                std::hint::spin_loop();
+            }
+        }
+    });
+    let mut out = Vec::new();
+    for i in 0..N {
+        while !c.pop(&mut out).expect("an intact ring") {
+            std::hint::spin_loop();
+        }
+        assert_eq!(out[..4], i.to_le_bytes(), "frame {i}");
+        let len = (i % 41) as usize;
+        assert_eq!(out.len(), 4 + len);
+        assert!(out[4..]
+            .iter()
+            .enumerate()
+            .all(|(j, &b)| b == (i as usize + j) as u8));
+    }
+    producer.join().expect("producer");
+}
+
+/// The peer writes `value` at `offset` of the segment: through the memfd, which every
+/// mapping of it sees, as another process's stores would be seen.
+fn scribble(seg: &Segment, offset: usize, value: u64) {
+    rustix::io::pwrite(seg.fd(), &value.to_ne_bytes(), offset as u64).expect("pwrite");
+}
+
+#[test]
+fn a_head_out_of_range_is_corruption() {
+    for head in [CAP as u64 + 8, 12, u64::MAX - 7] {
+        let (seg, _p, mut c) = pair(CAP);
+        scribble(&seg, 0, head);
+        let e = c.pop(&mut Vec::new()).expect_err("corrupt");
+        assert!(matches!(e, Error::Corrupt(_)), "head {head}: {e}");
+    }
+}
+
+#[test]
+fn a_record_longer_than_what_was_published_is_corruption() {
+    let (seg, mut p, mut c) = pair(CAP);
+    assert!(p.push(&[&[7; 8]]).expect("push"));
+    // Its header now claims 200 bytes where 8 were published.
+    scribble(&seg, RING_HEADER_LEN, 200);
+    let e = c.pop(&mut Vec::new()).expect_err("corrupt");
+    assert!(e.to_string().contains("200 bytes"), "{e}");
+    // Reserved bits.
+    let (seg, mut p, mut c) = pair(CAP);
+    assert!(p.push(&[&[7; 8]]).expect("push"));
+    scribble(&seg, RING_HEADER_LEN, 8 | 1 << 40);
+    assert!(matches!(c.pop(&mut Vec::new()), Err(Error::Corrupt(_))));
+}
+
+#[test]
+fn a_tail_out_of_range_is_corruption_for_the_producer() {
+    let (seg, mut p, _c) = pair(CAP);
+    for _ in 0..8 {
+        assert!(p.push(&[&[1; 24]]).expect("push"));
+    }
+    // The consumer "consumed" more than was published.
+    scribble(&seg, 64, 4096);
+    assert!(matches!(p.push(&[&[1; 24]]), Err(Error::Corrupt(_))));
+}
+
+/// Reference model: what an honest ring holds.
+#[derive(Debug, Clone)]
+enum Op {
+    Push(Vec<u8>),
+    Pop,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..100).prop_map(Op::Push),
+        Just(Op::Pop),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Any sequence of pushes and pops behaves as a bounded FIFO of frames.
+    #[test]
+    fn a_ring_is_a_fifo(ops in proptest::collection::vec(op(), 1..200)) {
+        let (_seg, mut p, mut c) = pair(CAP);
+        let mut model: VecDeque<Vec<u8>> = VecDeque::new();
+        let used = |m: &VecDeque<Vec<u8>>| m.iter().map(|f| 8 + f.len().div_ceil(8) * 8).sum::<usize>();
+        for op in ops {
+            match op {
+                Op::Push(f) => {
+                    let fits = used(&model) + 8 + f.len().div_ceil(8) * 8 <= CAP;
+                    prop_assert_eq!(p.push(&[&f]).expect("push"), fits);
+                    if fits { model.push_back(f); }
+                }
+                Op::Pop => prop_assert_eq!(pop(&mut c), model.pop_front()),
+            }
+        }
+    }
+
+    /// A peer writing random words anywhere in the segment, between honest pushes: every pop
+    /// and push either works or says the ring is corrupt — no panic, no frame longer than
+    /// the ring, nothing outside the segment.
+    #[test]
+    fn scribbling_never_panics(
+        writes in proptest::collection::vec((0usize..ring_len(CAP) / 8, any::<u64>(), 0u64..512), 1..40),
+        frames in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 1..40),
+    ) {
+        let (seg, mut p, mut c) = pair(CAP);
+        let mut out = Vec::new();
+        let mut consumer_ok = true;
+        let mut producer_ok = true;
+        for (i, f) in frames.iter().enumerate() {
+            if producer_ok {
+                producer_ok = p.push(&[f]).is_ok();
+            }
+            if let Some(&(word, value, small)) = writes.get(i) {
+                // Half the time a plausible small value (an index or length near the truth).
+                scribble(&seg, word * 8, if value % 2 == 0 { value } else { small });
+            }
+            if consumer_ok {
+                match c.pop(&mut out) {
+                    Ok(_) => prop_assert!(out.len() <= c.max_frame()),
+                    Err(Error::Corrupt(_)) => consumer_ok = false,
+                    Err(e) => prop_assert!(false, "unexpected error {}", e),
+                }
+            }
+        }
+    }
+}
