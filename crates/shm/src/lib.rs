@@ -32,7 +32,7 @@
 //!
 //! `unsafe` lives in [`Segment`]'s one accessor, with its `// SAFETY:` argument.
 
-mod channel_impl;
+pub mod channel;
 pub mod cma;
 mod doorbell;
 mod error;
@@ -46,11 +46,6 @@ pub use error::Error;
 pub use host::{HostIdentity, IDENTITY_LEN};
 pub use ring::{Consumer, Producer};
 pub use segment::Segment;
-
-/// A connection's pair of rings in one segment (one each way).
-pub mod channel {
-    pub use crate::channel_impl::{channel_len, create, ends, Side};
-}
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
