@@ -34,6 +34,14 @@ pub struct Ep {
     inner: Arc<EpInner>,
 }
 
+#[cfg(test)]
+impl Ep {
+    /// Tests: the worker's connection behind the endpoint.
+    pub(crate) fn conn(&self) -> &Arc<Conn> {
+        &self.inner.cs
+    }
+}
+
 struct EpInner {
     worker: Worker,
     cs: Arc<Conn>,

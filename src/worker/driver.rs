@@ -83,16 +83,32 @@ impl Driver {
             tag,
             peer: cs.peer,
         };
-        let data = match self.send_now(cs, tag, data) {
-            Ok(outcome) => return Request::done(outcome, what),
-            Err(data) => data,
-        };
-        // Not at once (tag_send_now declined it, so tag_send cannot send it at once either):
-        // queued, or rendezvous, or refused.
+        match self.send_now(cs, tag, data) {
+            Ok(outcome) => Request::done(outcome, what),
+            Err(data) => self.send_later(cs, tag, data).into_request(worker, what),
+        }
+    }
+
+    /// A send `Engine::tag_send_now` declined: queued, or rendezvous, or refused — or sent at
+    /// once after all, when credits came in meanwhile (another thread's progress ran between
+    /// the two locked sections).
+    pub(super) fn send_later(&self, cs: &Arc<Conn>, tag: Tag, data: SendData) -> Made {
         let len = data.bytes().len() as u64;
-        let made = self.with_protocol_out(|st, _| {
+        self.with_protocol_out(|st, out| {
             let bufid = st.new_buf(data.into_mem());
             match st.engine.tag_send(cs.id, tag, bufid, len) {
+                Ok(id) if id.is_immediate() => {
+                    // Its frame is among the actions just queued: they read the buffer, so
+                    // they run before it goes back. It never takes a slot.
+                    st.run_actions(out);
+                    Made::Done(Outcome {
+                        status: Status::Ok,
+                        length: len,
+                        tag,
+                        buf: st.take_buf(bufid),
+                        conn: Some(cs.id),
+                    })
+                }
                 Ok(id) => {
                     let slot = st.requests.open();
                     cs.pending_sends.fetch_add(1, Ordering::AcqRel);
@@ -110,8 +126,7 @@ impl Driver {
                     })
                 }
             }
-        });
-        made.into_request(worker, what)
+        })
     }
 
     /// A send that goes out as it is made (the common case of a small message), done: the

@@ -289,3 +289,32 @@ fn a_malformed_frame_closes_only_its_endpoint() {
     assert_eq!(recv.wait().expect("received").buf, [4, 3, 2, 1]);
     send.wait().expect("sent");
 }
+
+/// A send that `tag_send_now` declined can find credits when `tag_send` runs: another
+/// thread's progress may deliver a CREDIT frame between the two locked sections. The engine
+/// then sends it at once (an immediate request id), and the request must complete as it is
+/// made. It used to be tracked under that id, which names no slot, and never completed (seen
+/// with four threads sending over shared memory).
+#[test]
+fn a_send_that_finds_credits_on_its_second_try_completes() {
+    let (a, ea, b, _eb, _cable) = connected();
+    let cs = ea.conn().clone();
+    // What the second locked section sees: credits, so the engine sends at once.
+    let made = a
+        .driver
+        .send_later(&cs, 9, crate::usermem::SendData::Owned(pattern(16, 9)));
+    let request = made.into_request(
+        &a,
+        Describe {
+            kind: RequestKind::Send,
+            tag: 9,
+            peer: cs.peer,
+        },
+    );
+    let recv = b.tag_recv(9, TAG_MASK_ALL, vec![0; 16]);
+    let got = finished(&a, &b, recv).expect("received");
+    assert_eq!(got.buf, pattern(16, 9));
+    let sent = finished(&a, &b, request).expect("the send completes");
+    assert_eq!((sent.length, sent.buf), (16, pattern(16, 9)));
+    assert_eq!(a.stats().pending_requests, 0);
+}
