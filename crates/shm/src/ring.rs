@@ -35,6 +35,9 @@ const TAIL: usize = 64;
 const WAITING: usize = 128;
 /// Bytes of a record's header.
 const RECORD_HEADER: u64 = 8;
+/// Indices past this are corruption: an honest ring takes 4 EiB of traffic to reach it, and
+/// below it no index arithmetic can overflow.
+const MAX_INDEX: u64 = 1 << 62;
 
 /// Bytes a ring with a data area of `capacity` bytes takes in a segment.
 pub const fn ring_len(capacity: usize) -> usize {
@@ -125,6 +128,9 @@ impl Producer {
     pub fn new(seg: Arc<Segment>, base: usize, capacity: usize) -> Result<Producer> {
         let place = Place::new(seg, base, capacity)?;
         let head = place.field(HEAD).load(Ordering::Acquire);
+        if head % 8 != 0 || head > MAX_INDEX {
+            return Err(Error::Corrupt(format!("the ring starts at index {head}")));
+        }
         Ok(Producer {
             place,
             head,
@@ -207,7 +213,7 @@ impl Consumer {
     pub fn new(seg: Arc<Segment>, base: usize, capacity: usize) -> Result<Consumer> {
         let place = Place::new(seg, base, capacity)?;
         let tail = place.field(TAIL).load(Ordering::Acquire);
-        if tail % 8 != 0 {
+        if tail % 8 != 0 || tail > MAX_INDEX {
             return Err(Error::Corrupt(format!("the ring starts at index {tail}")));
         }
         Ok(Consumer {
@@ -226,7 +232,7 @@ impl Consumer {
     fn refresh_head(&mut self) -> Result<bool> {
         let h = self.place.field(HEAD).load(Ordering::Acquire);
         let waiting = h.wrapping_sub(self.tail);
-        if h % 8 != 0 || waiting > self.place.capacity || h < self.head {
+        if h % 8 != 0 || waiting > self.place.capacity || h < self.head || h > MAX_INDEX {
             return Err(Error::Corrupt(format!(
                 "the producer's index {h} lies outside {}..={} (what was consumed and a full \
                  ring past it)",

@@ -189,6 +189,36 @@ fn a_head_out_of_range_is_corruption() {
 }
 
 #[test]
+fn indices_near_the_end_of_their_range_are_corruption() {
+    // A peer that made the segment can start its indices anywhere: near 2^64, index
+    // arithmetic would overflow.
+    for start in [u64::MAX - 7, 1 << 63] {
+        let seg = Arc::new(Segment::create("test", ring_len(CAP)).expect("segment"));
+        scribble(&seg, 0, start);
+        scribble(&seg, 64, start);
+        assert!(matches!(
+            Producer::new(seg.clone(), 0, CAP),
+            Err(Error::Corrupt(_))
+        ));
+        assert!(matches!(
+            Consumer::new(seg.clone(), 0, CAP),
+            Err(Error::Corrupt(_))
+        ));
+    }
+    // Just below the limit: works, and a head pushed past it is refused.
+    let start = (1u64 << 62) - 64;
+    let seg = Arc::new(Segment::create("test", ring_len(CAP)).expect("segment"));
+    scribble(&seg, 0, start);
+    scribble(&seg, 64, start);
+    let mut p = Producer::new(seg.clone(), 0, CAP).expect("producer");
+    let mut c = Consumer::new(seg.clone(), 0, CAP).expect("consumer");
+    assert!(p.push(&[b"x"]).expect("push"));
+    assert_eq!(pop(&mut c).as_deref(), Some(&b"x"[..]));
+    scribble(&seg, 0, start + 64 + 8);
+    assert!(matches!(c.pop(&mut Vec::new()), Err(Error::Corrupt(_))));
+}
+
+#[test]
 fn a_record_longer_than_what_was_published_is_corruption() {
     let (seg, mut p, mut c) = pair(CAP);
     assert!(p.push(&[&[7; 8]]).expect("push"));
