@@ -44,18 +44,22 @@ pub fn read_remote(pid: i32, addr: u64, dst: &mut [u8]) -> Result<()> {
 }
 
 /// Whether this process may read process `pid`'s memory: reads the 8 bytes at `addr`,
-/// which the peer said hold `expected`. Any failure or another value means CMA is off for
-/// that peer (and why).
-pub fn probe(pid: i32, addr: u64, expected: u64) -> std::result::Result<(), String> {
+/// which the peer said hold `expected`. A failure, or another value
+/// ([`Error::RemoteRead`] saying so), means CMA is off for that peer.
+pub fn probe(pid: i32, addr: u64, expected: u64) -> Result<()> {
     let mut got = [0u8; 8];
-    match read_remote(pid, addr, &mut got) {
-        Ok(()) if u64::from_ne_bytes(got) == expected => Ok(()),
-        Ok(()) => Err(format!(
-            "process {pid}'s probe word reads {:#x}, not {expected:#x}",
-            u64::from_ne_bytes(got)
-        )),
-        Err(e) => Err(e.to_string()),
+    read_remote(pid, addr, &mut got)?;
+    let got = u64::from_ne_bytes(got);
+    if got != expected {
+        return Err(Error::RemoteRead {
+            pid,
+            len: 8,
+            source: std::io::Error::other(format!(
+                "the probe word reads {got:#x}, not {expected:#x}"
+            )),
+        });
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -90,6 +90,16 @@ impl Place {
             .expect("ring header inside the segment: checked by Place::new")
     }
 
+    /// Where a side starts: its own index `field` as the segment holds it (zero when fresh;
+    /// a peer that made the segment may have put anything there), validated.
+    fn start(&self, field: usize) -> Result<u64> {
+        let index = self.field(field).load(Ordering::Acquire);
+        if index % 8 != 0 || index > MAX_INDEX {
+            return Err(Error::Corrupt(format!("the ring starts at index {index}")));
+        }
+        Ok(index)
+    }
+
     /// The data word at index `pos` (a multiple of 8).
     fn data(&self, pos: u64) -> &AtomicU64 {
         let offset = self.base + RING_HEADER_LEN + (pos % self.capacity) as usize;
@@ -127,10 +137,7 @@ impl Producer {
     /// which must be freshly zeroed or left by a producer and consumer that both stopped.
     pub fn new(seg: Arc<Segment>, base: usize, capacity: usize) -> Result<Producer> {
         let place = Place::new(seg, base, capacity)?;
-        let head = place.field(HEAD).load(Ordering::Acquire);
-        if head % 8 != 0 || head > MAX_INDEX {
-            return Err(Error::Corrupt(format!("the ring starts at index {head}")));
-        }
+        let head = place.start(HEAD)?;
         Ok(Producer {
             place,
             head,
@@ -212,10 +219,7 @@ impl Consumer {
     /// [`Producer::new`]).
     pub fn new(seg: Arc<Segment>, base: usize, capacity: usize) -> Result<Consumer> {
         let place = Place::new(seg, base, capacity)?;
-        let tail = place.field(TAIL).load(Ordering::Acquire);
-        if tail % 8 != 0 || tail > MAX_INDEX {
-            return Err(Error::Corrupt(format!("the ring starts at index {tail}")));
-        }
+        let tail = place.start(TAIL)?;
         Ok(Consumer {
             place,
             tail,
