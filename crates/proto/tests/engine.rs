@@ -905,3 +905,86 @@ fn a_send_now_goes_out_at_once_or_does_nothing() {
     let queued = e.tag_send(ConnId(1), 7, UserBufId(44), 8).unwrap();
     assert!(!queued.is_immediate());
 }
+
+/// A rendezvous receive completes only once its ATS has left: when the ATS must wait for
+/// credits, so does the completion. A receiver that stopped progressing once its receive
+/// completed would otherwise leave the ATS, and so the sender's request, waiting for ever
+/// (seen over shared memory: the receiver's thread went on to a barrier, the sender's CREDIT
+/// frame came after).
+#[test]
+fn a_rendezvous_receive_completes_once_its_ats_has_left() {
+    let mut e = Engine::new(Config::default());
+    let mut peer = e.local_handshake();
+    peer.credits = 4;
+    e.handle_connection_up(ConnId(1), &peer).unwrap();
+    // Three messages spend 3 of the peer's 4 credits: the ATS (which needs 2, one being kept
+    // for credit updates) will have to wait.
+    for k in 0..3 {
+        e.tag_send(ConnId(1), 9, UserBufId(100 + k), 8).unwrap();
+    }
+    while e.poll_action().is_some() {}
+    assert_eq!(e.conn_stats(ConnId(1)).unwrap().tx_credits, 1);
+    let len = 100_000u64;
+    let r = e.tag_recv(3, !0, UserBufId(4), len);
+    let mut h = Header::new(Opcode::Rts);
+    h.tag = 3;
+    h.sreq = 77;
+    h.payload_len = wire::RTS_BODY_LEN as u32;
+    let body = wire::RtsBody {
+        addr: 0x1000,
+        rkey: 5,
+        len,
+    };
+    let rts = FrameBuf::encode(&h, Some(&body)).as_bytes().to_vec();
+    e.handle_frame(ConnId(1), RecvBufId(0), &rts);
+    let mut reads = Vec::new();
+    while let Some(a) = e.poll_action() {
+        if let Action::RdmaRead { dst_offset, .. } = a {
+            reads.push(dst_offset);
+        }
+    }
+    assert!(!reads.is_empty(), "the receive reads the data");
+    for off in reads {
+        e.handle_read_complete(r, off, true);
+    }
+    let actions: Vec<Action> = std::iter::from_fn(|| e.poll_action()).collect();
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::Complete(_))),
+        "completed while its ATS waits for credits: {actions:?}"
+    );
+    assert!(
+        !e.cancel(r),
+        "matched and read: not cancellable while its ATS waits"
+    );
+    // Its slot stays taken until its completion is reported (drivers track requests by
+    // slot: a new request in that slot would take the old one's place).
+    let next = e.tag_recv(4, !0, UserBufId(5), 8);
+    assert_ne!(
+        next.index(),
+        r.index(),
+        "the waiting receive's slot was handed out again"
+    );
+    assert!(e.cancel(next));
+    while e.poll_action().is_some() {}
+    // The peer grants credits: the ATS leaves, then the receive completes.
+    let mut credit = Header::new(Opcode::Credit);
+    credit.seq = 1;
+    credit.credits = 4;
+    e.handle_frame(
+        ConnId(1),
+        RecvBufId(1),
+        FrameBuf::encode(&credit, None).as_bytes(),
+    );
+    let actions: Vec<Action> = std::iter::from_fn(|| e.poll_action()).collect();
+    let ats = actions.iter().position(|a| {
+        matches!(a, Action::SendFrame { frame, .. }
+            if wire::decode_header(frame.as_bytes()).is_ok_and(|h| h.opcode == Opcode::Ats))
+    });
+    let done = actions.iter().position(|a| {
+        matches!(a, Action::Complete(c) if c.request == r && c.status == Status::Ok && c.length == len)
+    });
+    assert!(
+        matches!((ats, done), (Some(a), Some(d)) if a < d),
+        "the ATS, then the completion: {actions:?}"
+    );
+}

@@ -125,6 +125,14 @@ impl Engine {
                 });
             }
         }
+        // Receives whose data arrived and whose ATS waited for credits: done all the same.
+        for ctrl in conn.ctrl_q.drain(..) {
+            let Ctrl::Ats { then, .. } = ctrl;
+            if let Some(done) = then {
+                self.reqs.discard(done.request);
+                self.actions.push_back(Action::Complete(done));
+            }
+        }
         // In the order they were made, whatever the table's order.
         let ids = self.reqs.ids_in_order(|r| match r {
             Req::Send(s) => s.conn == conn_id,

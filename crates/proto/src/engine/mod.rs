@@ -166,10 +166,14 @@ impl Unexpected {
 
 #[derive(Debug)]
 enum Ctrl {
+    /// The ATS that ends a rendezvous; `then` is the receive's completion, reported once the
+    /// ATS has left (so a receiver waiting for its receive keeps progressing until the
+    /// sender can complete too, even when the ATS waits for credits).
     Ats {
         sreq: u64,
         rreq: u64,
         status: WireStatus,
+        then: Option<Completion>,
     },
 }
 

@@ -25,14 +25,15 @@ impl Engine {
             } else {
                 (Status::Ok, WireStatus::Ok)
             };
-            if let Some(c) = self.conns.get_mut(&conn) {
-                c.ctrl_q.push_back(Ctrl::Ats {
-                    sreq,
-                    rreq: req.0,
-                    status: wst,
-                });
-            }
-            self.complete(req, RequestKind::Recv, status, body.len, tag, Some(conn));
+            let done = Completion {
+                request: req,
+                kind: RequestKind::Recv,
+                status,
+                length: body.len,
+                tag,
+                conn: Some(conn),
+            };
+            self.complete_after_ats(conn, sreq, wst, done);
             return;
         }
         r.reading = Some(Reading {
@@ -111,23 +112,58 @@ impl Engine {
             self.spare_reads.push(std::mem::take(&mut rd.outstanding));
         }
         let status = failed.unwrap_or(Status::Ok);
-        if !dead {
-            let wst = if status == Status::Ok {
-                WireStatus::Ok
-            } else {
-                WireStatus::ReadFailed
-            };
-            if let Some(c) = self.conns.get_mut(&conn) {
-                c.ctrl_q.push_back(Ctrl::Ats {
-                    sreq,
-                    rreq: request.0,
-                    status: wst,
-                });
-            }
-        }
         self.draining.retain(|d| d.1 != request);
         let length = if status == Status::Ok { total } else { 0 };
-        self.complete(request, RequestKind::Recv, status, length, tag, Some(conn));
-        self.flush(conn);
+        if dead {
+            self.complete(request, RequestKind::Recv, status, length, tag, Some(conn));
+            return;
+        }
+        let wst = if status == Status::Ok {
+            WireStatus::Ok
+        } else {
+            WireStatus::ReadFailed
+        };
+        let done = Completion {
+            request,
+            kind: RequestKind::Recv,
+            status,
+            length,
+            tag,
+            conn: Some(conn),
+        };
+        self.complete_after_ats(conn, sreq, wst, done);
+    }
+
+    /// Queues the ATS for the sender's request `sreq` on `conn`, and the receive's completion
+    /// `done` to be reported once the ATS has left (at once when credits allow). Without the
+    /// connection, the receive completes now.
+    fn complete_after_ats(
+        &mut self,
+        conn: ConnId,
+        sreq: u64,
+        status: WireStatus,
+        done: Completion,
+    ) {
+        // The receive keeps its slot (matched, so not cancellable, and no longer reading)
+        // until the ATS leaves: the driver tracks requests by slot, so a slot freed before
+        // its completion is reported could be handed to a new request first.
+        if let Some(Req::Recv(r)) = self.reqs.get_mut(done.request) {
+            r.reading = None;
+        }
+        match self.conns.get_mut(&conn) {
+            Some(c) => {
+                c.ctrl_q.push_back(Ctrl::Ats {
+                    sreq,
+                    rreq: done.request.0,
+                    status,
+                    then: Some(done),
+                });
+                self.flush(conn);
+            }
+            None => {
+                self.reqs.discard(done.request);
+                self.actions.push_back(Action::Complete(done));
+            }
+        }
     }
 }

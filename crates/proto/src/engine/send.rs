@@ -132,12 +132,22 @@ impl Engine {
         let pool = &mut self.credits;
         // Data and control frames leave one credit in reserve for credit updates.
         while c.tx_credits >= 2 {
-            if let Some(Ctrl::Ats { sreq, rreq, status }) = c.ctrl_q.pop_front() {
+            if let Some(Ctrl::Ats {
+                sreq,
+                rreq,
+                status,
+                then,
+            }) = c.ctrl_q.pop_front()
+            {
                 let mut h = Header::new(Opcode::Ats);
                 h.sreq = sreq;
                 h.rreq = rreq;
                 h.status = status;
                 c.emit(conn_id, h, None, None, actions, pool);
+                if let Some(done) = then {
+                    self.reqs.discard(done.request);
+                    actions.push_back(Action::Complete(done));
+                }
                 continue;
             }
             let Some(&id) = c.data_q.front() else { break };
