@@ -323,8 +323,13 @@ impl Listener {
         if self.rdma.is_some() {
             v.push(Transport::Rdma);
         }
-        if self.tcp.is_some() {
+        // (Shared-memory connections are set up over the TCP listener.)
+        let worker_has = |t| self.worker.driver.transports.contains(&t);
+        if self.tcp.is_some() && worker_has(Transport::Tcp) {
             v.push(Transport::Tcp);
+        }
+        if self.tcp.is_some() && worker_has(Transport::Shm) {
+            v.push(Transport::Shm);
         }
         v
     }

@@ -19,6 +19,10 @@ pub enum Error {
     /// A TCP transport operation failed.
     #[error(transparent)]
     Tcp(#[from] rdmx_tcp::Error),
+    /// A shared-memory transport operation failed (setting a connection up, a segment or
+    /// doorbell the peer handed over).
+    #[error("shared memory: {0}")]
+    Shm(#[from] rdmx_shm::Error),
     /// A system call of the worker's own failed (its epoll set or its waker's eventfd).
     #[error("{call} failed: {source} (descriptor limit? see `ulimit -n`)")]
     Os {
@@ -74,6 +78,7 @@ impl std::fmt::Debug for Error {
             #[cfg(feature = "rdma")]
             Error::Rdma(e) => f.debug_tuple("Rdma").field(e).finish(),
             Error::Tcp(e) => f.debug_tuple("Tcp").field(e).finish(),
+            Error::Shm(e) => f.debug_tuple("Shm").field(e).finish(),
             Error::Os { call, source } => f
                 .debug_struct("Os")
                 .field("call", call)

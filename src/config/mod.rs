@@ -321,7 +321,7 @@ impl Config {
                 env_error(
                     TRANSPORT_VAR,
                     &v,
-                    "`auto`, or `rdma` and/or `tcp` separated by commas, each once",
+                    "`auto`, or `rdma`, `tcp` and/or `shm` separated by commas, each once",
                 )
             })?;
             put(&mut c.transport, t, source);
@@ -637,7 +637,7 @@ impl Config {
                 TRANSPORT_VAR,
                 &c.transport,
                 Transport::list_string(&c.transport.value),
-                "auto (rdma for peers a device reaches, tcp for others), or a list: rdma,tcp",
+                "auto (rdma for peers a device reaches, tcp for others), or a list: rdma,tcp, shm,tcp",
             ),
             e(
                 CONNECT_TIMEOUT_VAR,

@@ -11,7 +11,7 @@ use rdmx_proto::UserBufId;
 
 #[cfg(feature = "rdma")]
 use super::rdma;
-use super::{tcp, LinkEvent, RecvFrame};
+use super::{shm, tcp, LinkEvent, RecvFrame};
 use crate::config::Config;
 use crate::error::Result;
 use crate::usermem::UserMem;
@@ -23,6 +23,8 @@ pub(crate) struct Ifaces {
     pub(crate) rdma: rdma::RdmaIface,
     /// TCP: the send buffers exposed to READ requests.
     pub(crate) tcp: tcp::TcpIface,
+    /// Shared memory: the receive rings, the doorbell, finished READs, made on first use.
+    pub(crate) shm: shm::ShmIface,
 }
 
 impl Ifaces {
@@ -31,6 +33,7 @@ impl Ifaces {
             #[cfg(feature = "rdma")]
             rdma: rdma::RdmaIface::default(),
             tcp: tcp::TcpIface::new(),
+            shm: shm::ShmIface::default(),
         }
     }
 
@@ -64,18 +67,27 @@ impl Ifaces {
             n
         };
         #[cfg(not(feature = "rdma"))]
-        let n = {
-            let _ = scratch;
-            0
-        };
-        n
+        let n = 0;
+        // (Taken from the end too: reversed.)
+        let m = self.shm.poll(&mut scratch.shm);
+        if m > 0 {
+            scratch.shm.reverse();
+        }
+        n + m
     }
 
     /// Before sleeping on the registry: asks for a wake-up on the next completion (RDMA).
     pub(crate) fn arm(&self) -> Result<()> {
         #[cfg(feature = "rdma")]
         self.rdma.arm()?;
+        self.shm.arm();
         Ok(())
+    }
+
+    /// Awake again after [`Ifaces::arm`]: peers need not ring for what they send (shared
+    /// memory's doorbell).
+    pub(crate) fn disarm(&self) {
+        self.shm.disarm();
     }
 
     /// A readiness token of a worker-wide fd (below the connections' tokens) was reported:
@@ -83,7 +95,7 @@ impl Ifaces {
     pub(crate) fn ready(&self, token: u64) -> Result<()> {
         #[cfg(feature = "rdma")]
         self.rdma.ready(token)?;
-        let _ = token;
+        self.shm.ready(token)?;
         Ok(())
     }
 
@@ -133,8 +145,8 @@ impl LockedIfaces {
                 return Some(ev);
             }
         }
-        let _ = (scratch, recv_buf_size, deferred);
-        None
+        let _ = (recv_buf_size, deferred);
+        scratch.shm.pop()
     }
 
     /// Ends every transport's hold on the user buffer `buf` (`mem`, if it is still there):
@@ -241,6 +253,9 @@ pub(crate) struct PollScratch {
     /// TCP: the one buffer every link of the worker reads through (64 KiB once a link was
     /// read): links keep no receive buffer of their own.
     pub(crate) tcp_rbuf: Vec<u8>,
+    /// Shared memory: frames and finished READs found on the rings (in reverse order, like
+    /// `wcs`).
+    pub(crate) shm: Vec<LinkEvent>,
 }
 
 impl PollScratch {
@@ -250,6 +265,7 @@ impl PollScratch {
             wcs: Vec::with_capacity(64),
             tcp: Vec::new(),
             tcp_rbuf: Vec::new(),
+            shm: Vec::new(),
         }
     }
 }

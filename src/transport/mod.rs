@@ -25,6 +25,7 @@ mod ifaces;
 pub(crate) mod memory;
 #[cfg(feature = "rdma")]
 pub(crate) mod rdma;
+pub(crate) mod shm;
 pub(crate) mod tcp;
 
 pub(crate) use conn::Conn;
@@ -42,6 +43,10 @@ pub enum Transport {
     Rdma,
     /// TCP sockets, with the same API and semantics.
     Tcp,
+    /// Shared memory, for a peer on this host (same boot, user and namespaces): frames
+    /// through rings in a shared segment, rendezvous data read from the sender's memory
+    /// (CMA). Set up over a TCP connection, so listeners and addresses are TCP's.
+    Shm,
     /// Tests only: two workers of one process joined by in-memory queues (see
     /// `transport::memory`), with TCP's capabilities.
     #[cfg(test)]
@@ -54,6 +59,7 @@ impl Transport {
             "auto" => Some(Transport::Auto),
             "rdma" | "verbs" | "rc" => Some(Transport::Rdma),
             "tcp" => Some(Transport::Tcp),
+            "shm" | "sm" | "posix" => Some(Transport::Shm),
             _ => None,
         }
     }
@@ -85,6 +91,7 @@ impl fmt::Display for Transport {
             Transport::Auto => "auto",
             Transport::Rdma => "rdma",
             Transport::Tcp => "tcp",
+            Transport::Shm => "shm",
             #[cfg(test)]
             Transport::Memory => "memory",
         })
@@ -123,6 +130,12 @@ impl Transport {
             Transport::Tcp => Capabilities {
                 shared_receive_queue: false,
                 zero_copy_get: false,
+                zero_copy_put: false,
+                event_fd: true,
+            },
+            Transport::Shm => Capabilities {
+                shared_receive_queue: false,
+                zero_copy_get: true,
                 zero_copy_put: false,
                 event_fd: true,
             },

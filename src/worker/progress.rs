@@ -137,6 +137,7 @@ impl Driver {
         self.ifaces.arm()?;
         let n = self.progress();
         if n > 0 {
+            self.ifaces.disarm();
             return Ok(n);
         }
         let mut sleep = timeout;
@@ -164,6 +165,7 @@ impl Driver {
                 _ => self.cm_due.store(true, Ordering::Release),
             }
         }
+        self.ifaces.disarm();
         Ok(self.progress())
     }
 

@@ -4,6 +4,8 @@ use super::*;
 use crate::ep::{reject_with, RawRequest};
 #[cfg(feature = "rdma")]
 use crate::transport::rdma::{Rdma, RdmaLink};
+use crate::transport::shm::setup::{self as shm_setup, Accepting, Answer, Offer};
+use crate::transport::shm::{ShmLink, ShmParts};
 
 impl Worker {
     /// Listens at `addr` (`"host:port"`; port 0 picks a free port, see
@@ -15,7 +17,8 @@ impl Worker {
         let sh = &self.driver;
         let mut tcp = None;
         let mut addr = addr.to_string();
-        if sh.transports.contains(&Transport::Tcp) {
+        // (Shared-memory connections are set up over TCP.)
+        if sh.transports.contains(&Transport::Tcp) || sh.transports.contains(&Transport::Shm) {
             let l = rdmx_tcp::Listener::bind(&addr)?;
             if let Some(bound) = l.local_addr() {
                 addr = bound.to_string();
@@ -70,6 +73,12 @@ impl Worker {
         let mut failure = None;
         for (i, &transport) in sh.transports.iter().enumerate() {
             let last = i + 1 == sh.transports.len();
+            // Shared memory is offered only to an address of this host, unless it is all
+            // there is to try: to another host, the next transport goes first.
+            if transport == Transport::Shm && !last && !is_this_host(addr) {
+                log::debug!("{addr} is not an address of this host: not offering shared memory");
+                continue;
+            }
             match self.connect_over(transport, addr) {
                 Ok(ep) => return Ok(ep),
                 // A peer that refused us on purpose is not asked again another way.
@@ -94,6 +103,7 @@ impl Worker {
                     .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
                 Box::new(sh.ifaces.tcp.link(id, link, sh.cfg.keepalive()))
             }
+            Transport::Shm => return self.connect_shm(addr),
             Transport::Rdma | Transport::Auto => sh.rdma_connect(id, addr, &handshake, timeout)?,
             #[cfg(test)]
             Transport::Memory => {
@@ -132,7 +142,48 @@ impl Worker {
             Err(e) => return Err(reject_with(req, e)),
         };
         let id = sh.new_conn_id();
-        let transport = req.transport();
+        // A TCP request may offer shared memory: taken (the segment handed over before the
+        // TCP ACCEPT), declined with the reason (the connection stays TCP), or refused.
+        let mut transport = req.transport();
+        let mut shm: Option<std::result::Result<Accepting, String>> = None;
+        if let RawRequest::Tcp(r) = &req {
+            let offer = match Offer::decode(shm_setup::split(r.private_data()).1) {
+                Ok(o) => o,
+                Err(e) => return Err(reject_with(req, Error::Invalid(e))),
+            };
+            match offer {
+                Some(offer) if sh.transports.contains(&Transport::Shm) => {
+                    let started = sh
+                        .ifaces
+                        .shm
+                        .on(&sh.registry)
+                        .map_err(|e| e.to_string())
+                        .and_then(|shared| {
+                            Accepting::start(shared, &offer, sh.cfg.connect_timeout())
+                        });
+                    if started.is_ok() {
+                        transport = Transport::Shm;
+                    }
+                    shm = Some(started);
+                }
+                Some(_) => shm = Some(Err("this worker does not use shared memory".into())),
+                None => {}
+            }
+            let tcp_allowed = sh.transports.contains(&Transport::Tcp);
+            match &shm {
+                Some(Err(why)) if !tcp_allowed => {
+                    let e = Error::Invalid(format!("shared memory is not possible: {why}"));
+                    return Err(reject_with(req, e));
+                }
+                None if !tcp_allowed => {
+                    let e = Error::Invalid(
+                        "this worker takes shared-memory connections only (RDMX_TRANSPORT)".into(),
+                    );
+                    return Err(reject_with(req, e));
+                }
+                _ => {}
+            }
+        }
         let who = format!("{:?} asked", req.peer_addr());
         let (ours, limits) = sh.local_handshake(transport);
         if let Err(e) = sh.admit(id, limits, req.private_data(), &who) {
@@ -140,6 +191,30 @@ impl Worker {
         }
         let tcp = |link| -> Box<dyn TransportLink> {
             Box::new(sh.ifaces.tcp.link(id, link, sh.cfg.keepalive()))
+        };
+        let over_tcp = |r: rdmx_tcp::ConnectionRequest| -> Result<Box<dyn TransportLink>> {
+            match shm {
+                None => Ok(tcp(r.accept(&ours)?)),
+                Some(Err(why)) => {
+                    log::info!(
+                        "{:?} offered shared memory; the connection stays TCP: {why}",
+                        r.peer_addr()
+                    );
+                    let answer = Answer::Declined(why).encode();
+                    Ok(tcp(r.accept(&shm_setup::with_ext(&ours, &answer))?))
+                }
+                Some(Ok(accepting)) => {
+                    let answer = Answer::Accepted {
+                        capacity: accepting.capacity(),
+                    }
+                    .encode();
+                    let link = r.accept(&shm_setup::with_ext(&ours, &answer))?;
+                    let path = accepting
+                        .finish()
+                        .map_err(|e| Error::Invalid(format!("shared memory: {e}")))?;
+                    sh.shm_link(id, path, &link)
+                }
+            }
         };
         #[cfg(feature = "rdma")]
         let link = match (req, rdma) {
@@ -149,12 +224,12 @@ impl Worker {
                     Box::new(RdmaLink::new(id, conn, rdma.clone()))
                 })
                 .map_err(Error::from),
-            (RawRequest::Tcp(r), _) => r.accept(&ours).map(tcp).map_err(Error::from),
+            (RawRequest::Tcp(r), _) => over_tcp(r),
             (RawRequest::Rdma(_), None) => Err(Error::Invalid("no RDMA resources".into())),
         };
         #[cfg(not(feature = "rdma"))]
         let link = match req {
-            RawRequest::Tcp(r) => r.accept(&ours).map(tcp).map_err(Error::from),
+            RawRequest::Tcp(r) => over_tcp(r),
         };
         match link {
             Ok(link) => Ok(Ep::new(self.clone(), sh.add_conn(id, link))),
@@ -163,6 +238,57 @@ impl Worker {
                 Err(e)
             }
         }
+    }
+}
+
+impl Worker {
+    /// Connects over shared memory: a TCP connection whose handshake offers it (see
+    /// `transport::shm::setup`). A peer that declines keeps the connection on TCP when TCP
+    /// is among this worker's transports; otherwise that is an error naming its reason.
+    fn connect_shm(&self, addr: &str) -> Result<Ep> {
+        let sh = &self.driver;
+        let shared = sh.ifaces.shm.on(&sh.registry)?.clone();
+        let (handshake, limits) = sh.local_handshake(Transport::Shm);
+        let timeout = sh.cfg.connect_timeout();
+        let id = sh.new_conn_id();
+        let offer = Offer {
+            identity: shared.identity,
+            token: rand::random(),
+            probe: shared.probe(),
+            name: shared.listener_name()?.to_string(),
+        };
+        let private = shm_setup::with_ext(&handshake, &offer.encode());
+        let tcp = rdmx_tcp::connect(addr, &private, timeout)
+            .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
+        let answer = Answer::decode(shm_setup::split(tcp.peer_private_data()).1)
+            .map_err(|e| Error::Invalid(format!("{addr} accepted with {e}")))?;
+        let link = match answer {
+            Some(Answer::Accepted { capacity }) => {
+                let path = shm_setup::connected(&shared, offer.token, capacity, timeout)
+                    .map_err(|e| Error::Invalid(format!("shared memory with {addr}: {e}")))?;
+                sh.shm_link(id, path, &tcp)?
+            }
+            other => {
+                let why = match other {
+                    Some(Answer::Declined(why)) => why,
+                    _ => "it did not answer the offer".into(),
+                };
+                if !sh.transports.contains(&Transport::Tcp) {
+                    return Err(Error::Invalid(format!(
+                        "{addr} declined shared memory: {why}"
+                    )));
+                }
+                log::info!("{addr} declined shared memory ({why}): the connection stays TCP");
+                Box::new(sh.ifaces.tcp.link(id, tcp, sh.cfg.keepalive()))
+            }
+        };
+        sh.admit(
+            id,
+            limits,
+            link.peer_private_data(),
+            &format!("{addr} accepted"),
+        )?;
+        Ok(Ep::new(self.clone(), sh.add_conn(id, link)))
     }
 }
 
@@ -201,6 +327,35 @@ impl Worker {
 }
 
 impl Driver {
+    /// The shared-memory link of connection `id` over `path`, set up inside `tcp` (whose
+    /// handshake and addresses it keeps; the socket itself is closed when `tcp` is dropped).
+    fn shm_link(
+        &self,
+        id: ConnId,
+        path: shm_setup::DataPath,
+        tcp: &rdmx_tcp::Link,
+    ) -> Result<Box<dyn TransportLink>> {
+        let shared = self
+            .ifaces
+            .shm
+            .get()
+            .ok_or_else(|| Error::Invalid("no shared-memory resources".into()))?
+            .clone();
+        let parts = ShmParts {
+            tx: path.tx,
+            rx: path.rx,
+            peer_bell: path.peer_bell,
+            sock: path.sock,
+            peer_pid: path.peer_pid,
+            peer_data: shm_setup::split(tcp.peer_private_data()).0.to_vec(),
+            peer_addr: tcp.peer_addr(),
+            local_addr: tcp.local_addr(),
+        };
+        let link = ShmLink::new(id, parts, shared, self.ifaces.tcp.exposure_table())
+            .map_err(|e| Error::os("setting the shared-memory socket up", e))?;
+        Ok(Box::new(link))
+    }
+
     /// Connects over RDMA (the worker's device resources made on the first connection).
     #[cfg(feature = "rdma")]
     fn rdma_connect(
@@ -242,8 +397,26 @@ impl Driver {
     /// The engine takes a connection over `transport` whose peer sent the handshake `peer`
     /// (as `who` describes it, for errors), with that transport's limits.
     fn admit(&self, id: ConnId, limits: ConnLimits, peer: &[u8], who: &str) -> Result<()> {
-        let peer = Handshake::decode(peer)
+        // (What follows the rdmx handshake belongs to the transport's setup.)
+        let peer = Handshake::decode(shm_setup::split(peer).0)
             .map_err(|e| Error::Invalid(format!("{who} with an unusable handshake: {e}")))?;
         self.engine_up(id, &peer, limits)
     }
+}
+
+/// Whether `addr` (`host:port`) names this host: every address it resolves to can be bound
+/// here (loopback, or an address of one of this host's interfaces).
+fn is_this_host(addr: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    let Ok(addrs) = addr.to_socket_addrs() else {
+        return false;
+    };
+    let mut any = false;
+    for a in addrs {
+        any = true;
+        if std::net::UdpSocket::bind((a.ip(), 0)).is_err() {
+            return false;
+        }
+    }
+    any
 }

@@ -127,7 +127,7 @@ pub use engine::{
     PayloadRef, ProbeInfo, RemoteBuf, RequestKind, Status,
 };
 pub use error::{Error, Unit};
-pub use wire::{Handshake, HEADER_LEN};
+pub use wire::{Handshake, HEADER_LEN, MAX_HANDSHAKE_LEN};
 
 /// A message tag.
 pub type Tag = u64;

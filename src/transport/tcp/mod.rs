@@ -63,8 +63,8 @@ impl TcpIface {
         TcpLink::new(id, link, self.exposures.clone())
     }
 
-    /// The worker's exposure table (the in-memory test transport answers READs from it too).
-    #[cfg(test)]
+    /// The worker's exposure table (shared-memory links keep their exposed buffers in it,
+    /// and the in-memory test transport answers READs from it).
     pub(crate) fn exposure_table(&self) -> Arc<Mutex<Exposures>> {
         self.exposures.clone()
     }

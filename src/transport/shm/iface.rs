@@ -1,0 +1,347 @@
+//! The shared-memory transport's worker-wide part: the receive rings of all the worker's
+//! shared-memory connections, polled together on every progress call; the worker's doorbell;
+//! READs finished by its links; the Unix socket peers hand segments over on.
+
+use std::collections::HashMap;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rdmx_proto::ConnId;
+use rdmx_shm::{Consumer, Doorbell, HostIdentity};
+
+use super::link::Outbox;
+use crate::error::{Error, Result};
+use crate::readiness::{Interest, Registry};
+use crate::transport::{LinkEvent, RecvFrame};
+
+/// The readiness token of the worker's doorbell.
+const TOKEN_DOORBELL: u64 = 2;
+/// Frame buffers kept for reuse.
+const SPARE_FRAMES: usize = 64;
+
+/// A connection's receive ring.
+struct Rx {
+    conn: ConnId,
+    ring: Consumer,
+}
+
+/// What the worker's shared-memory connections share (see the module docs).
+pub(crate) struct Shared {
+    /// This process's identity, offered to peers.
+    pub(crate) identity: HostIdentity,
+    /// The word peers read to learn whether CMA works, and its value.
+    probe: Box<u64>,
+    /// The worker's doorbell (peers hold its fd).
+    pub(crate) bell: Doorbell,
+    rx: Mutex<Vec<Rx>>,
+    rx_count: AtomicUsize,
+    /// Set while the worker may sleep: the rings' `waiting` flags are up.
+    armed: AtomicBool,
+    /// READs the links finished: (key, whether the data landed).
+    done: Mutex<Vec<(u64, bool)>>,
+    done_count: AtomicUsize,
+    /// Links whose frames wait for room in their ring.
+    blocked: Mutex<Vec<Arc<Outbox>>>,
+    blocked_count: AtomicUsize,
+    spare: Mutex<Vec<Vec<u8>>>,
+    /// Where peers that accepted our offer hand the segment over: an abstract Unix socket
+    /// (no file), made on the first offer.
+    listener: OnceLock<(UnixListener, String)>,
+    /// Handed-over streams not yet claimed, by token.
+    arrived: Mutex<HashMap<u64, UnixStream>>,
+}
+
+/// The worker-wide part, made on first use.
+#[derive(Default)]
+pub(crate) struct ShmIface {
+    shared: OnceLock<Arc<Shared>>,
+    init: Mutex<()>,
+}
+
+impl ShmIface {
+    /// The shared part, if it was made.
+    pub(crate) fn get(&self) -> Option<&Arc<Shared>> {
+        self.shared.get()
+    }
+
+    /// The shared part, made (its doorbell registered with `registry`) if it was not.
+    pub(crate) fn on(&self, registry: &Registry) -> Result<&Arc<Shared>> {
+        if let Some(s) = self.shared.get() {
+            return Ok(s);
+        }
+        let _guard = self.init.lock();
+        if let Some(s) = self.shared.get() {
+            return Ok(s);
+        }
+        let identity = HostIdentity::this()?;
+        let bell = Doorbell::new()?;
+        registry
+            .add(bell.fd(), TOKEN_DOORBELL, Interest::Read)
+            .map_err(|e| Error::os("epoll_ctl", e))?;
+        let probe = Box::new(rand::random::<u64>() | 1);
+        let shared = Arc::new(Shared {
+            identity,
+            probe,
+            bell,
+            rx: Mutex::new(Vec::new()),
+            rx_count: AtomicUsize::new(0),
+            armed: AtomicBool::new(false),
+            done: Mutex::new(Vec::new()),
+            done_count: AtomicUsize::new(0),
+            blocked: Mutex::new(Vec::new()),
+            blocked_count: AtomicUsize::new(0),
+            spare: Mutex::new(Vec::new()),
+            listener: OnceLock::new(),
+            arrived: Mutex::new(HashMap::new()),
+        });
+        Ok(self.shared.get_or_init(|| shared))
+    }
+
+    /// Polls every receive ring and the finished READs into `out` (in order); returns how
+    /// many events it found. Also retries frames waiting for room.
+    #[inline]
+    pub(crate) fn poll(&self, out: &mut Vec<LinkEvent>) -> usize {
+        match self.shared.get() {
+            Some(s) => s.poll(out),
+            None => 0,
+        }
+    }
+
+    /// Before sleeping: asks peers to ring the doorbell for what they send next.
+    pub(crate) fn arm(&self) {
+        if let Some(s) = self.shared.get() {
+            s.set_waiting(true);
+        }
+    }
+
+    /// Awake again: peers need not ring the doorbell.
+    pub(crate) fn disarm(&self) {
+        if let Some(s) = self.shared.get() {
+            s.set_waiting(false);
+        }
+    }
+
+    /// The doorbell rang (its token): takes the rings.
+    pub(crate) fn ready(&self, token: u64) -> Result<()> {
+        if let (TOKEN_DOORBELL, Some(s)) = (token, self.shared.get()) {
+            s.bell.drain()?;
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// The probe word's address and value, for an offer.
+    pub(crate) fn probe(&self) -> (u64, u64) {
+        (&*self.probe as *const u64 as u64, *self.probe)
+    }
+
+    /// Takes `ring` in as connection `conn`'s receive ring.
+    pub(crate) fn add_rx(&self, conn: ConnId, ring: Consumer) {
+        let mut rx = self.rx.lock();
+        if self.armed.load(Ordering::Acquire) {
+            ring.may_sleep(true);
+        }
+        rx.push(Rx { conn, ring });
+        self.rx_count.store(rx.len(), Ordering::Release);
+    }
+
+    /// Forgets connection `conn`'s receive ring, returning what still waited in it (the
+    /// peer sent it before it went).
+    pub(crate) fn remove_rx(&self, conn: ConnId, out: &mut Vec<LinkEvent>) {
+        let mut rx = self.rx.lock();
+        if let Some(i) = rx.iter().position(|r| r.conn == conn) {
+            let mut r = rx.swap_remove(i);
+            self.rx_count.store(rx.len(), Ordering::Release);
+            drop(rx);
+            while let Ok(true) = self.take_frame(&mut r, out) {}
+        }
+    }
+
+    /// A READ finished.
+    pub(crate) fn read_done(&self, key: u64, ok: bool) {
+        let mut done = self.done.lock();
+        done.push((key, ok));
+        self.done_count.store(done.len(), Ordering::Release);
+    }
+
+    /// `out` has frames waiting for room in its ring: progress retries it.
+    pub(crate) fn blocked(&self, out: Arc<Outbox>) {
+        let mut b = self.blocked.lock();
+        if !b.iter().any(|o| Arc::ptr_eq(o, &out)) {
+            b.push(out);
+            self.blocked_count.store(b.len(), Ordering::Release);
+        }
+    }
+
+    /// A frame buffer back for reuse.
+    pub(crate) fn recycle(&self, mut buf: Vec<u8>) {
+        let mut spare = self.spare.lock();
+        if spare.len() < SPARE_FRAMES && buf.capacity() <= 64 << 10 {
+            buf.clear();
+            spare.push(buf);
+        }
+    }
+
+    fn set_waiting(&self, on: bool) {
+        if self.armed.swap(on, Ordering::AcqRel) != on {
+            for r in self.rx.lock().iter() {
+                r.ring.may_sleep(on);
+            }
+        }
+    }
+
+    fn poll(&self, out: &mut Vec<LinkEvent>) -> usize {
+        let before = out.len();
+        if self.blocked_count.load(Ordering::Acquire) > 0 {
+            let blocked = {
+                // (Taken and counted together: an outbox blocked meanwhile is counted.)
+                let mut b = self.blocked.lock();
+                self.blocked_count.store(0, Ordering::Release);
+                std::mem::take(&mut *b)
+            };
+            for o in blocked {
+                if o.push_waiting() {
+                    self.blocked(o);
+                }
+            }
+        }
+        if self.rx_count.load(Ordering::Acquire) > 0 {
+            let mut rx = self.rx.lock();
+            let mut i = 0;
+            while i < rx.len() {
+                // A few frames per ring per call: one busy peer does not starve the others.
+                let mut ok = true;
+                for _ in 0..16 {
+                    match self.take_frame(&mut rx[i], out) {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        Err(()) => {
+                            ok = false;
+                            break;
+                        }
+                    }
+                }
+                if ok {
+                    i += 1;
+                } else {
+                    rx.swap_remove(i);
+                }
+            }
+            self.rx_count.store(rx.len(), Ordering::Release);
+        }
+        if self.done_count.load(Ordering::Acquire) > 0 {
+            let mut done = self.done.lock();
+            for (key, ok) in done.drain(..) {
+                out.push(LinkEvent::ReadDone {
+                    key,
+                    piece: None,
+                    ok,
+                    posted: true,
+                });
+            }
+            self.done_count.store(0, Ordering::Release);
+        }
+        out.len() - before
+    }
+
+    /// Moves one frame of `r` to `out`: `Ok(false)` when none waits, `Err` when the peer
+    /// corrupted the ring (reported in `out` as the connection going down).
+    fn take_frame(&self, r: &mut Rx, out: &mut Vec<LinkEvent>) -> std::result::Result<bool, ()> {
+        let mut buf = self.spare.lock().pop().unwrap_or_default();
+        match r.ring.pop(&mut buf) {
+            Ok(true) => {
+                out.push(LinkEvent::Frame {
+                    conn: r.conn,
+                    len: buf.len(),
+                    frame: RecvFrame::Owned(buf),
+                });
+                Ok(true)
+            }
+            Ok(false) => {
+                self.recycle(buf);
+                Ok(false)
+            }
+            Err(e) => {
+                log::warn!("{:?}: {e}", r.conn);
+                out.push(LinkEvent::Down {
+                    conn: r.conn,
+                    reason: format!("protocol error: {e}"),
+                    reads_lost: true,
+                });
+                Err(())
+            }
+        }
+    }
+
+    /// The name of the worker's Unix socket for handed-over segments, made if there is none.
+    pub(crate) fn listener_name(&self) -> Result<&str> {
+        if let Some((_, name)) = self.listener.get() {
+            return Ok(name);
+        }
+        use std::os::linux::net::SocketAddrExt;
+        let name = format!(
+            "rdmx-shm-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        );
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+            .map_err(|e| Error::os("naming the shared-memory socket", e))?;
+        let l = UnixListener::bind_addr(&addr)
+            .map_err(|e| Error::os("binding the shared-memory socket", e))?;
+        l.set_nonblocking(true)
+            .map_err(|e| Error::os("making the shared-memory socket nonblocking", e))?;
+        let (_, name) = self.listener.get_or_init(|| (l, name));
+        Ok(name)
+    }
+
+    /// The stream a peer handed a segment over on under `token`, waiting up to `timeout`.
+    /// Streams under other tokens (other connects of this worker) are kept for them.
+    pub(crate) fn claim(&self, token: u64, timeout: Duration) -> Result<UnixStream> {
+        let deadline = Instant::now() + timeout;
+        let Some((listener, _)) = self.listener.get() else {
+            return Err(Error::Invalid(
+                "no shared-memory socket to be handed a segment on".into(),
+            ));
+        };
+        loop {
+            if let Some(s) = self.arrived.lock().remove(&token) {
+                return Ok(s);
+            }
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let mut t = [0u8; 8];
+                    // The peer's first bytes are the token (sent with the descriptors, which
+                    // the stream keeps until read: only peeked here).
+                    stream
+                        .set_read_timeout(Some(Duration::from_secs(1)))
+                        .map_err(|e| Error::os("shared-memory socket", e))?;
+                    match rustix::net::recv(&stream, &mut t, rustix::net::RecvFlags::PEEK) {
+                        Ok((8, _)) => {
+                            self.arrived.lock().insert(u64::from_le_bytes(t), stream);
+                        }
+                        _ => log::debug!("a shared-memory hand-over without its token: dropped"),
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        return Err(Error::Timeout(
+                            timeout,
+                            "waiting for the peer to hand the shared segment over".into(),
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(e) => return Err(Error::os("accepting a shared-memory hand-over", e)),
+            }
+        }
+    }
+
+    /// The doorbell's fd, to hand to a peer.
+    pub(crate) fn bell_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.bell.fd()
+    }
+}

@@ -1,0 +1,29 @@
+//! The shared-memory transport: connections between processes on one host, over
+//! `rdmx-shm`'s rings, with rendezvous data read straight from the sender's memory by CMA
+//! (`process_vm_readv`) — the receiver pulls, as RDMA READ does.
+//!
+//! A connection starts over TCP (the user connects to `host:port` as always). The connector
+//! offers shared memory in its handshake ([`setup`]); an acceptor on the same host (same
+//! boot, user and namespaces, and CMA allowed both ways) answers by handing the connection's
+//! segment and its doorbell over a Unix socket, and both sides then drop the TCP socket: the
+//! Unix socket stays only to tell when the peer is gone (its hang-up). Where any check
+//! fails, the connection stays TCP, or is refused when TCP is not in the transports.
+//!
+//! Frames: each connection has a ring each way in its segment ([`rdmx_shm::channel`]). A
+//! worker polls its connections' receive rings on every progress call ([`ShmIface`]) — no
+//! system call per frame — and sleeps in event mode on its one doorbell, which peers ring
+//! only while it says it may sleep.
+
+#[cfg(test)]
+mod hostile_tests;
+mod iface;
+mod link;
+pub(crate) mod setup;
+
+pub(crate) use iface::ShmIface;
+pub(crate) use link::{Parts as ShmParts, ShmLink};
+
+/// Bytes of each ring (one each way per connection): room for a full window of eager frames
+/// of the default receive buffer size, so a sender that keeps to its credits never waits for
+/// room. Frames beyond it wait in the link and go at the next progress.
+pub(crate) const RING_CAPACITY: usize = 256 << 10;

@@ -1,0 +1,387 @@
+//! Setting a shared-memory connection up inside a TCP connection's handshake.
+//!
+//! 1. The connector's HELLO carries its rdmx handshake (padded to
+//!    [`MAX_HANDSHAKE_LEN`] bytes) and then an [`Offer`]: its [`HostIdentity`], a token, the
+//!    address and value of a word the acceptor may read by CMA, and the name of its worker's
+//!    abstract Unix socket.
+//! 2. An acceptor that takes shared memory checks the identity, connects to that socket,
+//!    checks the kernel's word for who is there (pid and uid), reads the probe word by CMA,
+//!    creates the connection's segment and hands it over with its worker's doorbell, under
+//!    the token, with its own probe word ([`HandOver`]). Then it ACCEPTs over TCP with an
+//!    [`Answer`], and waits for the connector's doorbell on the Unix socket.
+//! 3. The connector takes the hand-over by its token, checks the peer the same way, maps the
+//!    segment and sends its doorbell.
+//!
+//! An acceptor that cannot or will not use shared memory answers [`Answer::Declined`] with
+//! its reason, and the connection stays TCP (if the connector allows TCP). Everything read
+//! from the peer is validated; any failure is an error naming what was wrong.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdmx_proto::MAX_HANDSHAKE_LEN;
+use rdmx_shm::channel::{self, Side};
+use rdmx_shm::{cma, fdpass, Consumer, Doorbell, HostIdentity, Producer, Segment, IDENTITY_LEN};
+
+use super::iface::Shared;
+use super::RING_CAPACITY;
+
+const OFFER_MAGIC: &[u8; 4] = b"RXSO";
+const ANSWER_MAGIC: &[u8; 4] = b"RXSA";
+const VERSION: u8 = 1;
+/// The longest socket name an offer carries.
+const MAX_NAME: usize = 64;
+/// The longest reason a declining answer carries.
+const MAX_REASON: usize = 120;
+/// The largest ring a peer may ask us to map.
+const MAX_CAPACITY: u32 = 64 << 20;
+const HAND_OVER_LEN: usize = 32;
+const REPLY: &[u8; 4] = b"RXSD";
+
+/// The connector's offer of shared memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Offer {
+    pub(crate) identity: HostIdentity,
+    pub(crate) token: u64,
+    /// Address and value of the connector's probe word.
+    pub(crate) probe: (u64, u64),
+    /// Its worker's abstract Unix socket.
+    pub(crate) name: String,
+}
+
+/// The acceptor's answer to an [`Offer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// The segment was handed over, with rings of `capacity` bytes.
+    Accepted { capacity: u32 },
+    /// Not over shared memory, and why.
+    Declined(String),
+}
+
+/// The rdmx handshake padded to its full room, then `ext`.
+pub(crate) fn with_ext(handshake: &[u8], ext: &[u8]) -> Vec<u8> {
+    let mut v = handshake.to_vec();
+    v.resize(MAX_HANDSHAKE_LEN.max(handshake.len()), 0);
+    v.extend_from_slice(ext);
+    v
+}
+
+/// A handshake's rdmx part and what follows it.
+pub(crate) fn split(private: &[u8]) -> (&[u8], &[u8]) {
+    private.split_at(private.len().min(MAX_HANDSHAKE_LEN))
+}
+
+fn malformed(what: &str) -> String {
+    format!("a malformed shared-memory {what}")
+}
+
+impl Offer {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(96 + self.name.len());
+        b.extend_from_slice(OFFER_MAGIC);
+        b.extend_from_slice(&[VERSION, 0, 0, 0]);
+        b.extend_from_slice(&self.identity.encode());
+        b.extend_from_slice(&self.token.to_le_bytes());
+        b.extend_from_slice(&self.probe.0.to_le_bytes());
+        b.extend_from_slice(&self.probe.1.to_le_bytes());
+        b.push(self.name.len() as u8);
+        b.extend_from_slice(self.name.as_bytes());
+        b
+    }
+
+    /// The offer in `ext`, `Ok(None)` when there is none (a plain TCP connect).
+    pub(crate) fn decode(ext: &[u8]) -> Result<Option<Offer>, String> {
+        if ext.is_empty() || ext.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
+        let fixed = 8 + IDENTITY_LEN + 24 + 1;
+        if ext.len() < fixed || &ext[..4] != OFFER_MAGIC || ext[4..8] != [VERSION, 0, 0, 0] {
+            return Err(malformed("offer"));
+        }
+        let identity =
+            HostIdentity::decode(&ext[8..8 + IDENTITY_LEN]).map_err(|e| e.to_string())?;
+        let at = 8 + IDENTITY_LEN;
+        let word = |i: usize| u64::from_le_bytes(ext[i..i + 8].try_into().expect("8 bytes"));
+        let name_len = ext[at + 24] as usize;
+        let name = &ext[fixed..];
+        if name_len == 0 || name_len > MAX_NAME || name.len() != name_len {
+            return Err(malformed("offer (its socket name)"));
+        }
+        let name = std::str::from_utf8(name)
+            .ok()
+            .filter(|n| n.starts_with("rdmx-shm-"))
+            .ok_or_else(|| malformed("offer (its socket name)"))?;
+        Ok(Some(Offer {
+            identity,
+            token: word(at),
+            probe: (word(at + 8), word(at + 16)),
+            name: name.to_string(),
+        }))
+    }
+}
+
+impl Answer {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = ANSWER_MAGIC.to_vec();
+        match self {
+            Answer::Accepted { capacity } => {
+                b.extend_from_slice(&[VERSION, 1, 0, 0]);
+                b.extend_from_slice(&capacity.to_le_bytes());
+            }
+            Answer::Declined(why) => {
+                let why = &why.as_bytes()[..why.len().min(MAX_REASON)];
+                b.extend_from_slice(&[VERSION, 2, 0, why.len() as u8]);
+                b.extend_from_slice(why);
+            }
+        }
+        b
+    }
+
+    /// The answer in `ext`, `Ok(None)` when there is none (a peer that did not look at the
+    /// offer).
+    pub(crate) fn decode(ext: &[u8]) -> Result<Option<Answer>, String> {
+        if ext.is_empty() || ext.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
+        if ext.len() < 8 || &ext[..4] != ANSWER_MAGIC || ext[4] != VERSION || ext[6] != 0 {
+            return Err(malformed("answer"));
+        }
+        match ext[5] {
+            1 if ext.len() == 12 && ext[7] == 0 => Ok(Some(Answer::Accepted {
+                capacity: u32::from_le_bytes(ext[8..12].try_into().expect("4 bytes")),
+            })),
+            2 if ext.len() == 8 + ext[7] as usize => Ok(Some(Answer::Declined(
+                String::from_utf8_lossy(&ext[8..]).into_owned(),
+            ))),
+            _ => Err(malformed("answer")),
+        }
+    }
+}
+
+/// What the acceptor hands over on the Unix socket with the segment and its doorbell.
+struct HandOver {
+    token: u64,
+    capacity: u32,
+    probe: (u64, u64),
+}
+
+impl HandOver {
+    fn encode(&self) -> [u8; HAND_OVER_LEN] {
+        let mut b = [0u8; HAND_OVER_LEN];
+        b[..8].copy_from_slice(&self.token.to_le_bytes());
+        b[8..12].copy_from_slice(&self.capacity.to_le_bytes());
+        b[16..24].copy_from_slice(&self.probe.0.to_le_bytes());
+        b[24..32].copy_from_slice(&self.probe.1.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Result<HandOver, String> {
+        if b.len() != HAND_OVER_LEN || b[12..16] != [0; 4] {
+            return Err(malformed("hand-over"));
+        }
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Ok(HandOver {
+            token: word(0),
+            capacity: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
+            probe: (word(16), word(24)),
+        })
+    }
+}
+
+/// A connection's data path, set up.
+pub(crate) struct DataPath {
+    pub(crate) tx: Producer,
+    pub(crate) rx: Consumer,
+    pub(crate) peer_bell: Doorbell,
+    pub(crate) sock: UnixStream,
+    pub(crate) peer_pid: i32,
+}
+
+/// The peer of `sock` as the kernel saw it: its pid, checked to be visible and of our user.
+fn peer_of(sock: &UnixStream, identity: &HostIdentity) -> Result<i32, String> {
+    let (pid, uid) = fdpass::peer_credentials(sock).map_err(|e| e.to_string())?;
+    if pid <= 0 || uid != identity.uid {
+        return Err(format!(
+            "the peer on the shared-memory socket is process {pid} of user {uid}, not one of \
+             user {} in this pid namespace",
+            identity.uid
+        ));
+    }
+    Ok(pid)
+}
+
+/// The acceptor's side, before its TCP ACCEPT: checks the offer and hands the segment over.
+/// An `Err` is the reason to decline.
+pub(crate) struct Accepting {
+    seg: Arc<Segment>,
+    sock: UnixStream,
+    peer_pid: i32,
+}
+
+impl Accepting {
+    pub(crate) fn start(
+        shared: &Shared,
+        offer: &Offer,
+        timeout: Duration,
+    ) -> Result<Accepting, String> {
+        let diff = shared.identity.differences(&offer.identity);
+        if !diff.is_empty() {
+            return Err(format!("the peer runs on {}", diff.join(", ")));
+        }
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(offer.name.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let sock = UnixStream::connect_addr(&addr)
+            .map_err(|e| format!("connecting to the peer's shared-memory socket: {e}"))?;
+        sock.set_read_timeout(Some(timeout))
+            .and_then(|()| sock.set_write_timeout(Some(timeout)))
+            .map_err(|e| e.to_string())?;
+        let peer_pid = peer_of(&sock, &shared.identity)?;
+        cma::probe(peer_pid, offer.probe.0, offer.probe.1)
+            .map_err(|e| format!("cannot read the peer's memory (CMA): {e}"))?;
+        let seg = channel::create("rdmx-shm", RING_CAPACITY).map_err(|e| e.to_string())?;
+        let hand_over = HandOver {
+            token: offer.token,
+            capacity: RING_CAPACITY as u32,
+            probe: shared.probe(),
+        };
+        fdpass::send_with_fds(&sock, &hand_over.encode(), &[seg.fd(), shared.bell_fd()])
+            .map_err(|e| e.to_string())?;
+        Ok(Accepting {
+            seg,
+            sock,
+            peer_pid,
+        })
+    }
+
+    /// Bytes of each ring of the segment handed over.
+    pub(crate) fn capacity(&self) -> u32 {
+        RING_CAPACITY as u32
+    }
+
+    /// After the TCP ACCEPT: the connector's doorbell, and the data path.
+    pub(crate) fn finish(self) -> Result<DataPath, String> {
+        let mut buf = [0u8; 8];
+        let (n, mut fds) = fdpass::recv_with_fds(&self.sock, &mut buf)
+            .map_err(|e| format!("waiting for the peer's doorbell: {e}"))?;
+        if &buf[..n] != REPLY || fds.len() != 1 {
+            return Err(format!(
+                "the peer answered the hand-over with {n} bytes and {} descriptors",
+                fds.len()
+            ));
+        }
+        let peer_bell = Doorbell::from_fd(fds.pop().expect("one")).map_err(|e| e.to_string())?;
+        let (tx, rx) =
+            channel::ends(&self.seg, RING_CAPACITY, Side::Creator).map_err(|e| e.to_string())?;
+        Ok(DataPath {
+            tx,
+            rx,
+            peer_bell,
+            sock: self.sock,
+            peer_pid: self.peer_pid,
+        })
+    }
+}
+
+/// The connector's side, after an ACCEPT that took the offer: takes the hand-over made
+/// under `token`, checks it, and sends the worker's doorbell.
+pub(crate) fn connected(
+    shared: &Shared,
+    token: u64,
+    capacity: u32,
+    timeout: Duration,
+) -> Result<DataPath, String> {
+    let sock = shared.claim(token, timeout).map_err(|e| e.to_string())?;
+    sock.set_read_timeout(Some(timeout))
+        .and_then(|()| sock.set_write_timeout(Some(timeout)))
+        .map_err(|e| e.to_string())?;
+    let peer_pid = peer_of(&sock, &shared.identity)?;
+    let mut buf = [0u8; HAND_OVER_LEN + 1];
+    let (n, fds) = fdpass::recv_with_fds(&sock, &mut buf).map_err(|e| e.to_string())?;
+    let hand_over = HandOver::decode(&buf[..n])?;
+    let [seg, bell]: [OwnedFd; 2] = fds.try_into().map_err(|f: Vec<OwnedFd>| {
+        format!("the hand-over came with {} descriptors, not 2", f.len())
+    })?;
+    if hand_over.token != token || hand_over.capacity != capacity || capacity > MAX_CAPACITY {
+        return Err(format!(
+            "the hand-over names token {:#x} and rings of {} bytes; the answer said {capacity}",
+            hand_over.token, hand_over.capacity
+        ));
+    }
+    cma::probe(peer_pid, hand_over.probe.0, hand_over.probe.1)
+        .map_err(|e| format!("cannot read the peer's memory (CMA): {e}"))?;
+    let seg = Arc::new(
+        Segment::open(seg, channel::channel_len(capacity as usize)).map_err(|e| e.to_string())?,
+    );
+    let peer_bell = Doorbell::from_fd(bell).map_err(|e| e.to_string())?;
+    let (tx, rx) =
+        channel::ends(&seg, capacity as usize, Side::Opener).map_err(|e| e.to_string())?;
+    fdpass::send_with_fds(&sock, REPLY, &[shared.bell_fd()]).map_err(|e| e.to_string())?;
+    Ok(DataPath {
+        tx,
+        rx,
+        peer_bell,
+        sock,
+        peer_pid,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer() -> Offer {
+        Offer {
+            identity: HostIdentity::this().expect("identity"),
+            token: 0x1122_3344_5566_7788,
+            probe: (0x7fff_0000_1000, 42),
+            name: "rdmx-shm-1234-00000000deadbeef".into(),
+        }
+    }
+
+    #[test]
+    fn offers_and_answers_survive_encoding() {
+        let o = offer();
+        assert_eq!(Offer::decode(&o.encode()), Ok(Some(o.clone())));
+        assert_eq!(Offer::decode(&[]), Ok(None));
+        assert_eq!(Offer::decode(&[0; 40]), Ok(None));
+        for a in [
+            Answer::Accepted { capacity: 1 << 18 },
+            Answer::Declined("another user".into()),
+        ] {
+            assert_eq!(Answer::decode(&a.encode()), Ok(Some(a.clone())));
+        }
+        // A handshake with an offer fits TCP's private data.
+        assert!(with_ext(&[1; 14], &o.encode()).len() <= rdmx_tcp::MAX_PRIVATE_DATA);
+        let private = with_ext(&[1; 14], &o.encode());
+        let (hs, ext) = split(&private);
+        assert_eq!(hs.len(), MAX_HANDSHAKE_LEN);
+        assert_eq!(Offer::decode(ext), Ok(Some(o)));
+    }
+
+    #[test]
+    fn malformed_offers_and_answers_are_refused() {
+        let good = offer().encode();
+        for i in [0, 4, 5, 8] {
+            let mut bad = good.clone();
+            bad[i] ^= 0x40;
+            assert!(Offer::decode(&bad).is_err(), "byte {i}");
+        }
+        assert!(Offer::decode(&good[..good.len() - 1]).is_err());
+        let mut long = good.clone();
+        long.push(b'x');
+        assert!(Offer::decode(&long).is_err());
+        let mut other_name = offer();
+        other_name.name = "/tmp/socket".into();
+        assert!(Offer::decode(&other_name.encode()).is_err());
+        assert!(Answer::decode(b"RXSA\x01\x01\x00\x00\x00").is_err());
+        assert!(Answer::decode(b"RXSA\x01\x02\x00\x05abc").is_err());
+        assert!(Answer::decode(b"XXXX\x01\x01\x00\x00\x00\x00\x00\x00").is_err());
+        assert!(HandOver::decode(&[0; 31]).is_err());
+        let mut h = [0u8; 32];
+        h[12] = 1;
+        assert!(HandOver::decode(&h).is_err());
+    }
+}

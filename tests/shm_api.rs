@@ -1,0 +1,79 @@
+//! The endpoint API suite (`tests/api`) over shared memory between workers on this host:
+//! the same test bodies as over TCP and RDMA. Connections are set up over loopback TCP and
+//! then carried by the shared-memory transport.
+
+#[macro_use]
+mod api;
+
+fn net() -> api::Net {
+    api::Net {
+        transport: rdmx::Transport::Shm,
+        addr_a: "127.0.0.1".into(),
+        addr_b: "127.0.0.1".into(),
+        sides: api::Sides::Threads,
+        keepalive_ms: None,
+    }
+}
+
+all_api_tests!();
+
+/// A context using only `transports` (environment ignored but for the tests' own variables).
+fn context(transports: &str) -> rdmx::Context {
+    let list: Vec<rdmx::Transport> = transports
+        .split(',')
+        .map(|t| match t {
+            "shm" => rdmx::Transport::Shm,
+            _ => rdmx::Transport::Tcp,
+        })
+        .collect();
+    rdmx::Context::builder()
+        .env_lookup(api::test_env)
+        .transports(&list)
+        .build()
+        .unwrap()
+}
+
+/// Endpoints say which transport carries them: shared memory when both sides use it, TCP
+/// when the acceptor does not (and the connector allows TCP).
+#[test]
+fn endpoints_say_they_run_over_shared_memory() {
+    let server_ctx = context("shm");
+    let server = server_ctx.worker().unwrap();
+    let listener = server.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let client_ctx = context("shm,tcp");
+    let client = client_ctx.worker().unwrap();
+    let accept = std::thread::spawn(move || {
+        let ep = listener.accept().unwrap();
+        (ep, listener)
+    });
+    let ep = client.connect(&addr).unwrap();
+    let (sep, _listener) = accept.join().unwrap();
+    assert_eq!(ep.transport(), rdmx::Transport::Shm);
+    assert_eq!(sep.transport(), rdmx::Transport::Shm);
+
+    // A TCP-only acceptor: the offer is declined and the connection stays TCP.
+    let tcp_ctx = context("tcp");
+    let tcp_server = tcp_ctx.worker().unwrap();
+    let tcp_listener = tcp_server.listen("127.0.0.1:0").unwrap();
+    let tcp_addr = tcp_listener.local_addr().unwrap().to_string();
+    let accept = std::thread::spawn(move || {
+        let ep = tcp_listener.accept().unwrap();
+        (ep, tcp_listener)
+    });
+    let ep2 = client.connect(&tcp_addr).unwrap();
+    let (sep2, tcp_listener) = accept.join().unwrap();
+    assert_eq!(ep2.transport(), rdmx::Transport::Tcp);
+    assert_eq!(sep2.transport(), rdmx::Transport::Tcp);
+
+    // A connector that allows only shared memory, to that acceptor: refused, saying why.
+    let accept = std::thread::spawn(move || {
+        let ep = tcp_listener.accept();
+        (ep, tcp_listener)
+    });
+    let shm_only_ctx = context("shm");
+    let shm_only = shm_only_ctx.worker().unwrap();
+    let e = shm_only.connect(&tcp_addr).expect_err("declined");
+    assert!(e.to_string().contains("declined shared memory"), "{e}");
+    let _ = accept.join().unwrap();
+}
