@@ -58,8 +58,8 @@ impl Context {
     }
 
     /// The transports in use, in order of preference: `RDMX_TRANSPORT` /
-    /// [`ContextBuilder::transports`] without those this machine lacks (`auto`: RDMA when
-    /// rdmacm lists a device, then TCP). A worker connects to a peer over the first one that
+    /// [`ContextBuilder::transports`] without those this machine lacks (`auto`: shared memory
+    /// for peers on this host, then RDMA when rdmacm lists a device, then TCP). A worker connects to a peer over the first one that
     /// reaches it, and listens on each.
     pub fn transports(&self) -> &[Transport] {
         &self.inner.resolved
@@ -234,16 +234,18 @@ fn rdma_devices() -> std::result::Result<String, String> {
     Err("this build of rdmx has no RDMA support (built without the `rdma` feature)".into())
 }
 
-/// The transports to use: the asked ones this machine has, in order (`auto`: RDMA when
-/// rdmacm lists a device, then TCP). Asking only for RDMA where there is none is an error.
+/// The transports to use: the asked ones this machine has, in order (`auto`: shared memory
+/// for peers on this host, then RDMA when rdmacm lists a device, then TCP). Asking only for RDMA where there is none is an error.
 fn resolve(asked: &[Transport]) -> Result<Vec<Transport>> {
     let found = rdma_devices();
     let asked = if asked.is_empty() || asked == [Transport::Auto] {
         match &found {
-            Ok(names) => log::info!("transports: rdma (devices: {names}), tcp"),
-            Err(why) => log::info!("transport: tcp ({why})"),
+            Ok(names) => {
+                log::info!("transports: shm for peers on this host, rdma (devices: {names}), tcp")
+            }
+            Err(why) => log::info!("transports: shm for peers on this host, tcp ({why})"),
         }
-        vec![Transport::Rdma, Transport::Tcp]
+        vec![Transport::Shm, Transport::Rdma, Transport::Tcp]
     } else {
         asked.to_vec()
     };

@@ -130,6 +130,13 @@ impl Ep {
         self.inner.cs.transport()
     }
 
+    /// How this endpoint carries data, for logs and diagnostics: its transport, and for
+    /// shared memory how rendezvous data moves — `"shm, rendezvous by CMA"`, or
+    /// `"shm, rendezvous by copy (why)"` where the kernel refused CMA or `RDMX_SHM_CMA=0`.
+    pub fn data_path(&self) -> String {
+        self.inner.cs.link.data_path()
+    }
+
     /// The local address of the connection.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.inner.cs.local

@@ -18,16 +18,18 @@ fn net() -> api::Net {
         addr_b: env("SOFTROCE_ADDR_B"),
         sides: api::Sides::Threads,
         keepalive_ms: None,
+        settings: Vec::new(),
     }
 }
 
 all_api_tests!(#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]);
 
-/// One worker, two transports: a worker of an `auto` context (RDMA and TCP in the guest)
-/// listens once, at one address and port, and takes an RDMA endpoint from an `auto` client
-/// and a TCP endpoint from a TCP-only client; eager and rendezvous messages flow both ways on
-/// both at once, each endpoint with its transport's eager limit. The TCP-only client's
-/// worker also connects out over TCP to the RDMA-capable listener.
+/// One worker, three transports: a worker of an `auto` context (shared memory, RDMA and TCP
+/// in the guest) listens once, at one address and port, and takes an RDMA endpoint from an
+/// `rdma,tcp` client, a TCP endpoint from a TCP-only client and a shared-memory endpoint from
+/// an `auto` client (the same host); eager and rendezvous messages flow both ways on all three
+/// at once, each endpoint with its transport's eager limit. The TCP-only client's worker also
+/// connects out over TCP to the RDMA-capable listener.
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn one_worker_holds_rdma_and_tcp_endpoints_at_once() {
@@ -41,13 +43,23 @@ fn one_worker_holds_rdma_and_tcp_endpoints_at_once() {
             .credits(16)
     };
     let auto = builder().build().unwrap();
-    assert_eq!(auto.transports(), [Transport::Rdma, Transport::Tcp]);
+    assert_eq!(
+        auto.transports(),
+        [Transport::Shm, Transport::Rdma, Transport::Tcp]
+    );
+    let rdma_tcp = builder()
+        .transports(&[Transport::Rdma, Transport::Tcp])
+        .build()
+        .unwrap();
     let tcp_only = builder().transport(Transport::Tcp).build().unwrap();
     let server = auto.worker().unwrap();
     let listener = server
         .listen(&format!("{}:0", env("SOFTROCE_ADDR_A")))
         .unwrap();
-    assert_eq!(listener.transports(), [Transport::Rdma, Transport::Tcp]);
+    assert_eq!(
+        listener.transports(),
+        [Transport::Shm, Transport::Rdma, Transport::Tcp]
+    );
     let addr = listener.local_addr().unwrap().to_string();
     let connect = |ctx: &Context| {
         let w = ctx.worker().unwrap();
@@ -56,8 +68,9 @@ fn one_worker_holds_rdma_and_tcp_endpoints_at_once() {
         let sep = listener.accept().unwrap();
         (w, t.join().unwrap(), sep)
     };
-    let (rw, rep, srep) = connect(&auto);
+    let (rw, rep, srep) = connect(&rdma_tcp);
     let (tw, tep, step) = connect(&tcp_only);
+    let (mw, mep, smep) = connect(&auto);
     assert_eq!(
         (rep.transport(), srep.transport()),
         (Transport::Rdma, Transport::Rdma)
@@ -66,18 +79,24 @@ fn one_worker_holds_rdma_and_tcp_endpoints_at_once() {
         (tep.transport(), step.transport()),
         (Transport::Tcp, Transport::Tcp)
     );
-    assert_eq!(server.stats().eps, 2, "one worker, both endpoints");
+    assert_eq!(
+        (mep.transport(), smep.transport()),
+        (Transport::Shm, Transport::Shm)
+    );
+    assert_eq!(server.stats().eps, 3, "one worker, all three endpoints");
     assert_eq!(srep.eager_limit(), Some(8152), "RDMA: the SRQ's buffers");
     assert_eq!(step.eager_limit(), Some(65496), "TCP: 64 KiB frames");
     println!(
-        "server worker: {:?} endpoint from {:?}, {:?} endpoint from {:?}",
+        "server worker: {:?} endpoint from {:?}, {:?} endpoint from {:?}, {:?} endpoint from {:?}",
         srep.transport(),
         srep.peer_addr(),
         step.transport(),
-        step.peer_addr()
+        step.peer_addr(),
+        smep.transport(),
+        smep.peer_addr()
     );
 
-    let workers = [&server, &rw, &tw];
+    let workers = [&server, &rw, &tw, &mw];
     let finish = |r: rdmx::Request| {
         let deadline = Instant::now() + api::long();
         while !r.is_done() {
@@ -96,12 +115,16 @@ fn one_worker_holds_rdma_and_tcp_endpoints_at_once() {
             server.tag_recv(2, TAG_MASK_ALL, vec![0; len]),
             rw.tag_recv(3, TAG_MASK_ALL, vec![0; len]),
             tw.tag_recv(4, TAG_MASK_ALL, vec![0; len]),
+            server.tag_recv(5, TAG_MASK_ALL, vec![0; len]),
+            mw.tag_recv(6, TAG_MASK_ALL, vec![0; len]),
         ];
         let sends = [
             rep.tag_send(1, msg(1)),
             tep.tag_send(2, msg(2)),
             srep.tag_send(3, msg(3)),
             step.tag_send(4, msg(4)),
+            mep.tag_send(5, msg(5)),
+            smep.tag_send(6, msg(6)),
         ];
         for (i, r) in recvs.into_iter().enumerate() {
             assert!(finish(r).buf == msg(i as u8 + 1), "{len} B message {i}");
@@ -120,5 +143,5 @@ fn one_worker_holds_rdma_and_tcp_endpoints_at_once() {
         (tep2.transport(), sep2.transport()),
         (Transport::Tcp, Transport::Tcp)
     );
-    assert_eq!(server.stats().eps, 3);
+    assert_eq!(server.stats().eps, 4);
 }

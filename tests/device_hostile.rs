@@ -39,6 +39,7 @@ fn net() -> api::Net {
         addr_b: env("SOFTROCE_ADDR_B"),
         sides: api::Sides::Threads,
         keepalive_ms: None,
+        settings: Vec::new(),
     }
 }
 

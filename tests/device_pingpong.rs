@@ -1,5 +1,6 @@
-//! The ping-pong demo over RDMA (Soft-RoCE), as `scripts/demo` shows it: one process on the
-//! auto transport, and a server and a client process. `#[ignore]`d on the host; `scripts/test`
+//! The ping-pong demo over RDMA (Soft-RoCE), as `scripts/demo` shows it: one process with
+//! `RDMX_TRANSPORT=rdma` (`auto` would carry a one-host run over shared memory), and a server
+//! and a client process. `#[ignore]`d on the host; `scripts/test`
 //! runs it with `--ignored` in the guest, with `RDMX_PINGPONG_BIN` naming the program.
 
 mod pingpong_util;
@@ -14,8 +15,11 @@ fn env(name: &str) -> String {
 
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
-fn one_process_on_the_auto_transport_uses_rdma() {
-    let out = pingpong_env(&["-s", "1,8K,1M", "-n", "10", "--no-progress"], &[]);
+fn one_process_over_rdma() {
+    let out = pingpong_env(
+        &["-s", "1,8K,1M", "-n", "10", "--no-progress"],
+        &[("RDMX_TRANSPORT", "rdma")],
+    );
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(stdout.contains("# transport rdma, device rxe"), "{stdout}");
@@ -33,12 +37,13 @@ fn one_process_on_the_auto_transport_uses_rdma() {
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
 fn server_and_client_processes_over_rdma() {
-    let (mut server, addr) = start_server(&format!("{}:0", env("SOFTROCE_ADDR_A")), &[], "rdma");
+    let rdma = [("RDMX_TRANSPORT", "rdma")];
+    let (mut server, addr) = start_server(&format!("{}:0", env("SOFTROCE_ADDR_A")), &rdma, "rdma");
     let out = pingpong_env(
         &[
             "--client", &addr, "--bw", "--window", "4", "-s", "8,64K", "-n", "8", "--json",
         ],
-        &[],
+        &rdma,
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");

@@ -189,6 +189,23 @@ fn server_and_client_in_two_processes() {
     );
 }
 
+/// What `scripts/demo` shows first: a server and a client process on the auto transport,
+/// on one host, talk over shared memory, eager and rendezvous.
+#[test]
+fn two_processes_on_the_auto_transport_use_shared_memory() {
+    let (mut server, addr) = start_server("127.0.0.1:0", &[], "shm");
+    let out = pingpong_env(
+        &["--client", &addr, "-s", "8,1M", "-n", "10", "--no-progress"],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("# transport shm"), "{stdout}");
+    let protocols: Vec<String> = rows(&stdout).into_iter().map(|r| r.1).collect();
+    assert_eq!(protocols, ["eager", "rndv"], "{stdout}");
+    assert!(server.0.wait().unwrap().success());
+}
+
 #[test]
 fn mistakes_give_one_line_and_a_non_zero_exit() {
     one_line_error(

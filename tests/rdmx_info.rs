@@ -32,6 +32,11 @@ fn shows_transports_and_every_value_with_its_source() {
     );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("tcp:  usable"), "{out}");
+    assert!(
+        out.contains("shm:  usable for peers on this host") && out.contains("rendezvous by"),
+        "{out}"
+    );
+    assert!(out.contains("selected: shm, then "), "{out}");
     assert!(out.contains("rdma: "), "{out}");
     assert!(out.contains("selected: "), "{out}");
     let eager = line(&out, "RDMX_EAGER_THRESHOLD");

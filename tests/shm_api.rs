@@ -12,6 +12,7 @@ fn net() -> api::Net {
         addr_b: "127.0.0.1".into(),
         sides: api::Sides::Threads,
         keepalive_ms: None,
+        settings: Vec::new(),
     }
 }
 
@@ -51,6 +52,9 @@ fn endpoints_say_they_run_over_shared_memory() {
     let (sep, _listener) = accept.join().unwrap();
     assert_eq!(ep.transport(), rdmx::Transport::Shm);
     assert_eq!(sep.transport(), rdmx::Transport::Shm);
+    // Two threads of one process: the kernel allows CMA.
+    assert_eq!(ep.data_path(), "shm, rendezvous by CMA");
+    assert_eq!(sep.data_path(), "shm, rendezvous by CMA");
 
     // A TCP-only acceptor: the offer is declined and the connection stays TCP.
     let tcp_ctx = context("tcp");

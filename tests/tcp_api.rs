@@ -11,6 +11,7 @@ fn net() -> api::Net {
         addr_b: "127.0.0.1".into(),
         sides: api::Sides::Threads,
         keepalive_ms: None,
+        settings: Vec::new(),
     }
 }
 
@@ -45,7 +46,11 @@ fn asking_for_rdma_without_a_device_is_a_clear_error() {
             .env_lookup(api::test_env)
             .build()
             .unwrap();
-        assert_eq!(auto.transport(), rdmx::Transport::Tcp);
+        assert_eq!(
+            auto.transports(),
+            [rdmx::Transport::Shm, rdmx::Transport::Tcp],
+            "auto: shared memory for peers on this host, else TCP"
+        );
     } else {
         assert_eq!(result.unwrap().transport(), rdmx::Transport::Rdma);
     }

@@ -35,6 +35,7 @@ fn net() -> api::Net {
         addr_b: server_ip.clone(),
         sides,
         keepalive_ms: Some(KEEPALIVE_MS),
+        settings: Vec::new(),
     }
 }
 

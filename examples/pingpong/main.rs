@@ -45,7 +45,7 @@ const DEFAULT_PORT: u16 = 13337;
 type Result<T> = std::result::Result<T, String>;
 
 /// rdmx's ping-pong: one-way latency or bandwidth over a size sweep. Environment:
-/// RDMX_TRANSPORT (auto|rdma|tcp), RDMX_EAGER_THRESHOLD and the other RDMX_* settings (see
+/// RDMX_TRANSPORT (auto|shm|rdma|tcp), RDMX_EAGER_THRESHOLD and the other RDMX_* settings (see
 /// rdmx-info). Latency is one-way: half the round trip. MB = 2^20 bytes.
 #[derive(Parser)]
 #[command(name = "pingpong")]
@@ -186,11 +186,11 @@ fn run(args: &Args, plan: &Plan) -> Result<()> {
         .map_err(|e| format!("server side: {e}"))
 }
 
-/// An address both sides of a one-process run can use: loopback for TCP; for RDMA an address
+/// An address both sides of a one-process run can use: loopback for TCP and shared memory; for RDMA an address
 /// of the (first, or `RDMX_DEVICE`) device with an active port, since rdmacm does not route
 /// over `lo`.
 fn loopback_host(ctx: &Context) -> Result<String> {
-    if ctx.transport() == Transport::Tcp {
+    if matches!(ctx.transport(), Transport::Tcp | Transport::Shm) {
         return Ok("127.0.0.1".into());
     }
     #[cfg(not(feature = "rdma"))]

@@ -51,6 +51,7 @@ fn main() -> ExitCode {
             let _ = writeln!(o, "  rdma: not usable: {why}");
         }
     }
+    let _ = writeln!(o, "  shm:  {}", shm_status());
     let _ = writeln!(o, "  tcp:  usable (always)");
     let ctx = match builder.build() {
         Ok(ctx) => ctx,
@@ -82,6 +83,31 @@ fn main() -> ExitCode {
     // A closed pipe (`rdmx-info | head`) is not an error worth a panic.
     let _ = std::io::stdout().write_all(o.as_bytes());
     ExitCode::SUCCESS
+}
+
+/// Whether shared memory is usable for peers on this host — a sealed segment and a doorbell
+/// can be made — and how its rendezvous will move data: by CMA, unless Yama's ptrace policy
+/// (`/proc/sys/kernel/yama/ptrace_scope`) refuses it, then by copy through the segment.
+fn shm_status() -> String {
+    if let Err(e) = rdmx_shm::channel::create("rdmx-info", 4096) {
+        return format!("not usable: cannot make a shared segment: {e}");
+    }
+    if let Err(e) = rdmx_shm::Doorbell::new() {
+        return format!("not usable: cannot make a doorbell: {e}");
+    }
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    let rendezvous = match scope {
+        None | Some(0) => "rendezvous by CMA (process_vm_readv)".to_string(),
+        Some(1) => "rendezvous by CMA where the kernel allows it (yama ptrace_scope 1: only \
+                    into descendants), otherwise by copy through the segment"
+            .to_string(),
+        Some(n) => {
+            format!("rendezvous by copy through the segment (yama ptrace_scope {n} refuses CMA)")
+        }
+    };
+    format!("usable for peers on this host (same boot, user and namespaces); {rendezvous}")
 }
 
 /// Lists the RDMA devices and their ports; says whether RDMA is usable, or why not.

@@ -157,6 +157,7 @@ pub struct Config {
     pub(crate) send_bufs: Setting<u32>,
     pub(crate) wait_mode: Setting<WaitMode>,
     pub(crate) progress_thread: Setting<bool>,
+    pub(crate) shm_cma: Setting<bool>,
     pub(crate) device: Setting<Option<String>>,
     pub(crate) rndv_registration: Setting<RndvRegistration>,
     pub(crate) rcache_bytes: Setting<u64>,
@@ -190,6 +191,9 @@ pub const SEND_BUFS_VAR: &str = "RDMX_SEND_BUFS";
 pub const WAIT_MODE_VAR: &str = "RDMX_WAIT_MODE";
 /// `RDMX_PROGRESS_THREAD`: `1` gives every worker its own progress thread.
 pub const PROGRESS_THREAD_VAR: &str = "RDMX_PROGRESS_THREAD";
+/// `RDMX_SHM_CMA`: `1` (default) lets a shared-memory rendezvous read the sender's buffer by
+/// CMA (`process_vm_readv`) where the kernel allows it; `0` always copies through the segment.
+pub const SHM_CMA_VAR: &str = "RDMX_SHM_CMA";
 /// `RDMX_DEVICE`: RDMA device name (e.g. `rxe0`); unset picks the device of the first address.
 pub const DEVICE_VAR: &str = "RDMX_DEVICE";
 /// `RDMX_RNDV_REG`: `auto`, `per-op` or `cache`, see [`RndvRegistration`].
@@ -221,6 +225,7 @@ impl Default for Config {
             send_bufs: Setting::default(256),
             wait_mode: Setting::default(WaitMode::BusyPoll),
             progress_thread: Setting::default(false),
+            shm_cma: Setting::default(true),
             device: Setting::default(None),
             rndv_registration: Setting::default(RndvRegistration::Auto),
             rcache_bytes: Setting::default(256 << 20),
@@ -292,12 +297,13 @@ impl Config {
                 .ok_or_else(|| env_error(WAIT_MODE_VAR, &v, "`poll` or `event`"))?;
             put(&mut c.wait_mode, m, source);
         }
+        if let Some(v) = env(SHM_CMA_VAR) {
+            let b = parse_bool(&v).ok_or_else(|| env_error(SHM_CMA_VAR, &v, "`1` or `0`"))?;
+            put(&mut c.shm_cma, b, source);
+        }
         if let Some(v) = env(PROGRESS_THREAD_VAR) {
-            let b = match v.trim().to_ascii_lowercase().as_str() {
-                "1" | "y" | "yes" | "on" | "true" => true,
-                "0" | "n" | "no" | "off" | "false" => false,
-                _ => return Err(env_error(PROGRESS_THREAD_VAR, &v, "`1` or `0`")),
-            };
+            let b =
+                parse_bool(&v).ok_or_else(|| env_error(PROGRESS_THREAD_VAR, &v, "`1` or `0`"))?;
             put(&mut c.progress_thread, b, source);
         }
         if let Some(v) = env(DEVICE_VAR) {
@@ -457,6 +463,13 @@ impl Config {
     pub fn progress_thread(&self) -> bool {
         self.progress_thread.value
     }
+
+    /// Whether a shared-memory rendezvous may read the sender's buffer by CMA
+    /// (`RDMX_SHM_CMA`); where it may not, or the kernel refuses, the data is copied through
+    /// the shared segment.
+    pub fn shm_cma(&self) -> bool {
+        self.shm_cma.value
+    }
     /// The RDMA device requested (`RDMX_DEVICE`), if any.
     pub fn device(&self) -> Option<&str> {
         self.device.value.as_deref()
@@ -607,6 +620,12 @@ impl Config {
                 "1: each worker has a progress thread",
             ),
             e(
+                SHM_CMA_VAR,
+                &c.shm_cma,
+                u8::from(c.shm_cma.value).to_string(),
+                "1: shared-memory rendezvous reads by CMA where allowed; 0: copies through the segment",
+            ),
+            e(
                 DEVICE_VAR,
                 &c.device,
                 c.device
@@ -637,7 +656,7 @@ impl Config {
                 TRANSPORT_VAR,
                 &c.transport,
                 Transport::list_string(&c.transport.value),
-                "auto (rdma for peers a device reaches, tcp for others), or a list: rdma,tcp, shm,tcp",
+                "auto (shm for peers on this host, rdma for peers a device reaches, tcp for others), or a list: rdma,tcp, shm,tcp",
             ),
             e(
                 CONNECT_TIMEOUT_VAR,
@@ -652,6 +671,15 @@ impl Config {
                 "how often idle connections check their peer is alive (ms; 0: never)",
             ),
         ]
+    }
+}
+
+/// A yes/no value: `1`, `y`, `yes`, `on`, `true` or their opposites, any case.
+fn parse_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "y" | "yes" | "on" | "true" => Some(true),
+        "0" | "n" | "no" | "off" | "false" => Some(false),
+        _ => None,
     }
 }
 

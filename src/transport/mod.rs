@@ -160,6 +160,12 @@ pub(crate) trait TransportLink: Send + Sync {
     /// The transport the link runs on.
     fn transport(&self) -> Transport;
 
+    /// How the link carries data, for logs and [`crate::Ep::data_path`] (the transport's
+    /// name, and how rendezvous data moves where a transport has more than one way).
+    fn data_path(&self) -> String {
+        self.transport().to_string()
+    }
+
     /// What the link's transport does natively.
     fn capabilities(&self) -> Capabilities {
         self.transport().capabilities()

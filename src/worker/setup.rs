@@ -159,7 +159,12 @@ impl Worker {
                         .on(&sh.registry)
                         .map_err(|e| e.to_string())
                         .and_then(|shared| {
-                            Accepting::start(shared, &offer, sh.cfg.connect_timeout())
+                            Accepting::start(
+                                shared,
+                                &offer,
+                                sh.cfg.connect_timeout(),
+                                sh.cfg.shm_cma(),
+                            )
                         });
                     if started.is_ok() {
                         transport = Transport::Shm;
@@ -264,8 +269,9 @@ impl Worker {
             .map_err(|e| Error::Invalid(format!("{addr} accepted with {e}")))?;
         let link = match answer {
             Some(Answer::Accepted { capacity }) => {
-                let path = shm_setup::connected(&shared, offer.token, capacity, timeout)
-                    .map_err(|e| Error::Invalid(format!("shared memory with {addr}: {e}")))?;
+                let path =
+                    shm_setup::connected(&shared, offer.token, capacity, timeout, sh.cfg.shm_cma())
+                        .map_err(|e| Error::Invalid(format!("shared memory with {addr}: {e}")))?;
                 sh.shm_link(id, path, &tcp)?
             }
             other => {
@@ -347,12 +353,19 @@ impl Driver {
             peer_bell: path.peer_bell,
             sock: path.sock,
             peer_pid: path.peer_pid,
+            cma: path.cma,
             peer_data: shm_setup::split(tcp.peer_private_data()).0.to_vec(),
             peer_addr: tcp.peer_addr(),
             local_addr: tcp.local_addr(),
         };
         let link = ShmLink::new(id, parts, shared, self.ifaces.tcp.exposure_table())
             .map_err(|e| Error::os("setting the shared-memory socket up", e))?;
+        log::info!(
+            "{:?}: {:?} is on this host: {}",
+            id,
+            link.peer_addr(),
+            link.data_path()
+        );
         Ok(Box::new(link))
     }
 

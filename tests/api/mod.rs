@@ -59,6 +59,9 @@ pub struct Net {
     /// The keepalive the suite's contexts get (`RDMX_KEEPALIVE_MS` through [`test_env`]);
     /// `None`: rdmx's default.
     pub keepalive_ms: Option<u64>,
+    /// Further variables every context of the suite sees through [`test_env`] (e.g.
+    /// `RDMX_SHM_CMA=0` to run the suite over shared memory's copy path).
+    pub settings: Vec<(&'static str, &'static str)>,
 }
 
 /// Generates one `#[test]` per suite function, each with the attributes in brackets.
@@ -136,7 +139,8 @@ pub(crate) fn init_log() {
 
 /// The process environment as tests see it: `RDMX_CONNECT_TIMEOUT_MS`, which slow runs
 /// (valgrind) raise, and `RDMX_KEEPALIVE_MS` (by hand; otherwise the binary's
-/// [`Net::keepalive_ms`]); tests set everything else explicitly.
+/// [`Net::keepalive_ms`]), and the binary's [`Net::settings`]; tests set everything else
+/// explicitly.
 pub fn test_env(var: &str) -> Option<String> {
     if var == rdmx::CONNECT_TIMEOUT_VAR || var == rdmx::KEEPALIVE_VAR {
         if let Ok(value) = std::env::var(var) {
@@ -146,7 +150,11 @@ pub fn test_env(var: &str) -> Option<String> {
     if var == rdmx::KEEPALIVE_VAR {
         return crate::net().keepalive_ms.map(|ms| ms.to_string());
     }
-    None
+    crate::net()
+        .settings
+        .iter()
+        .find(|(k, _)| *k == var)
+        .map(|(_, v)| v.to_string())
 }
 
 /// A builder that ignores the process environment except [`test_env`].
@@ -319,8 +327,12 @@ pub(crate) fn isolated(name: &str, role: &str) {
 }
 
 fn env_count(var: &str, default: usize) -> usize {
-    std::env::var(var)
-        .ok()
+    let set = crate::net()
+        .settings
+        .iter()
+        .find(|(k, _)| *k == var)
+        .map(|(_, v)| v.to_string());
+    set.or_else(|| std::env::var(var).ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }

@@ -9,8 +9,10 @@
 //! | 128 | consumer | `waiting`: 1 while the consumer may sleep on its doorbell |
 //! | 192 | producer | the data area: records |
 //!
-//! A record is an 8-byte header, `len` in its low 32 bits and zero in its high 32, followed
-//! by `len` bytes padded to a multiple of 8; records wrap around the end of the data area.
+//! A record is an 8-byte header — `len` in its low 32 bits, the record's `kind` (a byte the
+//! user gives meaning to; [`Producer::push`] makes kind 0) in the next 8, zero in the top 24 —
+//! followed by `len` bytes padded to a multiple of 8; records wrap around the end of the data
+//! area.
 //! Indices only grow (a record at `pos` lies at `pos % capacity`), so `head - tail` is what
 //! waits, and each field has one writer, so no read-modify-write is needed: the producer
 //! publishes with a release store of `head`, the consumer frees with one of `tail`.
@@ -154,6 +156,11 @@ impl Producer {
     /// room for it now (nothing was written). [`Error::TooLong`] if it could never fit;
     /// [`Error::Corrupt`] if the consumer's `tail` is out of range.
     pub fn push(&mut self, pieces: &[&[u8]]) -> Result<bool> {
+        self.push_kind(0, pieces)
+    }
+
+    /// [`Producer::push`] of a record of `kind`.
+    pub fn push_kind(&mut self, kind: u8, pieces: &[&[u8]]) -> Result<bool> {
         let len: usize = pieces.iter().map(|p| p.len()).sum();
         if len > self.max_frame() {
             return Err(Error::TooLong {
@@ -175,7 +182,7 @@ impl Producer {
             acc: [0; 8],
             fill: 0,
         };
-        w.store(len as u64);
+        w.store(len as u64 | u64::from(kind) << 32);
         for p in pieces {
             w.put(p);
         }
@@ -252,13 +259,26 @@ impl Consumer {
     /// ring is empty. [`Error::Corrupt`] if the peer broke the ring's rules (`out` is then
     /// unspecified, and the ring must not be used again).
     pub fn pop(&mut self, out: &mut Vec<u8>) -> Result<bool> {
+        match self.pop_kind(out)? {
+            None => Ok(false),
+            Some(0) => Ok(true),
+            Some(kind) => Err(Error::Corrupt(format!(
+                "a record of kind {kind} where only kind 0 is expected"
+            ))),
+        }
+    }
+
+    /// [`Consumer::pop`] of a record of any kind: `Ok(Some(kind))`, or `Ok(None)` when the
+    /// ring is empty.
+    pub fn pop_kind(&mut self, out: &mut Vec<u8>) -> Result<Option<u8>> {
         if self.head == self.tail && !self.refresh_head()? {
-            return Ok(false);
+            return Ok(None);
         }
         let waiting = self.head - self.tail;
         let header = self.place.data(self.tail).load(Ordering::Relaxed);
         let len = header & 0xffff_ffff;
-        if header >> 32 != 0 {
+        let kind = (header >> 32) as u8;
+        if header >> 40 != 0 {
             return Err(Error::Corrupt(format!(
                 "a record header has reserved bits set ({header:#x})"
             )));
@@ -281,7 +301,7 @@ impl Consumer {
         out.truncate(len as usize);
         self.tail += size;
         self.place.field(TAIL).store(self.tail, Ordering::Release);
-        Ok(true)
+        Ok(Some(kind))
     }
 
     /// Whether a record waits (reads the producer's `head` when none is known).

@@ -234,6 +234,21 @@ fn a_record_longer_than_what_was_published_is_corruption() {
 }
 
 #[test]
+fn records_carry_their_kind() {
+    let (_seg, mut p, mut c) = pair(CAP);
+    assert!(p.push_kind(2, &[b"get"]).expect("push"));
+    assert!(p.push(&[b"frame"]).expect("push"));
+    assert!(p.push_kind(255, &[b"data"]).expect("push"));
+    let mut out = Vec::new();
+    assert_eq!(c.pop_kind(&mut out).expect("intact"), Some(2));
+    assert_eq!(out, b"get");
+    assert!(c.pop(&mut out).expect("a kind-0 record"));
+    assert_eq!(out, b"frame");
+    // `pop` takes kind 0 only.
+    assert!(matches!(c.pop(&mut out), Err(Error::Corrupt(_))));
+}
+
+#[test]
 fn a_tail_out_of_range_is_corruption_for_the_producer() {
     let (seg, mut p, _c) = pair(CAP);
     for _ in 0..8 {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use rdmx_shm::channel;
 use rdmx_shm::ring::{ring_len, RING_HEADER_LEN};
-use rdmx_shm::{fdpass, Doorbell, HostIdentity, Segment};
+use rdmx_shm::{fdpass, Doorbell, HostIdentity, Producer, Segment};
 
 use super::setup::{self, Answer, Offer};
 use crate::worker::Worker;
@@ -197,4 +197,54 @@ fn a_peer_scribbling_the_segment_closes_only_its_endpoint() {
         assert_eq!(recv.wait().expect("received").buf, data);
     }
     assert!(good_victim_ep.close_reason().is_none());
+}
+
+#[test]
+fn a_peer_breaking_the_record_protocol_closes_only_its_endpoint() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let victim = shm_worker();
+    let helper = shm_worker();
+    let listener = victim.listen("127.0.0.1:0").expect("listen");
+    let victim_rx = ring_len(super::RING_CAPACITY);
+    let data_header = |reserved: u8| {
+        let mut h = [0u8; 24];
+        h[0] = 1;
+        h[20] = reserved;
+        h.to_vec()
+    };
+    let cases: Vec<(&str, u8, Vec<u8>)> = vec![
+        ("a record of unknown kind 9", 9, vec![0; 8]),
+        ("a GET record of 5 bytes", super::copy::KIND_GET, vec![1; 5]),
+        (
+            "a DATA record of 3 bytes",
+            super::copy::KIND_DATA,
+            vec![1; 3],
+        ),
+        (
+            "a DATA record with reserved bytes set",
+            super::copy::KIND_DATA,
+            data_header(1),
+        ),
+    ];
+    let mut alive = Vec::new();
+    for (what, kind, record) in cases {
+        let h = hostile_connect(&listener, &helper);
+        let mut tx =
+            Producer::new(h.seg.clone(), victim_rx, super::RING_CAPACITY).expect("producer");
+        assert!(tx.push_kind(kind, &[&record]).expect("room"));
+        step_until(&[&victim], || h.ep.close_reason().is_some());
+        let reason = h.ep.close_reason().expect("closed");
+        assert!(reason.contains(what), "{what}: closed for {reason}");
+        alive.push(h);
+    }
+    // A DATA record for no READ of the victim's (one reclaimed while closing, say) is dropped.
+    let h = hostile_connect(&listener, &helper);
+    let mut tx = Producer::new(h.seg.clone(), victim_rx, super::RING_CAPACITY).expect("producer");
+    assert!(tx
+        .push_kind(super::copy::KIND_DATA, &[&data_header(0)])
+        .expect("room"));
+    for _ in 0..1000 {
+        victim.progress();
+    }
+    assert!(h.ep.close_reason().is_none(), "{:?}", h.ep.close_reason());
 }

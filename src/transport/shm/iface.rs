@@ -12,7 +12,8 @@ use parking_lot::Mutex;
 use rdmx_proto::ConnId;
 use rdmx_shm::{Consumer, Doorbell, HostIdentity};
 
-use super::link::Outbox;
+use super::copy::{KIND_DATA, KIND_FRAME, KIND_GET};
+use super::link::{Outbox, RecordSink};
 use crate::error::{Error, Result};
 use crate::readiness::{Interest, Registry};
 use crate::transport::{LinkEvent, RecvFrame};
@@ -22,10 +23,11 @@ const TOKEN_DOORBELL: u64 = 2;
 /// Frame buffers kept for reuse.
 const SPARE_FRAMES: usize = 64;
 
-/// A connection's receive ring.
+/// A connection's receive ring, and where its records that are not frames go.
 struct Rx {
     conn: ConnId,
     ring: Consumer,
+    sink: RecordSink,
 }
 
 /// What the worker's shared-memory connections share (see the module docs).
@@ -139,13 +141,17 @@ impl Shared {
         (&*self.probe as *const u64 as u64, *self.probe)
     }
 
-    /// Takes `ring` in as connection `conn`'s receive ring.
-    pub(crate) fn add_rx(&self, conn: ConnId, ring: Consumer) {
+    /// Takes `ring` in as the receive ring of `sink`'s connection.
+    pub(crate) fn add_rx(&self, ring: Consumer, sink: RecordSink) {
         let mut rx = self.rx.lock();
         if self.armed.load(Ordering::Acquire) {
             ring.may_sleep(true);
         }
-        rx.push(Rx { conn, ring });
+        rx.push(Rx {
+            conn: sink.conn,
+            ring,
+            sink,
+        });
         self.rx_count.store(rx.len(), Ordering::Release);
     }
 
@@ -248,23 +254,32 @@ impl Shared {
         out.len() - before
     }
 
-    /// Moves one frame of `r` to `out`: `Ok(false)` when none waits, `Err` when the peer
-    /// corrupted the ring (reported in `out` as the connection going down).
+    /// Takes one record of `r`: a frame to `out`, a GET or DATA to the link. `Ok(false)`
+    /// when none waits, `Err` when the peer corrupted the ring or broke the protocol
+    /// (reported in `out` as the connection going down).
     fn take_frame(&self, r: &mut Rx, out: &mut Vec<LinkEvent>) -> std::result::Result<bool, ()> {
         let mut buf = self.spare.lock().pop().unwrap_or_default();
-        match r.ring.pop(&mut buf) {
-            Ok(true) => {
+        let handled = match r.ring.pop_kind(&mut buf) {
+            Ok(Some(KIND_FRAME)) => {
                 out.push(LinkEvent::Frame {
                     conn: r.conn,
                     len: buf.len(),
                     frame: RecvFrame::Owned(buf),
                 });
-                Ok(true)
+                return Ok(true);
             }
-            Ok(false) => {
+            Ok(None) => {
                 self.recycle(buf);
-                Ok(false)
+                return Ok(false);
             }
+            Ok(Some(KIND_GET)) => r.sink.get(self, &buf),
+            Ok(Some(KIND_DATA)) => r.sink.data(self, &buf),
+            Ok(Some(kind)) => Err(format!("a record of unknown kind {kind}")),
+            Err(e) => Err(e.to_string()),
+        };
+        self.recycle(buf);
+        match handled {
+            Ok(()) => Ok(true),
             Err(e) => {
                 log::warn!("{:?}: {e}", r.conn);
                 out.push(LinkEvent::Down {

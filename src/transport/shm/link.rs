@@ -1,5 +1,6 @@
-//! A shared-memory connection of a worker: its send ring (with the frames waiting for room
-//! in it), the peer's doorbell, and the READs it makes by CMA into buffers lent to it.
+//! A shared-memory connection of a worker: its send ring (with the records waiting for room
+//! in it), the peer's doorbell, and the READs it makes into buffers lent to it — by CMA, or
+//! by copy through the rings where CMA is not allowed (see [`super::copy`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Read;
@@ -13,24 +14,36 @@ use parking_lot::Mutex;
 use rdmx_proto::{ConnId, RemoteBuf, UserBufId};
 use rdmx_shm::{Consumer, Doorbell, Producer};
 
+use super::copy::{Copying, DataHeader, Get, Serving, KIND_FRAME, KIND_GET};
 use super::iface::Shared;
-use crate::transport::tcp::Exposures;
+use crate::transport::tcp::{Answer, Exposures};
 use crate::transport::{
     Deferred, LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, RecvFrame, Transport,
     TransportLink,
 };
 use crate::usermem::UserMem;
 
+/// A record waiting for room in the send ring.
+enum Pending {
+    /// A record of `kind` with these bytes.
+    Record(u8, Vec<u8>),
+    /// The answer to a GET, pushed a chunk at a time.
+    Serve(Serving),
+}
+
 /// A link's way out: its send ring and what waits for room in it.
 pub(crate) struct Outbox {
     conn: ConnId,
     tx: Mutex<Producer>,
-    /// Frames waiting for room, in order (nothing goes into the ring while one waits).
-    waiting: Mutex<VecDeque<Vec<u8>>>,
+    /// Records waiting for room, in order (nothing goes into the ring while one waits).
+    waiting: Mutex<VecDeque<Pending>>,
     has_waiting: AtomicBool,
     peer_bell: Doorbell,
     /// Why the send ring cannot be used any more (the peer corrupted it).
     broken: Mutex<Option<String>>,
+    /// The peer is gone or the link dropped: what waits is dropped, nothing more is sent
+    /// (the worker's retry list lets go of this outbox, and with it the segment).
+    closed: AtomicBool,
 }
 
 impl Outbox {
@@ -43,16 +56,31 @@ impl Outbox {
         }
     }
 
-    /// Pushes the waiting frames the ring has room for; returns whether some still wait.
+    /// Drops what waits and sends nothing more.
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let mut waiting = self.waiting.lock();
+        waiting.clear();
+        self.has_waiting.store(false, Ordering::Release);
+    }
+
+    /// Pushes the waiting records the ring has room for; returns whether some still wait.
     pub(crate) fn push_waiting(&self) -> bool {
         let mut waiting = self.waiting.lock();
+        if self.closed.load(Ordering::Acquire) {
+            waiting.clear();
+            self.has_waiting.store(false, Ordering::Release);
+            return false;
+        }
         let mut tx = self.tx.lock();
-        let mut pushed = false;
-        while let Some(f) = waiting.front() {
-            match tx.push(&[f]) {
+        while let Some(f) = waiting.front_mut() {
+            let pushed = match f {
+                Pending::Record(kind, bytes) => tx.push_kind(*kind, &[bytes]),
+                Pending::Serve(s) => s.push(&mut tx),
+            };
+            match pushed {
                 Ok(true) => {
                     waiting.pop_front();
-                    pushed = true;
                 }
                 Ok(false) => break,
                 Err(e) => {
@@ -62,12 +90,71 @@ impl Outbox {
                 }
             }
         }
-        if pushed {
-            self.wake_peer(&tx);
-        }
+        // (An answer to a GET may have pushed part of itself.)
+        self.wake_peer(&tx);
         let left = !waiting.is_empty();
         self.has_waiting.store(left, Ordering::Release);
         left
+    }
+
+    /// Sends a record of `kind` made of `pieces`: into the ring now when nothing waits and
+    /// it has room (`Ok(true)`), else queued behind what waits (`Ok(false)`; `shared` retries
+    /// it on every progress call).
+    fn send(self: &Arc<Self>, shared: &Shared, kind: u8, pieces: &[&[u8]]) -> Result<bool, String> {
+        if let Some(why) = self.broken.lock().as_ref() {
+            return Err(why.clone());
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err("the connection is closed".into());
+        }
+        if !self.has_waiting.load(Ordering::Acquire) {
+            let mut tx = self.tx.lock();
+            match tx.push_kind(kind, pieces) {
+                Ok(true) => {
+                    self.wake_peer(&tx);
+                    return Ok(true);
+                }
+                Ok(false) => {}
+                Err(e @ rdmx_shm::Error::TooLong { .. }) => return Err(e.to_string()),
+                Err(e) => {
+                    self.broke(e.to_string());
+                    return Err(e.to_string());
+                }
+            }
+        }
+        self.enqueue(shared, Pending::Record(kind, pieces.concat()));
+        Ok(false)
+    }
+
+    /// Answers a GET: what the ring has room for now, the rest as room appears.
+    fn serve(self: &Arc<Self>, shared: &Shared, mut s: Serving) {
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        if !self.has_waiting.load(Ordering::Acquire) {
+            let mut tx = self.tx.lock();
+            let done = s.push(&mut tx);
+            self.wake_peer(&tx);
+            match done {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => {
+                    self.broke(e.to_string());
+                    return;
+                }
+            }
+        }
+        self.enqueue(shared, Pending::Serve(s));
+    }
+
+    fn enqueue(self: &Arc<Self>, shared: &Shared, p: Pending) {
+        {
+            // (Flag and queue change together: a retry draining the queue clears the flag.)
+            let mut waiting = self.waiting.lock();
+            waiting.push_back(p);
+            self.has_waiting.store(true, Ordering::Release);
+        }
+        shared.blocked(self.clone());
     }
 
     fn broke(&self, why: String) {
@@ -91,10 +178,103 @@ struct Lent {
     outstanding: usize,
 }
 
+/// The READs of a link (shared with the worker's ring poller, which takes DATA records).
 #[derive(Default)]
-struct Reads {
+pub(crate) struct Reads {
+    /// READs to make by CMA.
     queued: VecDeque<QueuedRead>,
+    /// READs by copy waiting for DATA, by key.
+    copying: HashMap<u64, Copying>,
     lent: HashMap<u64, Lent>,
+}
+
+/// What the worker's ring poller needs of a link to handle the records that are not frames.
+pub(crate) struct RecordSink {
+    pub(crate) conn: ConnId,
+    out: Arc<Outbox>,
+    reads: Arc<Mutex<Reads>>,
+    exposures: Arc<Mutex<Exposures>>,
+}
+
+impl RecordSink {
+    /// A GET from the peer: answered from the exposure table. `Err`: a protocol error.
+    pub(crate) fn get(&self, shared: &Shared, record: &[u8]) -> Result<(), String> {
+        let g = Get::decode(record)?;
+        let answer = self
+            .exposures
+            .lock()
+            .answer_at_address(self.conn, g.addr, g.rkey, g.len);
+        let serving = match answer {
+            Answer::Data { data, offset, len } => Serving {
+                key: g.key,
+                data: Some(data),
+                start: offset,
+                len,
+                sent: 0,
+            },
+            Answer::Refused => {
+                log::debug!("{:?}: GET {g:?} refused", self.conn);
+                Serving {
+                    key: g.key,
+                    data: None,
+                    start: 0,
+                    len: 0,
+                    sent: 0,
+                }
+            }
+            Answer::OtherEndpoint => {
+                return Err(format!(
+                    "the peer asked for a buffer exposed to another endpoint ({g:?})"
+                ))
+            }
+        };
+        self.out.serve(shared, serving);
+        Ok(())
+    }
+
+    /// DATA for one of this link's READs: copied into its lent buffer; the READ is reported
+    /// once complete. `Err`: a protocol error.
+    pub(crate) fn data(&self, shared: &Shared, record: &[u8]) -> Result<(), String> {
+        let (h, bytes) = DataHeader::decode(record)?;
+        let mut guard = self.reads.lock();
+        let Reads { copying, lent, .. } = &mut *guard;
+        let Some(c) = copying.get_mut(&h.key) else {
+            // Reclaimed meanwhile (the connection is closing).
+            return Ok(());
+        };
+        let ok = if h.refused {
+            false
+        } else {
+            if h.offset != c.got as u64 || bytes.len() > c.len - c.got {
+                return Err(format!(
+                    "DATA of {} bytes at {} for a READ of {} of which {} arrived",
+                    bytes.len(),
+                    h.offset,
+                    c.len,
+                    c.got
+                ));
+            }
+            let at = c.offset + c.got;
+            match lent.get_mut(&c.buf).and_then(|l| l.vec.as_mut()) {
+                Some(v) if at + bytes.len() <= v.len() => {
+                    v[at..at + bytes.len()].copy_from_slice(bytes);
+                }
+                _ => return Err("DATA for a buffer no longer lent".into()),
+            }
+            c.got += bytes.len();
+            if c.got < c.len {
+                return Ok(());
+            }
+            true
+        };
+        let c = copying.remove(&h.key).expect("found above");
+        if let Some(l) = lent.get_mut(&c.buf) {
+            l.outstanding -= 1;
+        }
+        drop(guard);
+        shared.read_done(h.key, ok);
+        Ok(())
+    }
 }
 
 /// A shared-memory connection (see the module docs of `transport::shm`).
@@ -112,7 +292,9 @@ pub(crate) struct ShmLink {
     shared: Arc<Shared>,
     /// The worker's exposure table (TCP's): it holds exposed send buffers until withdrawn.
     exposures: Arc<Mutex<Exposures>>,
-    reads: Mutex<Reads>,
+    reads: Arc<Mutex<Reads>>,
+    /// `Ok`: READs by CMA; `Err`: why not, and READs by copy.
+    cma: Result<(), String>,
     down_reported: AtomicBool,
 }
 
@@ -123,6 +305,8 @@ pub(crate) struct Parts {
     pub(crate) peer_bell: Doorbell,
     pub(crate) sock: UnixStream,
     pub(crate) peer_pid: i32,
+    /// `Ok`: this side reads the peer's memory by CMA; `Err`: why not.
+    pub(crate) cma: Result<(), String>,
     /// The peer's rdmx handshake.
     pub(crate) peer_data: Vec<u8>,
     pub(crate) peer_addr: Option<SocketAddr>,
@@ -146,6 +330,7 @@ impl ShmLink {
                 has_waiting: AtomicBool::new(false),
                 peer_bell: parts.peer_bell,
                 broken: Mutex::new(None),
+                closed: AtomicBool::new(false),
             }),
             rx: Mutex::new(Some(parts.rx)),
             sock: parts.sock,
@@ -155,9 +340,18 @@ impl ShmLink {
             local_addr: parts.local_addr,
             shared,
             exposures,
-            reads: Mutex::new(Reads::default()),
+            reads: Arc::new(Mutex::new(Reads::default())),
+            cma: parts.cma,
             down_reported: AtomicBool::new(false),
         })
+    }
+
+    /// How this link's rendezvous data moves, for logs and [`TransportLink::data_path`].
+    fn rendezvous_path(&self) -> String {
+        match &self.cma {
+            Ok(()) => "rendezvous by CMA".into(),
+            Err(why) => format!("rendezvous by copy ({why})"),
+        }
     }
 
     /// Makes the queued READs, one at a time, without holding the link's lock while a copy
@@ -221,6 +415,7 @@ impl Drop for ShmLink {
         // The worker stops polling its ring; what is left in it is dropped.
         let mut left = Vec::new();
         self.shared.remove_rx(self.id, &mut left);
+        self.out.close();
     }
 }
 
@@ -251,9 +446,19 @@ impl TransportLink for ShmLink {
         self.sock.as_fd()
     }
 
+    fn data_path(&self) -> String {
+        format!("shm, {}", self.rendezvous_path())
+    }
+
     fn joined(&self, _: &mut LockedIfaces, _: &mut Vec<LinkEvent>) {
         if let Some(rx) = self.rx.lock().take() {
-            self.shared.add_rx(self.id, rx);
+            let sink = RecordSink {
+                conn: self.id,
+                out: self.out.clone(),
+                reads: self.reads.clone(),
+                exposures: self.exposures.clone(),
+            };
+            self.shared.add_rx(rx, sink);
         }
     }
 
@@ -263,38 +468,14 @@ impl TransportLink for ShmLink {
         frame: &[u8],
         payload: &[u8],
     ) -> Result<Queued, String> {
-        if let Some(why) = self.out.broken.lock().as_ref() {
-            return Err(why.clone());
+        match self.out.send(&self.shared, KIND_FRAME, &[frame, payload])? {
+            true => Ok(Queued::Posted),
+            false => Ok(Queued::ForFlush),
         }
-        if !self.out.has_waiting.load(Ordering::Acquire) {
-            let mut tx = self.out.tx.lock();
-            match tx.push(&[frame, payload]) {
-                Ok(true) => {
-                    self.out.wake_peer(&tx);
-                    return Ok(Queued::Posted);
-                }
-                Ok(false) => {}
-                Err(e @ rdmx_shm::Error::TooLong { .. }) => return Err(e.to_string()),
-                Err(e) => {
-                    self.out.broke(e.to_string());
-                    return Err(e.to_string());
-                }
-            }
-        }
-        let mut f = Vec::with_capacity(frame.len() + payload.len());
-        f.extend_from_slice(frame);
-        f.extend_from_slice(payload);
-        {
-            // (Flag and queue change together: a retry draining the queue clears the flag.)
-            let mut waiting = self.out.waiting.lock();
-            waiting.push_back(f);
-            self.out.has_waiting.store(true, Ordering::Release);
-        }
-        self.shared.blocked(self.out.clone());
-        Ok(Queued::ForFlush)
     }
 
-    /// The destination is lent to the link, which reads the peer's memory straight into it.
+    /// The destination is lent to the link, which reads the peer's memory straight into it
+    /// by CMA, or asks the peer for the bytes and copies them in as they arrive.
     fn start_read(
         &self,
         _: &mut LockedIfaces,
@@ -328,13 +509,33 @@ impl TransportLink for ShmLink {
             read.key,
             read.len
         );
-        r.queued.push_back(QueuedRead {
+        if self.cma.is_ok() {
+            r.queued.push_back(QueuedRead {
+                key: read.key,
+                buf: key,
+                addr: read.remote.addr,
+                len: read.len as usize,
+                offset: read.offset as usize,
+            });
+            return Ok(());
+        }
+        r.copying.insert(
+            read.key,
+            Copying {
+                buf: key,
+                offset: read.offset as usize,
+                len: read.len as usize,
+                got: 0,
+            },
+        );
+        drop(r);
+        let get = Get {
             key: read.key,
-            buf: key,
+            rkey: read.remote.rkey,
             addr: read.remote.addr,
-            len: read.len as usize,
-            offset: read.offset as usize,
-        });
+            len: read.len,
+        };
+        self.out.send(&self.shared, KIND_GET, &[&get.encode()])?;
         Ok(())
     }
 
@@ -385,6 +586,7 @@ impl TransportLink for ShmLink {
     fn reclaim_lent(&self) -> Vec<(UserBufId, Vec<u8>)> {
         let mut r = self.reads.lock();
         r.queued.clear();
+        r.copying.clear();
         r.lent
             .drain()
             .filter_map(|(key, l)| l.vec.map(|v| (UserBufId(key), v)))
@@ -418,7 +620,8 @@ impl TransportLink for ShmLink {
     }
 
     fn idle(&self) -> bool {
-        !self.out.has_waiting.load(Ordering::Acquire) && self.reads.lock().queued.is_empty()
+        let r = self.reads.lock();
+        !self.out.has_waiting.load(Ordering::Acquire) && r.queued.is_empty() && r.copying.is_empty()
     }
 
     /// The Unix socket is readable: the peer hung up (or wrote, which it never does).
@@ -432,8 +635,9 @@ impl TransportLink for ShmLink {
             Err(e) => format!("connection lost: {e}"),
         };
         if !self.down_reported.swap(true, Ordering::AcqRel) {
-            // What the peer sent before it went is delivered first.
+            // What the peer sent before it went is delivered first; nothing more goes out.
             self.shared.remove_rx(self.id, out);
+            self.out.close();
             out.push(LinkEvent::Down {
                 conn: self.id,
                 reason,

@@ -4,7 +4,7 @@
 //!
 //! A connection starts over TCP (the user connects to `host:port` as always). The connector
 //! offers shared memory in its handshake ([`setup`]); an acceptor on the same host (same
-//! boot, user and namespaces, and CMA allowed both ways) answers by handing the connection's
+//! boot, user and namespaces) answers by handing the connection's
 //! segment and its doorbell over a Unix socket, and both sides then drop the TCP socket: the
 //! Unix socket stays only to tell when the peer is gone (its hang-up). Where any check
 //! fails, the connection stays TCP, or is refused when TCP is not in the transports.
@@ -13,7 +13,12 @@
 //! worker polls its connections' receive rings on every progress call ([`ShmIface`]) — no
 //! system call per frame — and sleeps in event mode on its one doorbell, which peers ring
 //! only while it says it may sleep.
+//!
+//! Rendezvous: each side probes at connect whether the kernel lets it read the peer by CMA
+//! (`yama/ptrace_scope` or another user can forbid it; `RDMX_SHM_CMA=0` does). Where it may
+//! not, its READs are copied through the rings instead: see `copy`.
 
+mod copy;
 #[cfg(test)]
 mod hostile_tests;
 mod iface;

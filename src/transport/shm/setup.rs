@@ -197,6 +197,20 @@ pub(crate) struct DataPath {
     pub(crate) peer_bell: Doorbell,
     pub(crate) sock: UnixStream,
     pub(crate) peer_pid: i32,
+    /// `Ok`: this side reads the peer by CMA; `Err`: why not (READs go by copy).
+    pub(crate) cma: Result<(), String>,
+}
+
+/// Whether this side may read the peer `pid` by CMA: `use_cma` (`RDMX_SHM_CMA`) and the
+/// kernel allowing it (reading the peer's probe word `probe` gives its value).
+fn cma_to(pid: i32, probe: (u64, u64), use_cma: bool) -> Result<(), String> {
+    if !use_cma {
+        return Err("RDMX_SHM_CMA=0".into());
+    }
+    cma::probe(pid, probe.0, probe.1).map_err(|e| {
+        log::info!("cannot read process {pid} by CMA ({e}): rendezvous data is copied");
+        format!("CMA refused: {e}")
+    })
 }
 
 /// The peer of `sock` as the kernel saw it: its pid, checked to be visible and of our user.
@@ -218,6 +232,7 @@ pub(crate) struct Accepting {
     seg: Arc<Segment>,
     sock: UnixStream,
     peer_pid: i32,
+    cma: Result<(), String>,
 }
 
 impl Accepting {
@@ -225,6 +240,7 @@ impl Accepting {
         shared: &Shared,
         offer: &Offer,
         timeout: Duration,
+        use_cma: bool,
     ) -> Result<Accepting, String> {
         let diff = shared.identity.differences(&offer.identity);
         if !diff.is_empty() {
@@ -239,8 +255,7 @@ impl Accepting {
             .and_then(|()| sock.set_write_timeout(Some(timeout)))
             .map_err(|e| e.to_string())?;
         let peer_pid = peer_of(&sock, &shared.identity)?;
-        cma::probe(peer_pid, offer.probe.0, offer.probe.1)
-            .map_err(|e| format!("cannot read the peer's memory (CMA): {e}"))?;
+        let cma = cma_to(peer_pid, offer.probe, use_cma);
         let seg = channel::create("rdmx-shm", RING_CAPACITY).map_err(|e| e.to_string())?;
         let hand_over = HandOver {
             token: offer.token,
@@ -253,6 +268,7 @@ impl Accepting {
             seg,
             sock,
             peer_pid,
+            cma,
         })
     }
 
@@ -281,6 +297,7 @@ impl Accepting {
             peer_bell,
             sock: self.sock,
             peer_pid: self.peer_pid,
+            cma: self.cma,
         })
     }
 }
@@ -292,6 +309,7 @@ pub(crate) fn connected(
     token: u64,
     capacity: u32,
     timeout: Duration,
+    use_cma: bool,
 ) -> Result<DataPath, String> {
     let sock = shared.claim(token, timeout).map_err(|e| e.to_string())?;
     sock.set_read_timeout(Some(timeout))
@@ -310,8 +328,7 @@ pub(crate) fn connected(
             hand_over.token, hand_over.capacity
         ));
     }
-    cma::probe(peer_pid, hand_over.probe.0, hand_over.probe.1)
-        .map_err(|e| format!("cannot read the peer's memory (CMA): {e}"))?;
+    let cma = cma_to(peer_pid, hand_over.probe, use_cma);
     let seg = Arc::new(
         Segment::open(seg, channel::channel_len(capacity as usize)).map_err(|e| e.to_string())?,
     );
@@ -325,6 +342,7 @@ pub(crate) fn connected(
         peer_bell,
         sock,
         peer_pid,
+        cma,
     })
 }
 

@@ -83,6 +83,18 @@ impl Exposures {
         self.by_key.remove(&key);
     }
 
+    /// [`Exposures::answer`] for a request naming an address of the buffer in this process
+    /// rather than an offset into it (shared memory's, whose READs are by CMA where allowed).
+    pub(crate) fn answer_at_address(&self, conn: ConnId, addr: u64, key: u32, len: u64) -> Answer {
+        let Some(e) = self.by_key.get(&key) else {
+            return Answer::Refused;
+        };
+        match addr.checked_sub(e.data.as_ptr() as u64) {
+            Some(offset) => self.answer(conn, offset, key, len),
+            None => Answer::Refused,
+        }
+    }
+
     /// How to answer a READ request that arrived on `conn` for `len` bytes at `addr` under
     /// `key`.
     pub(crate) fn answer(&self, conn: ConnId, addr: u64, key: u32, len: u64) -> Answer {
