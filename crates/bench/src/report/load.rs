@@ -1,5 +1,6 @@
 //! Reading a run's raw results (`RunData::load`): every input file, tolerating missing ones.
-//! The references each transport is compared with are data ([`RDMA_REFS`], [`TCP_REFS`]).
+//! The references each transport is compared with are data ([`RDMA_REFS`], [`TCP_REFS`],
+//! [`SHM_REFS`]).
 
 use super::*;
 use crate::inputs::{IB_READ_BW, IB_SEND_LAT};
@@ -108,6 +109,27 @@ const TCP_REFS: [Spec; 4] = [
         ZERO_WHY,
         true,
         Source::Socket("bandwidth", mbs),
+    ),
+];
+
+/// The shared-memory (host, one machine) references: `ucx_perftest` with
+/// `UCX_TLS=posix,cma,self`.
+const SHM_REFS: [Spec; 2] = [
+    Spec(
+        "ucx tag_lat typical",
+        "ucx_perftest tag_lat (posix,cma)",
+        "shm/ucx-tag_lat-<SIZE>.txt",
+        UCX_WHY,
+        false,
+        Source::Ucx("typical latency"),
+    ),
+    Spec(
+        "ucx tag_bw",
+        "ucx_perftest tag_bw (posix,cma)",
+        "shm/ucx-tag_bw-<SIZE>.txt",
+        UCX_WHY,
+        true,
+        Source::Ucx("overall bandwidth"),
     ),
 ];
 
@@ -262,7 +284,11 @@ impl Loader<'_> {
         title: &'static str,
         specs: &[Spec],
     ) -> Result<Transport> {
-        let sub = if name == "rdma" { "guest" } else { "host" };
+        let sub = match name {
+            "rdma" => "guest",
+            "shm" => "shm",
+            _ => "host",
+        };
         let lat = self.pingpong(&format!("{sub}/rdmx-lat.json"), "latency")?;
         let bw = self.pingpong(&format!("{sub}/rdmx-bw.json"), "bandwidth")?;
         let (mut lat_refs, mut bw_refs) = (Vec::new(), Vec::new());
@@ -324,6 +350,7 @@ impl RunData {
         };
         let rdma = l.transport("rdma", "RDMA (Soft-RoCE)", &RDMA_REFS)?;
         let tcp = l.transport("tcp", "TCP (loopback)", &TCP_REFS)?;
+        let shm = l.transport("shm", "shared memory (two processes, one host)", &SHM_REFS)?;
         // The sections scripts/bench-hotpath, bench-endpoints and bench-twonode wrote.
         let mut sections = Vec::new();
         for name in ["hotpath.md", "endpoints.md", "twonode.md"] {
@@ -335,6 +362,7 @@ impl RunData {
             empty: l.empty,
             rdma,
             tcp,
+            shm,
             sections,
         })
     }

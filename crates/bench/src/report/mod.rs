@@ -15,6 +15,8 @@
 //! host/rdmx-lat.json  host/rdmx-bw.json      pingpong JSON over TCP (loopback)
 //! host/socket-lat.json  host/socket-bw.json  socket-pingpong JSON
 //! host/ucx-tag_lat-<SIZE>.txt  host/ucx-tag_bw-<SIZE>.txt   ucx_perftest client outputs
+//! shm/rdmx-lat.json  shm/rdmx-bw.json        pingpong JSON over shared memory (two processes)
+//! shm/ucx-tag_lat-<SIZE>.txt  shm/ucx-tag_bw-<SIZE>.txt     ucx_perftest, UCX_TLS=posix,cma,self
 //! guest/threshold-<T>.json  host/threshold-<T>.json         latency runs, RDMX_EAGER_THRESHOLD=T
 //! ```
 
@@ -59,7 +61,7 @@ pub struct ReportOptions {
     /// The Markdown file to write
     #[arg(short, long, value_name = "FILE", default_value = "BENCHMARKS.md")]
     pub out: PathBuf,
-    /// Directory for bench-rdma.svg and bench-tcp.svg
+    /// Directory for bench-rdma.svg, bench-tcp.svg and bench-shm.svg
     #[arg(long, value_name = "DIR2", default_value = "docs")]
     pub svg_dir: PathBuf,
 }
@@ -131,6 +133,8 @@ pub struct RunData {
     pub rdma: Transport,
     /// Loopback TCP results (host/).
     pub tcp: Transport,
+    /// Shared-memory results between two processes of this host (shm/).
+    pub shm: Transport,
     /// The Markdown sections `scripts/bench-hotpath` (`hotpath.md`), `scripts/bench-endpoints`
     /// (`endpoints.md`) and `scripts/bench-twonode` (`twonode.md`) wrote, those present.
     pub sections: Vec<String>,
@@ -219,6 +223,7 @@ pub fn render_markdown(data: &RunData, plots: &[(String, String)]) -> String {
     );
     transport_section(&mut out, &data.rdma);
     transport_section(&mut out, &data.tcp);
+    transport_section(&mut out, &data.shm);
     sweep_section(&mut out, data);
     out.push_str("## Plots\n\n");
     for (title, link) in plots {
@@ -315,7 +320,7 @@ pub fn generate(opts: &ReportOptions) -> Result<Vec<PathBuf>> {
     mkdir(&out_dir)?;
     let mut written = Vec::new();
     let mut plots = Vec::new();
-    for t in [&data.rdma, &data.tcp] {
+    for t in [&data.rdma, &data.tcp, &data.shm] {
         let file = opts.svg_dir.join(format!("bench-{}.svg", t.name));
         let svg = transport_svg(t).map_err(|msg| Error::Plot {
             file: file.clone(),
