@@ -110,6 +110,22 @@ impl Place {
             .expect("data word inside the ring: checked by Place::new")
     }
 
+    /// The data words holding the `bytes` (a multiple of 8, at most the capacity) from index
+    /// `pos` on: up to the end of the data area, and what wraps to its start.
+    fn span(&self, pos: u64, bytes: u64) -> (&[AtomicU64], &[AtomicU64]) {
+        let start = pos % self.capacity;
+        let first = bytes.min(self.capacity - start);
+        let words = |offset: u64, n: u64| {
+            self.seg
+                .words(
+                    self.base + RING_HEADER_LEN + offset as usize,
+                    (n / 8) as usize,
+                )
+                .expect("data words inside the ring: checked by Place::new")
+        };
+        (words(start, first), words(0, bytes - first))
+    }
+
     /// The longest record payload the ring takes.
     fn max_payload(&self) -> usize {
         (self.capacity - RECORD_HEADER) as usize
@@ -176,9 +192,11 @@ impl Producer {
                 return Ok(false);
             }
         }
+        let (a, b) = self.place.span(self.head, need);
         let mut w = Words {
-            place: &self.place,
-            pos: self.head,
+            a,
+            b,
+            at: 0,
             acc: [0; 8],
             fill: 0,
         };
@@ -290,14 +308,12 @@ impl Consumer {
                 waiting - RECORD_HEADER
             )));
         }
-        out.clear();
+        // (Only what `out` lacks is zeroed first: a reused buffer keeps its length.)
         out.resize(padded(len) as usize, 0);
-        let mut pos = self.tail + RECORD_HEADER;
-        for chunk in out.chunks_exact_mut(8) {
-            let w = self.place.data(pos).load(Ordering::Relaxed);
-            chunk.copy_from_slice(&w.to_ne_bytes());
-            pos += 8;
-        }
+        let (a, b) = self.place.span(self.tail + RECORD_HEADER, padded(len));
+        let (x, y) = out.split_at_mut(a.len() * 8);
+        copy_out(a, x);
+        copy_out(b, y);
         out.truncate(len as usize);
         self.tail += size;
         self.place.field(TAIL).store(self.tail, Ordering::Release);
@@ -321,17 +337,57 @@ impl Consumer {
 }
 
 /// Writes bytes into a ring's data area a word at a time, from index `pos`.
+/// Writes a record into the data words `a` then `b` (the ring wrapping between them), a
+/// word at a time: bytes gather in `acc` until a word is full.
 struct Words<'a> {
-    place: &'a Place,
-    pos: u64,
+    a: &'a [AtomicU64],
+    b: &'a [AtomicU64],
+    /// The next word, counted from the start of `a`.
+    at: usize,
     acc: [u8; 8],
     fill: usize,
 }
 
+/// Stores `src` (a multiple of 8 bytes) into the words `dst`, one relaxed store each.
+fn copy_in(dst: &[AtomicU64], src: &[u8]) {
+    for (d, s) in dst.iter().zip(src.chunks_exact(8)) {
+        d.store(
+            u64::from_ne_bytes(s.try_into().expect("8 bytes")),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Loads the words `src` into `dst` (a multiple of 8 bytes), one relaxed load each.
+fn copy_out(src: &[AtomicU64], dst: &mut [u8]) {
+    for (s, d) in src.iter().zip(dst.chunks_exact_mut(8)) {
+        d.copy_from_slice(&s.load(Ordering::Relaxed).to_ne_bytes());
+    }
+}
+
 impl Words<'_> {
     fn store(&mut self, w: u64) {
-        self.place.data(self.pos).store(w, Ordering::Relaxed);
-        self.pos += 8;
+        let slot = match self.a.get(self.at) {
+            Some(slot) => slot,
+            None => &self.b[self.at - self.a.len()],
+        };
+        slot.store(w, Ordering::Relaxed);
+        self.at += 1;
+    }
+
+    /// Stores whole words (`bytes` is a multiple of 8 long).
+    fn store_all(&mut self, bytes: &[u8]) {
+        let n = bytes.len() / 8;
+        let in_a = self.a.len().saturating_sub(self.at).min(n);
+        let (x, y) = bytes.split_at(in_a * 8);
+        if in_a > 0 {
+            copy_in(&self.a[self.at..self.at + in_a], x);
+        }
+        if !y.is_empty() {
+            let at = self.at + in_a - self.a.len();
+            copy_in(&self.b[at..at + y.len() / 8], y);
+        }
+        self.at += n;
     }
 
     fn put(&mut self, mut bytes: &[u8]) {
@@ -346,11 +402,9 @@ impl Words<'_> {
             self.fill = 0;
             self.store(u64::from_ne_bytes(self.acc));
         }
-        let mut words = bytes.chunks_exact(8);
-        for w in &mut words {
-            self.store(u64::from_ne_bytes(w.try_into().expect("8 bytes")));
-        }
-        let rest = words.remainder();
+        let whole = bytes.len() / 8 * 8;
+        self.store_all(&bytes[..whole]);
+        let rest = &bytes[whole..];
         self.acc[..rest.len()].copy_from_slice(rest);
         self.fill = rest.len();
     }

@@ -100,14 +100,26 @@ impl Segment {
     /// The aligned word at `offset`, or `None` when `offset` is not a multiple of 8 or the
     /// word is not wholly inside the segment.
     pub(crate) fn word(&self, offset: usize) -> Option<&AtomicU64> {
-        if offset % 8 != 0 || offset.checked_add(8)? > self.len() {
+        self.words(offset, 1).map(|w| &w[0])
+    }
+
+    /// The `count` aligned words from byte `offset` on, as atomics (`None` if `offset` is
+    /// not a multiple of 8 or the words do not all lie inside the segment): what copies a
+    /// run of bytes in or out with one bounds check instead of one per word.
+    pub(crate) fn words(&self, offset: usize, count: usize) -> Option<&[AtomicU64]> {
+        let end = count.checked_mul(8).and_then(|n| offset.checked_add(n))?;
+        if offset % 8 != 0 || end > self.len() {
             return None;
         }
-        // SAFETY: the word lies inside the mapping (checked above), which is page-aligned, so
-        // `offset % 8 == 0` makes it 8-aligned; the mapping lives as long as `self`, which the
-        // returned reference borrows, and its size cannot change (the memfd is sealed against
-        // shrinking, checked at `open`, set at `create`). Every access to the segment from
-        // this process is atomic, so the peer's concurrent writes are not data races.
-        Some(unsafe { &*(self.map.as_mut_ptr().add(offset) as *const AtomicU64) })
+        // SAFETY: the words lie inside the mapping (checked above), which is page-aligned, so
+        // `offset % 8 == 0` makes them 8-aligned, and `AtomicU64` has the size and alignment
+        // of `u64`, so `count` of them fill exactly `offset..end`; the mapping lives as long as
+        // `self`, which the returned slice borrows, and its size cannot change (the memfd is
+        // sealed against shrinking, checked at `open`, set at `create`). Every access to the
+        // segment from this process is atomic, so the peer's concurrent writes are not data
+        // races.
+        Some(unsafe {
+            std::slice::from_raw_parts(self.map.as_mut_ptr().add(offset) as *const AtomicU64, count)
+        })
     }
 }

@@ -184,10 +184,10 @@ impl Shared {
     }
 
     /// A frame buffer back for reuse.
-    pub(crate) fn recycle(&self, mut buf: Vec<u8>) {
+    /// (It keeps its length: the ring's next pop into it zeroes nothing it already has.)
+    pub(crate) fn recycle(&self, buf: Vec<u8>) {
         let mut spare = self.spare.lock();
         if spare.len() < SPARE_FRAMES && buf.capacity() <= 64 << 10 {
-            buf.clear();
             spare.push(buf);
         }
     }
@@ -258,26 +258,12 @@ impl Shared {
     /// when none waits, `Err` when the peer corrupted the ring or broke the protocol
     /// (reported in `out` as the connection going down).
     fn take_frame(&self, r: &mut Rx, out: &mut Vec<LinkEvent>) -> std::result::Result<bool, ()> {
-        let mut buf = self.spare.lock().pop().unwrap_or_default();
-        let handled = match r.ring.pop_kind(&mut buf) {
-            Ok(Some(KIND_FRAME)) => {
-                out.push(LinkEvent::Frame {
-                    conn: r.conn,
-                    len: buf.len(),
-                    frame: RecvFrame::Owned(buf),
-                });
-                return Ok(true);
-            }
-            Ok(None) => {
-                self.recycle(buf);
-                return Ok(false);
-            }
-            Ok(Some(KIND_GET)) => r.sink.get(self, &buf),
-            Ok(Some(KIND_DATA)) => r.sink.data(self, &buf),
-            Ok(Some(kind)) => Err(format!("a record of unknown kind {kind}")),
+        // (An empty ring costs one load of its head: no buffer is taken for it.)
+        let handled = match r.ring.is_empty() {
+            Ok(true) => return Ok(false),
+            Ok(false) => self.take_record(r, out),
             Err(e) => Err(e.to_string()),
         };
-        self.recycle(buf);
         match handled {
             Ok(()) => Ok(true),
             Err(e) => {
@@ -290,6 +276,29 @@ impl Shared {
                 Err(())
             }
         }
+    }
+
+    /// Takes the record that waits in `r`: a frame to `out`, a GET or DATA to the link.
+    fn take_record(&self, r: &mut Rx, out: &mut Vec<LinkEvent>) -> std::result::Result<(), String> {
+        let mut buf = self.spare.lock().pop().unwrap_or_default();
+        let handled = match r.ring.pop_kind(&mut buf) {
+            Ok(Some(KIND_FRAME)) => {
+                out.push(LinkEvent::Frame {
+                    conn: r.conn,
+                    len: buf.len(),
+                    frame: RecvFrame::Owned(buf),
+                });
+                return Ok(());
+            }
+            // (Seen waiting a moment ago: only a peer rewinding its head makes it vanish.)
+            Ok(None) => Err("a record published, then withdrawn".into()),
+            Ok(Some(KIND_GET)) => r.sink.get(self, &buf),
+            Ok(Some(KIND_DATA)) => r.sink.data(self, &buf),
+            Ok(Some(kind)) => Err(format!("a record of unknown kind {kind}")),
+            Err(e) => Err(e.to_string()),
+        };
+        self.recycle(buf);
+        handled
     }
 
     /// The name of the worker's Unix socket for handed-over segments, made if there is none.
