@@ -112,13 +112,7 @@ impl Worker {
                 ))
             }
         };
-        sh.admit(
-            id,
-            limits,
-            link.peer_private_data(),
-            &format!("{addr} accepted"),
-        )?;
-        Ok(Ep::new(self.clone(), sh.add_conn(id, link)))
+        self.admitted(id, limits, link, addr)
     }
 
     /// Accepts a connection request: the engine admits the peer first (an incompatible peer,
@@ -247,6 +241,25 @@ impl Worker {
 }
 
 impl Worker {
+    /// The endpoint of connection `id`, once the engine admitted the peer's handshake that
+    /// `link` carries (an incompatible peer is an error naming `addr`).
+    fn admitted(
+        &self,
+        id: ConnId,
+        limits: ConnLimits,
+        link: Box<dyn TransportLink>,
+        addr: &str,
+    ) -> Result<Ep> {
+        let sh = &self.driver;
+        sh.admit(
+            id,
+            limits,
+            link.peer_private_data(),
+            &format!("{addr} accepted"),
+        )?;
+        Ok(Ep::new(self.clone(), sh.add_conn(id, link)))
+    }
+
     /// Connects over shared memory: a TCP connection whose handshake offers it (see
     /// `transport::shm::setup`). A peer that declines keeps the connection on TCP when TCP
     /// is among this worker's transports; otherwise that is an error naming its reason.
@@ -288,13 +301,7 @@ impl Worker {
                 Box::new(sh.ifaces.tcp.link(id, tcp, sh.cfg.keepalive()))
             }
         };
-        sh.admit(
-            id,
-            limits,
-            link.peer_private_data(),
-            &format!("{addr} accepted"),
-        )?;
-        Ok(Ep::new(self.clone(), sh.add_conn(id, link)))
+        self.admitted(id, limits, link, addr)
     }
 }
 
@@ -348,12 +355,7 @@ impl Driver {
             .ok_or_else(|| Error::Invalid("no shared-memory resources".into()))?
             .clone();
         let parts = ShmParts {
-            tx: path.tx,
-            rx: path.rx,
-            peer_bell: path.peer_bell,
-            sock: path.sock,
-            peer_pid: path.peer_pid,
-            cma: path.cma,
+            path,
             peer_data: shm_setup::split(tcp.peer_private_data()).0.to_vec(),
             peer_addr: tcp.peer_addr(),
             local_addr: tcp.local_addr(),

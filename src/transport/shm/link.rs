@@ -16,6 +16,7 @@ use rdmx_shm::{Consumer, Doorbell, Producer};
 
 use super::copy::{Copying, DataHeader, Get, Serving, KIND_FRAME, KIND_GET};
 use super::iface::Shared;
+use super::setup::DataPath;
 use crate::transport::tcp::{Answer, Exposures};
 use crate::transport::{
     Deferred, LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, RecvFrame, Transport,
@@ -300,13 +301,8 @@ pub(crate) struct ShmLink {
 
 /// What a link is made of, from the connection's setup.
 pub(crate) struct Parts {
-    pub(crate) tx: Producer,
-    pub(crate) rx: Consumer,
-    pub(crate) peer_bell: Doorbell,
-    pub(crate) sock: UnixStream,
-    pub(crate) peer_pid: i32,
-    /// `Ok`: this side reads the peer's memory by CMA; `Err`: why not.
-    pub(crate) cma: Result<(), String>,
+    /// The rings, doorbell, socket and peer the shared-memory setup gave.
+    pub(crate) path: DataPath,
     /// The peer's rdmx handshake.
     pub(crate) peer_data: Vec<u8>,
     pub(crate) peer_addr: Option<SocketAddr>,
@@ -320,28 +316,36 @@ impl ShmLink {
         shared: Arc<Shared>,
         exposures: Arc<Mutex<Exposures>>,
     ) -> std::io::Result<ShmLink> {
-        parts.sock.set_nonblocking(true)?;
+        let DataPath {
+            tx,
+            rx,
+            peer_bell,
+            sock,
+            peer_pid,
+            cma,
+        } = parts.path;
+        sock.set_nonblocking(true)?;
         Ok(ShmLink {
             id,
             out: Arc::new(Outbox {
                 conn: id,
-                tx: Mutex::new(parts.tx),
+                tx: Mutex::new(tx),
                 waiting: Mutex::new(VecDeque::new()),
                 has_waiting: AtomicBool::new(false),
-                peer_bell: parts.peer_bell,
+                peer_bell,
                 broken: Mutex::new(None),
                 closed: AtomicBool::new(false),
             }),
-            rx: Mutex::new(Some(parts.rx)),
-            sock: parts.sock,
-            peer_pid: parts.peer_pid,
+            rx: Mutex::new(Some(rx)),
+            sock,
+            peer_pid,
             peer_data: parts.peer_data,
             peer_addr: parts.peer_addr,
             local_addr: parts.local_addr,
             shared,
             exposures,
             reads: Arc::new(Mutex::new(Reads::default())),
-            cma: parts.cma,
+            cma,
             down_reported: AtomicBool::new(false),
         })
     }
