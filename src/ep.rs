@@ -323,22 +323,25 @@ impl Listener {
         None
     }
 
-    /// The transports it listens on.
+    /// The transports it listens on, in the worker's order of preference.
     pub fn transports(&self) -> Vec<Transport> {
-        let mut v = Vec::new();
         #[cfg(feature = "rdma")]
-        if self.rdma.is_some() {
-            v.push(Transport::Rdma);
-        }
+        let rdma = self.rdma.is_some();
+        #[cfg(not(feature = "rdma"))]
+        let rdma = false;
         // (Shared-memory connections are set up over the TCP listener.)
-        let worker_has = |t| self.worker.driver.transports.contains(&t);
-        if self.tcp.is_some() && worker_has(Transport::Tcp) {
-            v.push(Transport::Tcp);
-        }
-        if self.tcp.is_some() && worker_has(Transport::Shm) {
-            v.push(Transport::Shm);
-        }
-        v
+        let serves = |t: &Transport| match t {
+            Transport::Rdma => rdma,
+            Transport::Tcp | Transport::Shm => self.tcp.is_some(),
+            _ => false,
+        };
+        self.worker
+            .driver
+            .transports
+            .iter()
+            .copied()
+            .filter(serves)
+            .collect()
     }
 
     /// Waits up to `timeout` (`None`: without limit) for a connection request on any of its

@@ -41,8 +41,16 @@ fn endpoints_say_they_run_over_shared_memory() {
     let server_ctx = context("shm");
     let server = server_ctx.worker().unwrap();
     let listener = server.listen("127.0.0.1:0").unwrap();
+    assert_eq!(listener.transports(), [rdmx::Transport::Shm]);
     let addr = listener.local_addr().unwrap().to_string();
     let client_ctx = context("shm,tcp");
+    // In the worker's order of preference.
+    let both = client_ctx.worker().unwrap().listen("127.0.0.1:0").unwrap();
+    assert_eq!(
+        both.transports(),
+        [rdmx::Transport::Shm, rdmx::Transport::Tcp]
+    );
+    drop(both);
     let client = client_ctx.worker().unwrap();
     let accept = std::thread::spawn(move || {
         let ep = listener.accept().unwrap();
