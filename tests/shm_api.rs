@@ -89,3 +89,52 @@ fn endpoints_say_they_run_over_shared_memory() {
     assert!(e.to_string().contains("declined shared memory"), "{e}");
     let _ = accept.join().unwrap();
 }
+
+/// The segment of a shared-memory connection is a memfd with no name in any file system:
+/// while the connection carries messages nothing appears in `/dev/shm`, so nothing can be
+/// left there when either side dies (its descriptors close with it).
+#[test]
+fn segments_leave_nothing_in_dev_shm() {
+    let listing = || -> Vec<String> {
+        std::fs::read_dir("/dev/shm")
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    // (Other programs' entries come and go as they like.)
+                    .filter(|n| n.contains("rdmx"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let memfds = || {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| l.to_string_lossy().starts_with("/memfd:rdmx-shm"))
+            .count()
+    };
+    let before = listing();
+    let ctx = context("shm");
+    let server = ctx.worker().unwrap();
+    let listener = server.listen("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let client = ctx.worker().unwrap();
+    let accept = std::thread::spawn(move || listener.accept().unwrap());
+    let ep = client.connect(&addr).unwrap();
+    let _sep = accept.join().unwrap();
+    let recv = server.tag_recv(1, rdmx::TAG_MASK_ALL, vec![0; 8]);
+    let send = ep.tag_send(1, b"segment!".to_vec());
+    let deadline = std::time::Instant::now() + api::long();
+    while !(recv.is_done() && send.is_done()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not done (a hang guard)"
+        );
+        server.progress();
+        client.progress();
+    }
+    assert_eq!(recv.wait().unwrap().buf, b"segment!");
+    assert!(memfds() >= 1, "the connection's segment is a memfd");
+    assert!(before.is_empty(), "{before:?}");
+    assert_eq!(listing(), before, "nothing of rdmx's in /dev/shm");
+}
