@@ -1,5 +1,6 @@
 //! The cost of one small-message round trip in user-space instructions: one thread drives a
-//! client and a server worker over TCP loopback (or the transport `RDMX_TRANSPORT` names),
+//! client and a server worker over the transport `RDMX_TRANSPORT` names (`tcp`: loopback;
+//! on `auto`, shared memory, both workers being on this host),
 //! posting the receive, sending 8 bytes, and progressing both workers until both requests
 //! completed, then the same back. Nothing spins on an empty socket for long: loopback TCP
 //! delivers within the send call. Run it under callgrind twice with different counts; the
