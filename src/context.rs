@@ -59,8 +59,8 @@ impl Context {
 
     /// The transports in use, in order of preference: `RDMX_TRANSPORT` /
     /// [`ContextBuilder::transports`] without those this machine lacks (`auto`: shared memory
-    /// for peers on this host, then RDMA when rdmacm lists a device, then TCP). A worker connects to a peer over the first one that
-    /// reaches it, and listens on each.
+    /// for peers on this host, then RDMA when rdmacm lists a device, then TCP). A worker
+    /// connects to a peer over the first one that reaches it, and listens on each.
     pub fn transports(&self) -> &[Transport] {
         &self.inner.resolved
     }
@@ -235,7 +235,8 @@ fn rdma_devices() -> std::result::Result<String, String> {
 }
 
 /// The transports to use: the asked ones this machine has, in order (`auto`: shared memory
-/// for peers on this host, then RDMA when rdmacm lists a device, then TCP). Asking only for RDMA where there is none is an error.
+/// for peers on this host, then RDMA when rdmacm lists a device, then TCP). Asking only for
+/// RDMA where there is none is an error.
 fn resolve(asked: &[Transport]) -> Result<Vec<Transport>> {
     let found = rdma_devices();
     let asked = if asked.is_empty() || asked == [Transport::Auto] {

@@ -74,14 +74,22 @@ impl Outbox {
             return false;
         }
         let mut tx = self.tx.lock();
+        let mut pushed = false;
         while let Some(f) = waiting.front_mut() {
-            let pushed = match f {
+            let done = match f {
                 Pending::Record(kind, bytes) => tx.push_kind(*kind, &[bytes]),
-                Pending::Serve(s) => s.push(&mut tx),
+                Pending::Serve(s) => {
+                    let before = s.sent;
+                    let done = s.push(&mut tx);
+                    // (An answer to a GET may push part of itself.)
+                    pushed |= s.sent != before;
+                    done
+                }
             };
-            match pushed {
+            match done {
                 Ok(true) => {
                     waiting.pop_front();
+                    pushed = true;
                 }
                 Ok(false) => break,
                 Err(e) => {
@@ -91,8 +99,10 @@ impl Outbox {
                 }
             }
         }
-        // (An answer to a GET may have pushed part of itself.)
-        self.wake_peer(&tx);
+        // (Only for what went in: a retry that found the ring still full rings nobody.)
+        if pushed {
+            self.wake_peer(&tx);
+        }
         let left = !waiting.is_empty();
         self.has_waiting.store(left, Ordering::Release);
         left
@@ -190,6 +200,7 @@ pub(crate) struct Reads {
 }
 
 /// What the worker's ring poller needs of a link to handle the records that are not frames.
+#[derive(Clone)]
 pub(crate) struct RecordSink {
     pub(crate) conn: ConnId,
     out: Arc<Outbox>,
@@ -280,8 +291,9 @@ impl RecordSink {
 
 /// A shared-memory connection (see the module docs of `transport::shm`).
 pub(crate) struct ShmLink {
-    id: ConnId,
-    out: Arc<Outbox>,
+    /// Its id, send ring, READs and the worker's exposure table (which holds exposed send
+    /// buffers until withdrawn): what the ring poller gets a clone of when the link joins.
+    sink: RecordSink,
     /// The receive ring, until the worker takes the link in ([`TransportLink::joined`]).
     rx: Mutex<Option<Consumer>>,
     /// The Unix socket the segment came over: its hang-up says the peer is gone.
@@ -291,9 +303,6 @@ pub(crate) struct ShmLink {
     peer_addr: Option<SocketAddr>,
     local_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
-    /// The worker's exposure table (TCP's): it holds exposed send buffers until withdrawn.
-    exposures: Arc<Mutex<Exposures>>,
-    reads: Arc<Mutex<Reads>>,
     /// `Ok`: READs by CMA; `Err`: why not, and READs by copy.
     cma: Result<(), String>,
     down_reported: AtomicBool,
@@ -326,16 +335,20 @@ impl ShmLink {
         } = parts.path;
         sock.set_nonblocking(true)?;
         Ok(ShmLink {
-            id,
-            out: Arc::new(Outbox {
+            sink: RecordSink {
                 conn: id,
-                tx: Mutex::new(tx),
-                waiting: Mutex::new(VecDeque::new()),
-                has_waiting: AtomicBool::new(false),
-                peer_bell,
-                broken: Mutex::new(None),
-                closed: AtomicBool::new(false),
-            }),
+                out: Arc::new(Outbox {
+                    conn: id,
+                    tx: Mutex::new(tx),
+                    waiting: Mutex::new(VecDeque::new()),
+                    has_waiting: AtomicBool::new(false),
+                    peer_bell,
+                    broken: Mutex::new(None),
+                    closed: AtomicBool::new(false),
+                }),
+                reads: Arc::new(Mutex::new(Reads::default())),
+                exposures,
+            },
             rx: Mutex::new(Some(rx)),
             sock,
             peer_pid,
@@ -343,8 +356,6 @@ impl ShmLink {
             peer_addr: parts.peer_addr,
             local_addr: parts.local_addr,
             shared,
-            exposures,
-            reads: Arc::new(Mutex::new(Reads::default())),
             cma,
             down_reported: AtomicBool::new(false),
         })
@@ -363,14 +374,17 @@ impl ShmLink {
     fn run_reads(&self) {
         loop {
             let (op, mut vec) = {
-                let mut r = self.reads.lock();
+                let mut r = self.sink.reads.lock();
                 let Some(op) = r.queued.pop_front() else {
                     return;
                 };
                 match r.lent.get_mut(&op.buf).map(|l| l.vec.take()) {
                     Some(Some(v)) => (op, v),
                     None => {
-                        log::warn!("{:?}: READ into a buffer not lent (dropped)", self.id);
+                        log::warn!(
+                            "{:?}: READ into a buffer not lent (dropped)",
+                            self.sink.conn
+                        );
                         continue;
                     }
                     Some(None) => {
@@ -389,7 +403,7 @@ impl ShmLink {
                     ) {
                         Ok(()) => true,
                         Err(e) => {
-                            log::warn!("{:?}: READ of {} bytes: {e}", self.id, op.len);
+                            log::warn!("{:?}: READ of {} bytes: {e}", self.sink.conn, op.len);
                             false
                         }
                     }
@@ -397,7 +411,7 @@ impl ShmLink {
                 _ => false,
             };
             {
-                let mut r = self.reads.lock();
+                let mut r = self.sink.reads.lock();
                 if let Some(l) = r.lent.get_mut(&op.buf) {
                     l.vec = Some(vec);
                     l.outstanding -= 1;
@@ -405,7 +419,7 @@ impl ShmLink {
             }
             log::trace!(
                 "{:?}: READ {:#x} of {} bytes done: {ok}",
-                self.id,
+                self.sink.conn,
                 op.key,
                 op.len
             );
@@ -418,8 +432,8 @@ impl Drop for ShmLink {
     fn drop(&mut self) {
         // The worker stops polling its ring; what is left in it is dropped.
         let mut left = Vec::new();
-        self.shared.remove_rx(self.id, &mut left);
-        self.out.close();
+        self.shared.remove_rx(self.sink.conn, &mut left);
+        self.sink.out.close();
     }
 }
 
@@ -456,13 +470,7 @@ impl TransportLink for ShmLink {
 
     fn joined(&self, _: &mut LockedIfaces, _: &mut Vec<LinkEvent>) {
         if let Some(rx) = self.rx.lock().take() {
-            let sink = RecordSink {
-                conn: self.id,
-                out: self.out.clone(),
-                reads: self.reads.clone(),
-                exposures: self.exposures.clone(),
-            };
-            self.shared.add_rx(rx, sink);
+            self.shared.add_rx(rx, self.sink.clone());
         }
     }
 
@@ -472,7 +480,11 @@ impl TransportLink for ShmLink {
         frame: &[u8],
         payload: &[u8],
     ) -> Result<Queued, String> {
-        match self.out.send(&self.shared, KIND_FRAME, &[frame, payload])? {
+        match self
+            .sink
+            .out
+            .send(&self.shared, KIND_FRAME, &[frame, payload])?
+        {
             true => Ok(Queued::Posted),
             false => Ok(Queued::ForFlush),
         }
@@ -487,7 +499,7 @@ impl TransportLink for ShmLink {
         mem: &mut UserMem,
     ) -> Result<(), String> {
         let key = read.buf.0;
-        let mut r = self.reads.lock();
+        let mut r = self.sink.reads.lock();
         match std::mem::replace(mem, UserMem::Lent) {
             UserMem::Plain(vec) => {
                 r.lent.insert(
@@ -509,7 +521,7 @@ impl TransportLink for ShmLink {
         }
         log::trace!(
             "{:?}: READ {:#x} of {} bytes queued",
-            self.id,
+            self.sink.conn,
             read.key,
             read.len
         );
@@ -539,7 +551,9 @@ impl TransportLink for ShmLink {
             addr: read.remote.addr,
             len: read.len,
         };
-        self.out.send(&self.shared, KIND_GET, &[&get.encode()])?;
+        self.sink
+            .out
+            .send(&self.shared, KIND_GET, &[&get.encode()])?;
         Ok(())
     }
 
@@ -552,7 +566,7 @@ impl TransportLink for ShmLink {
         mem: &mut UserMem,
         _: u64,
     ) -> Result<RemoteBuf, String> {
-        let remote = self.exposures.lock().expose(self.id, mem)?;
+        let remote = self.sink.exposures.lock().expose(self.sink.conn, mem)?;
         let addr = match mem {
             UserMem::Exposed { data, .. } => data.as_ptr() as u64,
             _ => return Err("the send buffer could not be exposed".into()),
@@ -564,7 +578,7 @@ impl TransportLink for ShmLink {
     }
 
     fn read_finished(&self, buf: UserBufId, mem: Option<&mut UserMem>) {
-        let mut r = self.reads.lock();
+        let mut r = self.sink.reads.lock();
         let done = r
             .lent
             .get(&buf.0)
@@ -588,7 +602,7 @@ impl TransportLink for ShmLink {
     }
 
     fn reclaim_lent(&self) -> Vec<(UserBufId, Vec<u8>)> {
-        let mut r = self.reads.lock();
+        let mut r = self.sink.reads.lock();
         r.queued.clear();
         r.copying.clear();
         r.lent
@@ -600,10 +614,10 @@ impl TransportLink for ShmLink {
     fn close(&self) {}
 
     fn take_failures(&self, _: &mut LockedIfaces, out: &mut Vec<LinkEvent>) {
-        if let Some(why) = self.out.broken.lock().clone() {
+        if let Some(why) = self.sink.out.broken.lock().clone() {
             if !self.down_reported.swap(true, Ordering::AcqRel) {
                 out.push(LinkEvent::Down {
-                    conn: self.id,
+                    conn: self.sink.conn,
                     reason: format!("protocol error: {why}"),
                     reads_lost: true,
                 });
@@ -612,20 +626,22 @@ impl TransportLink for ShmLink {
     }
 
     fn flush(&self, closing: bool) -> bool {
-        if self.out.has_waiting.load(Ordering::Acquire) {
-            self.out.push_waiting();
+        if self.sink.out.has_waiting.load(Ordering::Acquire) {
+            self.sink.out.push_waiting();
         }
         self.run_reads();
         if closing && self.idle() {
             // The peer sees the hang-up once it has what was sent.
             let _ = self.sock.shutdown(Shutdown::Both);
         }
-        self.out.broken.lock().is_some()
+        self.sink.out.broken.lock().is_some()
     }
 
     fn idle(&self) -> bool {
-        let r = self.reads.lock();
-        !self.out.has_waiting.load(Ordering::Acquire) && r.queued.is_empty() && r.copying.is_empty()
+        let r = self.sink.reads.lock();
+        !self.sink.out.has_waiting.load(Ordering::Acquire)
+            && r.queued.is_empty()
+            && r.copying.is_empty()
     }
 
     /// The Unix socket is readable: the peer hung up (or wrote, which it never does).
@@ -640,10 +656,10 @@ impl TransportLink for ShmLink {
         };
         if !self.down_reported.swap(true, Ordering::AcqRel) {
             // What the peer sent before it went is delivered first; nothing more goes out.
-            self.shared.remove_rx(self.id, out);
-            self.out.close();
+            self.shared.remove_rx(self.sink.conn, out);
+            self.sink.out.close();
             out.push(LinkEvent::Down {
-                conn: self.id,
+                conn: self.sink.conn,
                 reason,
                 reads_lost: true,
             });

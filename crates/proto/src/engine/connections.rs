@@ -129,8 +129,7 @@ impl Engine {
         for ctrl in conn.ctrl_q.drain(..) {
             let Ctrl::Ats { then, .. } = ctrl;
             if let Some(done) = then {
-                self.reqs.discard(done.request);
-                self.actions.push_back(Action::Complete(done));
+                report(&mut self.reqs, &mut self.actions, done);
             }
         }
         // In the order they were made, whatever the table's order.

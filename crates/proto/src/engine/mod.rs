@@ -400,14 +400,22 @@ impl Engine {
         tag: Tag,
         conn: Option<ConnId>,
     ) {
-        self.reqs.discard(request);
-        self.actions.push_back(Action::Complete(Completion {
+        let done = Completion {
             request,
             kind,
             status,
             length,
             tag,
             conn,
-        }));
+        };
+        report(&mut self.reqs, &mut self.actions, done);
     }
+}
+
+/// Frees the slot of the request `done` completes and queues its completion: the one way a
+/// request ends (a function of the two fields, for callers that hold other parts of the
+/// engine borrowed).
+fn report(reqs: &mut Requests<Req>, actions: &mut VecDeque<Action>, done: Completion) {
+    reqs.discard(done.request);
+    actions.push_back(Action::Complete(done));
 }

@@ -160,10 +160,7 @@ impl Engine {
                 });
                 self.flush(conn);
             }
-            None => {
-                self.reqs.discard(done.request);
-                self.actions.push_back(Action::Complete(done));
-            }
+            None => report(&mut self.reqs, &mut self.actions, done),
         }
     }
 }

@@ -145,8 +145,7 @@ impl Engine {
                 h.status = status;
                 c.emit(conn_id, h, None, None, actions, pool);
                 if let Some(done) = then {
-                    self.reqs.discard(done.request);
-                    actions.push_back(Action::Complete(done));
+                    report(&mut self.reqs, actions, done);
                 }
                 continue;
             }
