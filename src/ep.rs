@@ -149,6 +149,15 @@ impl Ep {
         self.inner.worker.driver.eager_limit(self.inner.cs.id)
     }
 
+    /// The most frames (eager messages, rendezvous announcements) this endpoint may have
+    /// in flight to its peer: the largest credit window the peer grants — `RDMX_CREDITS`
+    /// over RDMA and TCP, where windows grow to it on demand, and over shared memory the
+    /// ring's fixed window. Further sends wait for the peer to take frames (their requests
+    /// stay pending). `None` once the connection is gone.
+    pub fn send_window(&self) -> Option<u32> {
+        self.inner.worker.driver.send_window(self.inner.cs.id)
+    }
+
     /// The worker this endpoint belongs to.
     pub fn worker(&self) -> &Worker {
         &self.inner.worker

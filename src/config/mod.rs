@@ -434,12 +434,19 @@ impl Config {
         }
     }
 
-    /// The protocol limits of a connection on `transport` granted `credits` at connect.
+    /// The protocol limits of a connection on `transport` granted `credits` from the pool
+    /// at connect — or, over shared memory, its ring's fixed window
+    /// (`transport::shm::WINDOW`), not taken from the pool.
     pub(crate) fn limits(&self, transport: Transport, credits: u16) -> rdmx_proto::ConnLimits {
+        let (credits, pooled) = match transport {
+            Transport::Shm => (crate::transport::shm::WINDOW, false),
+            _ => (credits, true),
+        };
         rdmx_proto::ConnLimits {
             recv_buf_size: self.recv_buf_size_for(transport),
             eager_threshold: self.eager_threshold_for(transport),
             credits,
+            pooled,
         }
     }
     /// Receive buffers on each worker's SRQ (`RDMX_SRQ_DEPTH`).

@@ -12,6 +12,14 @@ impl Driver {
             .map(|s| s.eager_limit)
     }
 
+    pub(crate) fn send_window(&self, conn: ConnId) -> Option<u32> {
+        self.state
+            .lock()
+            .engine
+            .conn_stats(conn)
+            .map(|s| s.peer_max_credits)
+    }
+
     pub(super) fn now_ns(&self) -> u64 {
         crate::clock::coarse_now_ns()
     }

@@ -264,3 +264,76 @@ fn a_ping_pong_carries_no_credit_frames() {
         s.assert_srq_full();
     }
 }
+
+/// The frames `e`'s actions send (payloads of `len` zero bytes), its other actions dropped.
+fn frames_out(e: &mut Engine) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while let Some(a) = e.poll_action() {
+        if let Action::SendFrame { frame, payload, .. } = a {
+            let mut b = frame.as_bytes().to_vec();
+            b.resize(b.len() + payload.map_or(0, |p| p.len as usize), 0);
+            out.push(b);
+        }
+    }
+    out
+}
+
+/// A connection whose link holds the frames in flight itself (shared memory's ring) grants a
+/// fixed window: nothing of the pool, never grown though the sender asks, and returned a
+/// quarter at a time — three windows of messages to a peer that posts no receive arrive
+/// whole, in order, with a handful of CREDIT frames.
+#[test]
+fn a_fixed_window_is_not_from_the_pool_and_never_grows() {
+    let window = 1024u16;
+    let cfg = Config::default();
+    let mut e = [Engine::new(cfg.clone()), Engine::new(cfg)];
+    let limits = e.each_ref().map(|e| ConnLimits {
+        credits: window,
+        pooled: false,
+        ..e.default_limits()
+    });
+    let hs = [0, 1].map(|i| e[i].local_handshake_for(&limits[i]));
+    assert_eq!((hs[0].credits, hs[0].max_credits), (window, window));
+    e[0].handle_connection_up_with(ConnId(1), &hs[1], limits[0])
+        .unwrap();
+    e[1].handle_connection_up_with(ConnId(0), &hs[0], limits[1])
+        .unwrap();
+    for side in &e {
+        assert_eq!(side.credit_stats().granted, 0, "taken from the pool");
+    }
+    let n = 3 * u64::from(window);
+    for k in 0..n {
+        e[0].tag_send(ConnId(1), k, UserBufId(k), 8).unwrap();
+    }
+    let mut wire = frames_out(&mut e[0]);
+    // One credit stays in reserve for credit updates.
+    assert_eq!(wire.len(), usize::from(window) - 1);
+    let stats = e[0].conn_stats(ConnId(1)).unwrap();
+    assert_eq!(stats.queued as u64, n - u64::from(window) + 1);
+    assert_eq!(stats.peer_max_credits, u32::from(window));
+    let mut credit_frames = 0;
+    while !wire.is_empty() {
+        for f in wire.drain(..) {
+            assert!(e[1].handle_frame_delivering(ConnId(0), &f).is_none());
+        }
+        let back = frames_out(&mut e[1]);
+        credit_frames += back.len();
+        for f in back {
+            assert!(e[0].handle_frame_delivering(ConnId(1), &f).is_none());
+        }
+        wire = frames_out(&mut e[0]);
+    }
+    assert_eq!(e[1].unexpected_len() as u64, n, "every message arrived");
+    for k in 0..n {
+        assert_eq!(e[1].probe_remove(k, !0).map(|p| p.tag), Some(k), "in order");
+    }
+    assert!(
+        (1..=12).contains(&credit_frames),
+        "{credit_frames} CREDIT frames for {n} messages (a quarter window each)"
+    );
+    for (side, peer) in [(0, 1), (1, 0)] {
+        let st = e[side].conn_stats(ConnId(peer)).unwrap();
+        assert_eq!(st.window, u32::from(window), "side {side}'s window changed");
+        assert_eq!(e[side].credit_stats().granted, 0);
+    }
+}

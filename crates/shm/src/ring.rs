@@ -4,39 +4,57 @@
 //!
 //! | offset | written by | field |
 //! |-------:|------------|-------|
-//! | 0 | producer | `head`: bytes published since the start (`u64`) |
+//! | 0 | nobody | reserved (zero) |
 //! | 64 | consumer | `tail`: bytes consumed since the start (`u64`) |
 //! | 128 | consumer | `waiting`: 1 while the consumer may sleep on its doorbell |
 //! | 192 | producer | the data area: records |
 //!
 //! A record is an 8-byte header — `len` in its low 32 bits, the record's `kind` (a byte the
-//! user gives meaning to; [`Producer::push`] makes kind 0) in the next 8, zero in the top 24 —
-//! followed by `len` bytes padded to a multiple of 8; records wrap around the end of the data
-//! area.
-//! Indices only grow (a record at `pos` lies at `pos % capacity`), so `head - tail` is what
-//! waits, and each field has one writer, so no read-modify-write is needed: the producer
-//! publishes with a release store of `head`, the consumer frees with one of `tail`.
+//! user gives meaning to; [`Producer::push`] makes kind 0) in the next 8, [`PUBLISHED`] in
+//! the top bit and zero in the 23 between — followed by `len` bytes padded to a multiple of
+//! 8; records wrap around the end of the data area. Indices only grow (a record at `pos`
+//! lies at `pos % capacity`).
 //!
-//! Each side keeps its own index privately and only ever reads the other's, and validates
-//! what it reads: a `head` more than `capacity` ahead of the consumer or not a multiple of 8,
-//! a record header with reserved bits or a length past what was published, a `tail` behind
-//! the last one seen or past `head` — each is [`Error::Corrupt`], after which the ring must
-//! not be used. Record bytes are copied out word by word into private memory before anything
-//! looks at them, so a peer rewriting them mid-copy yields only wrong bytes in a frame, which
-//! the protocol engine above validates like any frame from the network.
+//! **The header is the signal.** The producer writes a record's bytes, then a zero word just
+//! past it (where the next record's header goes), then the header, with a release store.
+//! The consumer polls the header word at its `tail`: zero means nothing waits; a published
+//! header (acquire load) means the record's bytes, and the zero past it, are visible. So a
+//! small message costs the consumer one cache line from the producer — the line holding the
+//! header and the first bytes — instead of a shared `head` index and then the record (on a
+//! two-socket or multi-die host each line is a transfer of ~100 ns). The zero-ahead rule is
+//! why a record needs 8 bytes of room beyond its own: a ring never fills up entirely. Could
+//! the consumer read a stale word where a header will go (bytes of a record from the lap
+//! before)? No: the zero there was written before the previous record's header was
+//! released, and the consumer acquired that header before it looks here.
+//!
+//! The consumer frees space with a release store of `tail`, which the producer reads (only
+//! when it runs out of the room it knew of). Each field has one writer, so no
+//! read-modify-write is needed.
+//!
+//! Each side keeps its own index privately and validates what it reads of the other: a
+//! record header with reserved bits, without [`PUBLISHED`] or longer than the ring, a `tail`
+//! behind the last one seen or past what was published — each is [`Error::Corrupt`], after
+//! which the ring must not be used. Record bytes are copied out word by word into private
+//! memory before anything looks at them, so a peer rewriting them mid-copy yields only wrong
+//! bytes in a frame, which the protocol engine above validates like any frame from the
+//! network.
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::{Error, Result, Segment};
 
-/// Bytes of a ring's header (three cache lines: `head`, `tail`, `waiting`).
+/// Bytes of a ring's header (three cache lines: reserved, `tail`, `waiting`).
 pub const RING_HEADER_LEN: usize = 192;
-const HEAD: usize = 0;
 const TAIL: usize = 64;
 const WAITING: usize = 128;
 /// Bytes of a record's header.
 const RECORD_HEADER: u64 = 8;
+/// The top bit of a record header: set in every published record (a header of kind 0 and
+/// length 0 is not zero, the word that says nothing waits).
+pub const PUBLISHED: u64 = 1 << 63;
+/// Header bits that must be zero: between the kind and [`PUBLISHED`].
+const RESERVED: u64 = !PUBLISHED & !((1 << 40) - 1);
 /// Indices past this are corruption: an honest ring takes 4 EiB of traffic to reach it, and
 /// below it no index arithmetic can overflow.
 const MAX_INDEX: u64 = 1 << 62;
@@ -57,16 +75,20 @@ struct Place {
     seg: Arc<Segment>,
     /// The ring's offset in the segment.
     base: usize,
-    /// Bytes of its data area (a multiple of 8, at least 64).
+    /// Bytes of its data area (a power of two, at least 64).
     capacity: u64,
 }
 
 impl Place {
     fn new(seg: Arc<Segment>, base: usize, capacity: usize) -> Result<Place> {
-        if capacity < 64 || capacity % 8 != 0 || base % 64 != 0 || capacity > u32::MAX as usize {
+        if capacity < 64
+            || !capacity.is_power_of_two()
+            || base % 64 != 0
+            || capacity > u32::MAX as usize
+        {
             return Err(Error::Invalid(format!(
-                "a ring of {capacity} bytes at {base} (at least 64 bytes, a multiple of 8, at a \
-                 cache-line boundary, and under 4 GiB)"
+                "a ring of {capacity} bytes at {base} (a power of two of at least 64 bytes, \
+                 at a cache-line boundary, and under 4 GiB)"
             )));
         }
         if base
@@ -102,33 +124,23 @@ impl Place {
         Ok(index)
     }
 
-    /// The data word at index `pos` (a multiple of 8).
-    fn data(&self, pos: u64) -> &AtomicU64 {
-        let offset = self.base + RING_HEADER_LEN + (pos % self.capacity) as usize;
-        self.seg
-            .word(offset)
-            .expect("data word inside the ring: checked by Place::new")
+    /// The data area, a word per 8 bytes: the word of index `pos` is `pos / 8` masked
+    /// with [`Area::mask`] (a power of two long, so no division places a word).
+    fn area(&self) -> Area<'_> {
+        let words = self
+            .seg
+            .words(self.base + RING_HEADER_LEN, (self.capacity / 8) as usize)
+            .expect("the data area inside the segment: checked by Place::new");
+        Area {
+            words,
+            mask: words.len() - 1,
+        }
     }
 
-    /// The data words holding the `bytes` (a multiple of 8, at most the capacity) from index
-    /// `pos` on: up to the end of the data area, and what wraps to its start.
-    fn span(&self, pos: u64, bytes: u64) -> (&[AtomicU64], &[AtomicU64]) {
-        let start = pos % self.capacity;
-        let first = bytes.min(self.capacity - start);
-        let words = |offset: u64, n: u64| {
-            self.seg
-                .words(
-                    self.base + RING_HEADER_LEN + offset as usize,
-                    (n / 8) as usize,
-                )
-                .expect("data words inside the ring: checked by Place::new")
-        };
-        (words(start, first), words(0, bytes - first))
-    }
-
-    /// The longest record payload the ring takes.
+    /// The longest record payload the ring takes: the whole data area but the header and
+    /// the zero word kept past every record.
     fn max_payload(&self) -> usize {
-        (self.capacity - RECORD_HEADER) as usize
+        (self.capacity - RECORD_HEADER - 8) as usize
     }
 }
 
@@ -146,16 +158,15 @@ pub struct Consumer {
     place: Place,
     /// Bytes consumed (private: `tail` in shared memory is only written from here).
     tail: u64,
-    /// The producer's `head` when last read (validated).
-    head: u64,
 }
 
 impl Producer {
     /// The producer of the ring at `base` in `seg` with a data area of `capacity` bytes,
-    /// which must be freshly zeroed or left by a producer and consumer that both stopped.
+    /// which must be freshly zeroed or left by a producer and consumer that both stopped
+    /// with nothing waiting. It starts where the consumer's `tail` is.
     pub fn new(seg: Arc<Segment>, base: usize, capacity: usize) -> Result<Producer> {
         let place = Place::new(seg, base, capacity)?;
-        let head = place.start(HEAD)?;
+        let head = place.start(TAIL)?;
         Ok(Producer {
             place,
             head,
@@ -185,28 +196,41 @@ impl Producer {
             });
         }
         let need = RECORD_HEADER + padded(len as u64);
+        // (The record, and the zero word past it.)
+        let room = need + 8;
         let cap = self.place.capacity;
-        if cap - (self.head - self.tail) < need {
+        if cap - (self.head - self.tail) < room {
             self.refresh_tail()?;
-            if cap - (self.head - self.tail) < need {
+            if cap - (self.head - self.tail) < room {
                 return Ok(false);
             }
         }
-        let (a, b) = self.place.span(self.head, need);
+        if self.head + room > MAX_INDEX {
+            return Err(Error::Corrupt(format!(
+                "the ring's index reached {} (it started near the end of its range)",
+                self.head
+            )));
+        }
+        // The bytes after the header word, then the zero past the record, then the header.
+        let area = self.place.area();
+        let at = (self.head / 8) as usize;
         let mut w = Words {
-            a,
-            b,
-            at: 0,
-            acc: [0; 8],
+            area,
+            at: at + 1,
+            acc: 0,
             fill: 0,
         };
-        w.store(len as u64 | u64::from(kind) << 32);
         for p in pieces {
             w.put(p);
         }
         w.finish();
+        area.word(at + (need / 8) as usize)
+            .store(0, Ordering::Relaxed);
+        area.word(at).store(
+            PUBLISHED | u64::from(kind) << 32 | len as u64,
+            Ordering::Release,
+        );
         self.head += need;
-        self.place.field(HEAD).store(self.head, Ordering::Release);
         Ok(true)
     }
 
@@ -214,6 +238,7 @@ impl Producer {
     fn refresh_tail(&mut self) -> Result<()> {
         let t = self.place.field(TAIL).load(Ordering::Acquire);
         if t % 8 != 0 || t < self.tail || t > self.head {
+            // (Past what was published, or going back.)
             return Err(Error::Corrupt(format!(
                 "the consumer's index {t} lies outside {}..={} (what it had consumed and what \
                  was published)",
@@ -245,32 +270,12 @@ impl Consumer {
     pub fn new(seg: Arc<Segment>, base: usize, capacity: usize) -> Result<Consumer> {
         let place = Place::new(seg, base, capacity)?;
         let tail = place.start(TAIL)?;
-        Ok(Consumer {
-            place,
-            tail,
-            head: tail,
-        })
+        Ok(Consumer { place, tail })
     }
 
     /// The longest frame the ring carries.
     pub fn max_frame(&self) -> usize {
         self.place.max_payload()
-    }
-
-    /// Reads and validates the producer's `head`. True when something waits.
-    fn refresh_head(&mut self) -> Result<bool> {
-        let h = self.place.field(HEAD).load(Ordering::Acquire);
-        let waiting = h.wrapping_sub(self.tail);
-        if h % 8 != 0 || waiting > self.place.capacity || h < self.head || h > MAX_INDEX {
-            return Err(Error::Corrupt(format!(
-                "the producer's index {h} lies outside {}..={} (what was consumed and a full \
-                 ring past it)",
-                self.head,
-                self.tail.saturating_add(self.place.capacity)
-            )));
-        }
-        self.head = h;
-        Ok(h != self.tail)
     }
 
     /// Takes the next record: its bytes replace `out`'s and `Ok(true)`; `Ok(false)` when the
@@ -289,40 +294,52 @@ impl Consumer {
     /// [`Consumer::pop`] of a record of any kind: `Ok(Some(kind))`, or `Ok(None)` when the
     /// ring is empty.
     pub fn pop_kind(&mut self, out: &mut Vec<u8>) -> Result<Option<u8>> {
-        if self.head == self.tail && !self.refresh_head()? {
+        let area = self.place.area();
+        let at = (self.tail / 8) as usize;
+        let header = area.word(at).load(Ordering::Acquire);
+        if header == 0 {
             return Ok(None);
         }
-        let waiting = self.head - self.tail;
-        let header = self.place.data(self.tail).load(Ordering::Relaxed);
+        if header & PUBLISHED == 0 || header & RESERVED != 0 {
+            return Err(Error::Corrupt(format!(
+                "a record header is not published or has reserved bits set ({header:#x})"
+            )));
+        }
         let len = header & 0xffff_ffff;
         let kind = (header >> 32) as u8;
-        if header >> 40 != 0 {
+        if len > self.place.max_payload() as u64 {
             return Err(Error::Corrupt(format!(
-                "a record header has reserved bits set ({header:#x})"
+                "a record of {len} bytes, longer than the ring holds ({})",
+                self.place.max_payload()
             )));
         }
         let size = RECORD_HEADER + padded(len);
-        if size > waiting {
+        if self.tail + size > MAX_INDEX {
             return Err(Error::Corrupt(format!(
-                "a record of {len} bytes, but {} were published after its header",
-                waiting - RECORD_HEADER
+                "the ring's index reached {} (it started near the end of its range)",
+                self.tail
             )));
         }
         // (Only what `out` lacks is zeroed first: a reused buffer keeps its length.)
         out.resize(padded(len) as usize, 0);
-        let (a, b) = self.place.span(self.tail + RECORD_HEADER, padded(len));
-        let (x, y) = out.split_at_mut(a.len() * 8);
-        copy_out(a, x);
-        copy_out(b, y);
+        for (i, d) in out.chunks_exact_mut(8).enumerate() {
+            d.copy_from_slice(&area.word(at + 1 + i).load(Ordering::Relaxed).to_ne_bytes());
+        }
         out.truncate(len as usize);
         self.tail += size;
         self.place.field(TAIL).store(self.tail, Ordering::Release);
         Ok(Some(kind))
     }
 
-    /// Whether a record waits (reads the producer's `head` when none is known).
+    /// Whether no record waits (one load of the header word at `tail`; a corrupt header
+    /// counts as waiting: the next pop reports it).
     pub fn is_empty(&mut self) -> Result<bool> {
-        Ok(self.head == self.tail && !self.refresh_head()?)
+        Ok(self
+            .place
+            .area()
+            .word((self.tail / 8) as usize)
+            .load(Ordering::Relaxed)
+            == 0)
     }
 
     /// Says whether this consumer may sleep (`true`) before it checks the ring one last time
@@ -336,84 +353,68 @@ impl Consumer {
     }
 }
 
-/// Writes bytes into a ring's data area a word at a time, from index `pos`.
-/// Writes a record into the data words `a` then `b` (the ring wrapping between them), a
-/// word at a time: bytes gather in `acc` until a word is full.
+/// A ring's data area: its words, and the mask that wraps a word number into it.
+#[derive(Clone, Copy)]
+struct Area<'a> {
+    words: &'a [AtomicU64],
+    mask: usize,
+}
+
+impl<'a> Area<'a> {
+    /// Word `n` of the ring's endless sequence (index `8 * n`), wrapped.
+    #[inline]
+    fn word(self, n: usize) -> &'a AtomicU64 {
+        &self.words[n & self.mask]
+    }
+}
+
+/// Writes a record's bytes into a ring's data area from word `at` on, a word at a time:
+/// bytes gather in `acc` (its low `fill` bytes, in memory order) until a word is full.
 struct Words<'a> {
-    a: &'a [AtomicU64],
-    b: &'a [AtomicU64],
-    /// The next word, counted from the start of `a`.
+    area: Area<'a>,
     at: usize,
-    acc: [u8; 8],
+    acc: u64,
     fill: usize,
 }
 
-/// Stores `src` (a multiple of 8 bytes) into the words `dst`, one relaxed store each.
-fn copy_in(dst: &[AtomicU64], src: &[u8]) {
-    for (d, s) in dst.iter().zip(src.chunks_exact(8)) {
-        d.store(
-            u64::from_ne_bytes(s.try_into().expect("8 bytes")),
-            Ordering::Relaxed,
-        );
-    }
-}
-
-/// Loads the words `src` into `dst` (a multiple of 8 bytes), one relaxed load each.
-fn copy_out(src: &[AtomicU64], dst: &mut [u8]) {
-    for (s, d) in src.iter().zip(dst.chunks_exact_mut(8)) {
-        d.copy_from_slice(&s.load(Ordering::Relaxed).to_ne_bytes());
-    }
-}
-
 impl Words<'_> {
+    #[inline]
     fn store(&mut self, w: u64) {
-        let slot = match self.a.get(self.at) {
-            Some(slot) => slot,
-            None => &self.b[self.at - self.a.len()],
-        };
-        slot.store(w, Ordering::Relaxed);
+        self.area.word(self.at).store(w, Ordering::Relaxed);
         self.at += 1;
-    }
-
-    /// Stores whole words (`bytes` is a multiple of 8 long).
-    fn store_all(&mut self, bytes: &[u8]) {
-        let n = bytes.len() / 8;
-        let in_a = self.a.len().saturating_sub(self.at).min(n);
-        let (x, y) = bytes.split_at(in_a * 8);
-        if in_a > 0 {
-            copy_in(&self.a[self.at..self.at + in_a], x);
-        }
-        if !y.is_empty() {
-            let at = self.at + in_a - self.a.len();
-            copy_in(&self.b[at..at + y.len() / 8], y);
-        }
-        self.at += n;
     }
 
     fn put(&mut self, mut bytes: &[u8]) {
         if self.fill > 0 {
+            // (Rare: only a piece that is not a multiple of 8 long leaves bytes over.)
+            let mut acc = self.acc.to_ne_bytes();
             let n = (8 - self.fill).min(bytes.len());
-            self.acc[self.fill..self.fill + n].copy_from_slice(&bytes[..n]);
+            acc[self.fill..self.fill + n].copy_from_slice(&bytes[..n]);
+            self.acc = u64::from_ne_bytes(acc);
             self.fill += n;
             bytes = &bytes[n..];
             if self.fill < 8 {
                 return;
             }
             self.fill = 0;
-            self.store(u64::from_ne_bytes(self.acc));
+            self.store(self.acc);
         }
-        let whole = bytes.len() / 8 * 8;
-        self.store_all(&bytes[..whole]);
-        let rest = &bytes[whole..];
-        self.acc[..rest.len()].copy_from_slice(rest);
+        let mut words = bytes.chunks_exact(8);
+        for c in &mut words {
+            self.store(u64::from_ne_bytes(c.try_into().expect("8 bytes")));
+        }
+        let rest = words.remainder();
+        let mut acc = [0u8; 8];
+        acc[..rest.len()].copy_from_slice(rest);
+        self.acc = u64::from_ne_bytes(acc);
         self.fill = rest.len();
     }
 
     fn finish(&mut self) {
         if self.fill > 0 {
-            self.acc[self.fill..].fill(0);
+            // (The bytes past `fill` are zero: see `put`.)
             self.fill = 0;
-            self.store(u64::from_ne_bytes(self.acc));
+            self.store(self.acc);
         }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use rdmx_shm::channel::{self, Side};
-use rdmx_shm::ring::{ring_len, RING_HEADER_LEN};
+use rdmx_shm::ring::{ring_len, PUBLISHED, RING_HEADER_LEN};
 use rdmx_shm::{fdpass, Consumer, Doorbell, Error, Producer, Segment};
 
 const CAP: usize = 256;
@@ -43,14 +43,15 @@ fn frames_arrive_in_order_and_intact_across_the_wrap() {
 #[test]
 fn a_full_ring_refuses_until_the_consumer_catches_up() {
     let (_seg, mut p, mut c) = pair(CAP);
-    // 24-byte frames take 32 bytes each: 8 fill the ring.
-    for i in 0..8u8 {
+    // 24-byte frames take 32 bytes each, and a word past the last stays free: 7 fill the
+    // ring.
+    for i in 0..7u8 {
         assert!(p.push(&[&[i; 24]]).expect("room"), "frame {i}");
     }
-    assert!(!p.push(&[&[9; 1]]).expect("full, not an error"));
+    assert!(!p.push(&[&[9; 24]]).expect("full, not an error"));
     assert_eq!(pop(&mut c), Some(vec![0; 24]));
-    assert!(p.push(&[&[8; 24]]).expect("room again"));
-    for i in 1..=8u8 {
+    assert!(p.push(&[&[7; 24]]).expect("room again"));
+    for i in 1..=7u8 {
         assert_eq!(pop(&mut c), Some(vec![i; 24]));
     }
     assert_eq!(pop(&mut c), None);
@@ -59,10 +60,11 @@ fn a_full_ring_refuses_until_the_consumer_catches_up() {
 #[test]
 fn frames_too_long_for_the_ring_are_refused() {
     let (_seg, mut p, _c) = pair(CAP);
-    assert_eq!(p.max_frame(), CAP - 8);
-    assert!(p.push(&[&[1; CAP - 8]]).expect("the longest fits"));
-    let e = p.push(&[&[1; CAP - 7]]).expect_err("too long");
-    assert!(matches!(e, Error::TooLong { len: 249, max: 248 }), "{e}");
+    // The header and the zero word past the record take 16 bytes.
+    assert_eq!(p.max_frame(), CAP - 16);
+    assert!(p.push(&[&[1; CAP - 16]]).expect("the longest fits"));
+    let e = p.push(&[&[1; CAP - 15]]).expect_err("too long");
+    assert!(matches!(e, Error::TooLong { len: 241, max: 240 }), "{e}");
 }
 
 #[test]
@@ -71,6 +73,9 @@ fn rings_that_do_not_fit_are_refused() {
     assert!(Producer::new(seg.clone(), 0, CAP + 8).is_err());
     assert!(Producer::new(seg.clone(), 64, CAP).is_err());
     assert!(Producer::new(seg.clone(), 0, 60).is_err());
+    // Not a power of two (a word's place in the ring is a mask, not a division).
+    assert!(Producer::new(seg.clone(), 0, 192).is_err());
+    assert!(Consumer::new(seg.clone(), 0, 192).is_err());
     assert!(Consumer::new(seg.clone(), 8, 64).is_err());
     assert!(Segment::create("test", 12).is_err());
     assert!(Segment::create("test", 0).is_err());
@@ -179,22 +184,33 @@ fn scribble(seg: &Segment, offset: usize, value: u64) {
 }
 
 #[test]
-fn a_head_out_of_range_is_corruption() {
-    for head in [CAP as u64 + 8, 12, u64::MAX - 7] {
+fn a_record_header_out_of_range_is_corruption() {
+    for (header, what) in [
+        (PUBLISHED | CAP as u64, "longer than the ring holds"),
+        (
+            PUBLISHED | u64::from(u32::MAX),
+            "longer than the ring holds",
+        ),
+        (8, "not published"),
+        (PUBLISHED | 8 | 1 << 40, "reserved bits"),
+        (PUBLISHED | 8 | 1 << 62, "reserved bits"),
+    ] {
         let (seg, _p, mut c) = pair(CAP);
-        scribble(&seg, 0, head);
+        scribble(&seg, RING_HEADER_LEN, header);
         let e = c.pop(&mut Vec::new()).expect_err("corrupt");
-        assert!(matches!(e, Error::Corrupt(_)), "head {head}: {e}");
+        assert!(
+            matches!(e, Error::Corrupt(_)) && e.to_string().contains(what),
+            "header {header:#x}: {e}"
+        );
     }
 }
 
 #[test]
 fn indices_near_the_end_of_their_range_are_corruption() {
-    // A peer that made the segment can start its indices anywhere: near 2^64, index
-    // arithmetic would overflow.
+    // A peer that made the segment can start the ring anywhere: near 2^64, index arithmetic
+    // would overflow.
     for start in [u64::MAX - 7, 1 << 63] {
         let seg = Arc::new(Segment::create("test", ring_len(CAP)).expect("segment"));
-        scribble(&seg, 0, start);
         scribble(&seg, 64, start);
         assert!(matches!(
             Producer::new(seg.clone(), 0, CAP),
@@ -205,32 +221,31 @@ fn indices_near_the_end_of_their_range_are_corruption() {
             Err(Error::Corrupt(_))
         ));
     }
-    // Just below the limit: works, and a head pushed past it is refused.
+    // Just below the limit: works, and a push or pop past it is refused.
     let start = (1u64 << 62) - 64;
     let seg = Arc::new(Segment::create("test", ring_len(CAP)).expect("segment"));
-    scribble(&seg, 0, start);
     scribble(&seg, 64, start);
     let mut p = Producer::new(seg.clone(), 0, CAP).expect("producer");
     let mut c = Consumer::new(seg.clone(), 0, CAP).expect("consumer");
     assert!(p.push(&[b"x"]).expect("push"));
     assert_eq!(pop(&mut c).as_deref(), Some(&b"x"[..]));
-    scribble(&seg, 0, start + 64 + 8);
+    assert!(matches!(p.push(&[&[0; 40]]), Err(Error::Corrupt(_))));
+    let at = RING_HEADER_LEN + (start as usize + 16) % CAP;
+    scribble(&seg, at, PUBLISHED | 56);
     assert!(matches!(c.pop(&mut Vec::new()), Err(Error::Corrupt(_))));
 }
 
 #[test]
-fn a_record_longer_than_what_was_published_is_corruption() {
+fn a_record_rewritten_after_it_was_published_yields_only_its_bytes() {
+    // The header is the signal: a peer that rewrites it to a longer (in-range) length hands
+    // over whatever bytes follow, as a frame the engine above validates.
     let (seg, mut p, mut c) = pair(CAP);
     assert!(p.push(&[&[7; 8]]).expect("push"));
-    // Its header now claims 200 bytes where 8 were published.
-    scribble(&seg, RING_HEADER_LEN, 200);
-    let e = c.pop(&mut Vec::new()).expect_err("corrupt");
-    assert!(e.to_string().contains("200 bytes"), "{e}");
-    // Reserved bits.
-    let (seg, mut p, mut c) = pair(CAP);
-    assert!(p.push(&[&[7; 8]]).expect("push"));
-    scribble(&seg, RING_HEADER_LEN, 8 | 1 << 40);
-    assert!(matches!(c.pop(&mut Vec::new()), Err(Error::Corrupt(_))));
+    scribble(&seg, RING_HEADER_LEN, PUBLISHED | 200);
+    let mut out = Vec::new();
+    assert!(c.pop(&mut out).expect("a record"));
+    assert_eq!(out.len(), 200);
+    assert_eq!(&out[..8], &[7; 8]);
 }
 
 #[test]
@@ -251,7 +266,7 @@ fn records_carry_their_kind() {
 #[test]
 fn a_tail_out_of_range_is_corruption_for_the_producer() {
     let (seg, mut p, _c) = pair(CAP);
-    for _ in 0..8 {
+    for _ in 0..7 {
         assert!(p.push(&[&[1; 24]]).expect("push"));
     }
     // The consumer "consumed" more than was published.
@@ -285,7 +300,8 @@ proptest! {
         for op in ops {
             match op {
                 Op::Push(f) => {
-                    let fits = used(&model) + 8 + f.len().div_ceil(8) * 8 <= CAP;
+                    // (A word past the last record stays free.)
+                    let fits = used(&model) + 8 + f.len().div_ceil(8) * 8 + 8 <= CAP;
                     prop_assert_eq!(p.push(&[&f]).expect("push"), fits);
                     if fits { model.push_back(f); }
                 }

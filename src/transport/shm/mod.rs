@@ -28,7 +28,14 @@ pub(crate) mod setup;
 pub(crate) use iface::ShmIface;
 pub(crate) use link::{Parts as ShmParts, ShmLink};
 
-/// Bytes of each ring (one each way per connection): room for a full window of eager frames
-/// of the default receive buffer size, so a sender that keeps to its credits never waits for
-/// room. Frames beyond it wait in the link and go at the next progress.
+/// Bytes of each ring (one each way per connection). Frames that find it full wait in the
+/// link and go at the next progress.
 pub(crate) const RING_CAPACITY: usize = 256 << 10;
+
+/// The credits each side of a shared-memory connection grants the other: a fixed window
+/// (not from the worker's pool of receive buffers, which a ring does not use), as many
+/// frames as the ring holds at 256 bytes each — so a stream of small messages never waits
+/// for credits while the peer keeps up, and one of large eager frames waits for room in the
+/// ring instead. The peer returns them as it takes frames out of the ring: a CREDIT frame
+/// per quarter window (256 frames) when it sends nothing else.
+pub(crate) const WINDOW: u16 = (RING_CAPACITY / 256) as u16;

@@ -54,7 +54,12 @@ impl Engine {
                 eager_limit,
                 tx_credits: peer.credits.into(),
                 starved: false,
-                window: self.credits.admit(limits.credits),
+                window: if limits.pooled {
+                    self.credits.admit(limits.credits)
+                } else {
+                    u32::from(limits.credits)
+                },
+                pooled: limits.pooled,
                 rx_unreturned: 0,
                 rx_unreturned_data: 0,
                 tx_seq: 0,
@@ -111,7 +116,9 @@ impl Engine {
             return;
         };
         debug!("connection {conn_id:?} failed: {reason:?}");
-        self.credits.release(conn.window);
+        if conn.pooled {
+            self.credits.release(conn.window);
+        }
         if let Some(CloseReason::ProtocolError(_)) = reason {
             if conn.tx_credits >= 1 {
                 let mut h = Header::new(Opcode::Error);

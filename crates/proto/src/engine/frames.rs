@@ -94,7 +94,8 @@ impl Engine {
         if !matches!(frame.body, Body::Credit) {
             c.rx_unreturned_data += 1;
         }
-        if h.flags & wire::FLAG_CREDIT_WANTED != 0 {
+        // (A window not from the pool stays as it is.)
+        if h.flags & wire::FLAG_CREDIT_WANTED != 0 && c.pooled {
             let more = self.credits.grow(c.window);
             c.window += more;
             c.rx_unreturned += more;

@@ -44,9 +44,16 @@ pub struct ConnLimits {
     pub recv_buf_size: u32,
     /// Largest payload this side sends eagerly.
     pub eager_threshold: u64,
-    /// Credits this side grants the peer at connect (its handshake's `credits`; kept
-    /// within `Config::initial_credits..=Config::credits`): [`Engine::credit_offer`].
+    /// Credits this side grants the peer at connect (its handshake's `credits`). From the
+    /// pool (`pooled`), kept within `Config::initial_credits..=Config::credits`:
+    /// [`Engine::credit_offer`]. Otherwise the whole window, as given.
     pub credits: u16,
+    /// Whether the window is granted from the worker's pool of receive buffers (an SRQ's:
+    /// it starts at `credits`, grows on demand and gives back under pressure, see the
+    /// `credits` module). A link that holds the frames in flight itself — shared memory's
+    /// ring — grants a fixed window of `credits` instead, never taken from the pool, grown
+    /// or reclaimed; its handshake's `max_credits` is that window.
+    pub pooled: bool,
 }
 
 /// An unexpected message found by [`Engine::probe`].
@@ -76,6 +83,9 @@ pub struct ConnStats {
     pub window: u32,
     /// Largest payload sent eagerly on this connection.
     pub eager_limit: u64,
+    /// The most credits the peer may grant this side (its handshake's `max_credits`): the
+    /// most frames this side can ever have in flight to it.
+    pub peer_max_credits: u32,
     /// Frames waiting for credits (data and control).
     pub queued: usize,
 }
@@ -189,6 +199,8 @@ struct Conn {
     starved: bool,
     /// Credits granted to the peer in all (see [`ConnStats::window`]).
     window: u32,
+    /// Whether `window` was granted from the pool (see [`ConnLimits::pooled`]).
+    pooled: bool,
     /// Frames received (and credits added to the window) not yet granted back to the peer.
     rx_unreturned: u32,
     /// Of `rx_unreturned`, those for anything but CREDIT frames: only they make a CREDIT
@@ -285,10 +297,18 @@ impl Engine {
             magic: HANDSHAKE_MAGIC,
             version: VERSION.into(),
             recv_buf_size: limits.recv_buf_size,
-            credits: limits
-                .credits
-                .clamp(self.cfg.initial_credits, self.cfg.credits),
-            max_credits: self.cfg.credits,
+            credits: if limits.pooled {
+                limits
+                    .credits
+                    .clamp(self.cfg.initial_credits, self.cfg.credits)
+            } else {
+                limits.credits
+            },
+            max_credits: if limits.pooled {
+                self.cfg.credits
+            } else {
+                limits.credits
+            },
         }
     }
 
@@ -301,6 +321,7 @@ impl Engine {
             recv_buf_size: self.cfg.recv_buf_size,
             eager_threshold: self.cfg.eager_threshold,
             credits: self.cfg.initial_credits,
+            pooled: true,
         }
     }
 
@@ -344,6 +365,7 @@ impl Engine {
             rx_unreturned: c.rx_unreturned,
             window: c.window,
             eager_limit: c.eager_limit,
+            peer_max_credits: u32::from(c.peer.max_credits),
             queued: c.ctrl_q.len() + c.data_q.len(),
         })
     }

@@ -272,7 +272,7 @@ impl Conn {
     /// (less what `pool` takes back from its window), asks for more if this side ran out,
     /// numbers it and spends a credit. The frame must be sent before any made later.
     fn stamp(&mut self, mut h: Header, rts: Option<&RtsBody>, pool: &mut CreditPool) -> FrameBuf {
-        if self.rx_unreturned > 0 {
+        if self.rx_unreturned > 0 && self.pooled {
             let back = pool.reclaim(self.window, self.rx_unreturned);
             self.window -= back;
             self.rx_unreturned -= back;
