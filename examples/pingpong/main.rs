@@ -368,9 +368,11 @@ fn client(ctx: &Context, worker: &Worker, ep: &Ep, args: &Args, plan: &Plan) -> 
             "{}",
             schema::table_title("rdmx pingpong", doc.window, plan.sizes.len())
         );
+        // (The data path: over shared memory, also how rendezvous data moves — by CMA, or
+        // copied through the ring where the kernel refuses CMA.)
         println!(
             "# transport {}{}{}",
-            doc.transport,
+            ep.data_path(),
             device.unwrap_or_default(),
             peer.unwrap_or_default()
         );

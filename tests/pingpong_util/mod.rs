@@ -41,12 +41,26 @@ pub fn pingpong_path() -> PathBuf {
 }
 
 pub fn pingpong_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    pingpong_as(None, args, env)
+}
+
+/// [`pingpong_env`] as the user and group `id` (`None`: as the test's own).
+pub fn pingpong_as(id: Option<u32>, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(pingpong_path());
     cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
+    as_user(&mut cmd, id);
     cmd.output().expect("run pingpong")
+}
+
+/// Runs `cmd` as the user and group `id`, if given (the test must be root).
+fn as_user(cmd: &mut Command, id: Option<u32>) {
+    use std::os::unix::process::CommandExt;
+    if let Some(id) = id {
+        cmd.uid(id).gid(id);
+    }
 }
 
 pub fn text(b: &[u8]) -> String {
@@ -94,6 +108,16 @@ impl Drop for KillOnDrop {
 /// Starts `pingpong --server ADDR` with `env`; returns the process and the address it says it
 /// listens on, after checking it lists `transport` ("pingpong: listening on ADDR (rdma, tcp)").
 pub fn start_server(addr: &str, env: &[(&str, &str)], transport: &str) -> (KillOnDrop, String) {
+    start_server_as(None, addr, env, transport)
+}
+
+/// [`start_server`] as the user and group `id` (`None`: as the test's own).
+pub fn start_server_as(
+    id: Option<u32>,
+    addr: &str,
+    env: &[(&str, &str)],
+    transport: &str,
+) -> (KillOnDrop, String) {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     let mut cmd = Command::new(pingpong_path());
@@ -103,6 +127,7 @@ pub fn start_server(addr: &str, env: &[(&str, &str)], transport: &str) -> (KillO
     for (k, v) in env {
         cmd.env(k, v);
     }
+    as_user(&mut cmd, id);
     let mut server = KillOnDrop(cmd.spawn().expect("start the pingpong server"));
     let mut line = String::new();
     BufReader::new(server.0.stderr.take().expect("server stderr"))
