@@ -183,7 +183,8 @@ pub const RECV_BUF_SIZE_VAR: &str = "RDMX_RECV_BUF_SIZE";
 /// `RDMX_SRQ_DEPTH`: receive buffers pre-posted on a worker's SRQ, shared by all its eps.
 pub const SRQ_DEPTH_VAR: &str = "RDMX_SRQ_DEPTH";
 /// `RDMX_CREDITS`: the largest window of frames one peer may have in flight towards a
-/// worker (windows start smaller and grow on demand from the worker's pool).
+/// worker over RDMA and TCP (windows start smaller and grow on demand from the worker's
+/// pool; shared memory's window is its ring's, fixed).
 pub const CREDITS_VAR: &str = "RDMX_CREDITS";
 /// `RDMX_SEND_BUFS`: registered send buffers a worker starts with (it grows on demand).
 pub const SEND_BUFS_VAR: &str = "RDMX_SEND_BUFS";
