@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bincode::Options;
-use rdmx_proto::{ConnId, Tag};
+use rdmx_proto::{ConnId, ConnStats, Tag};
 
 use crate::error::{Error, Result};
 use crate::request::Request;
@@ -146,7 +146,7 @@ impl Ep {
     /// peer's receive buffer size less the 40-byte header. Larger messages go by rendezvous.
     /// `None` once the connection is gone.
     pub fn eager_limit(&self) -> Option<u64> {
-        self.inner.worker.driver.eager_limit(self.inner.cs.id)
+        self.stats().map(|s| s.eager_limit)
     }
 
     /// The most frames (eager messages, rendezvous announcements) this endpoint may have
@@ -155,7 +155,12 @@ impl Ep {
     /// ring's fixed window. Further sends wait for the peer to take frames (their requests
     /// stay pending). `None` once the connection is gone.
     pub fn send_window(&self) -> Option<u32> {
-        self.inner.worker.driver.send_window(self.inner.cs.id)
+        self.stats().map(|s| s.peer_max_credits)
+    }
+
+    /// The engine's figures for this endpoint's connection.
+    fn stats(&self) -> Option<ConnStats> {
+        self.inner.worker.driver.conn_stats(self.inner.cs.id)
     }
 
     /// The worker this endpoint belongs to.

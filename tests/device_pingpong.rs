@@ -5,9 +5,7 @@
 
 mod pingpong_util;
 
-use pingpong_util::{
-    one_line_error, pingpong_as, pingpong_env, rows, start_server, start_server_as, text,
-};
+use pingpong_util::{one_line_error, pingpong_env, rows, server_and_client, start_server, text};
 
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -106,14 +104,12 @@ fn processes_the_kernel_forbids_to_read_each_other_copy_rendezvous_through_the_r
     const NOBODY: Option<u32> = Some(65534);
     let _scope = PtraceScope::set("1");
     let shm = [("RDMX_TRANSPORT", "shm")];
-    let (mut server, addr) = start_server_as(NOBODY, "127.0.0.1:0", &shm, "shm");
-    let out = pingpong_as(
+    let stdout = server_and_client(
         NOBODY,
-        &["--client", &addr, "-s", "8,1M", "-n", "10", "--no-progress"],
         &shm,
+        "shm",
+        &["-s", "8,1M", "-n", "10", "--no-progress"],
     );
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(
         stdout.contains("# transport shm, rendezvous by copy (CMA refused"),
         "{stdout}"
@@ -125,19 +121,11 @@ fn processes_the_kernel_forbids_to_read_each_other_copy_rendezvous_through_the_r
             ("1 MiB".into(), "rndv".into(), 10),
         ]
     );
-    assert!(server.0.wait().unwrap().success());
     // And as root (CAP_SYS_PTRACE), the same pair reads by CMA: the policy, not the setup,
     // made the difference.
-    let (mut server, addr) = start_server("127.0.0.1:0", &shm, "shm");
-    let out = pingpong_env(
-        &["--client", &addr, "-s", "1M", "-n", "2", "--no-progress"],
-        &shm,
-    );
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let stdout = server_and_client(None, &shm, "shm", &["-s", "1M", "-n", "2", "--no-progress"]);
     assert!(
         stdout.contains("# transport shm, rendezvous by CMA"),
         "{stdout}"
     );
-    assert!(server.0.wait().unwrap().success());
 }

@@ -6,7 +6,7 @@ mod pingpong_util;
 
 use std::process::Output;
 
-use pingpong_util::{one_line_error, pingpong_env, rows, start_server, text};
+use pingpong_util::{one_line_error, pingpong_env, rows, server_and_client, start_server, text};
 
 /// pingpong over TCP.
 fn pingpong(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -193,17 +193,15 @@ fn server_and_client_in_two_processes() {
 /// on one host, talk over shared memory, eager and rendezvous.
 #[test]
 fn two_processes_on_the_auto_transport_use_shared_memory() {
-    let (mut server, addr) = start_server("127.0.0.1:0", &[], "shm");
-    let out = pingpong_env(
-        &["--client", &addr, "-s", "8,1M", "-n", "10", "--no-progress"],
+    let stdout = server_and_client(
+        None,
         &[],
+        "shm",
+        &["-s", "8,1M", "-n", "10", "--no-progress"],
     );
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(stdout.contains("# transport shm"), "{stdout}");
     let protocols: Vec<String> = rows(&stdout).into_iter().map(|r| r.1).collect();
     assert_eq!(protocols, ["eager", "rndv"], "{stdout}");
-    assert!(server.0.wait().unwrap().success());
 }
 
 #[test]

@@ -4,20 +4,9 @@
 use super::*;
 
 impl Driver {
-    pub(crate) fn eager_limit(&self, conn: ConnId) -> Option<u64> {
-        self.state
-            .lock()
-            .engine
-            .conn_stats(conn)
-            .map(|s| s.eager_limit)
-    }
-
-    pub(crate) fn send_window(&self, conn: ConnId) -> Option<u32> {
-        self.state
-            .lock()
-            .engine
-            .conn_stats(conn)
-            .map(|s| s.peer_max_credits)
+    /// The engine's figures for connection `conn` (`None` once it is gone).
+    pub(crate) fn conn_stats(&self, conn: ConnId) -> Option<ConnStats> {
+        self.state.lock().engine.conn_stats(conn)
     }
 
     pub(super) fn now_ns(&self) -> u64 {

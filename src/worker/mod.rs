@@ -38,8 +38,8 @@ use parking_lot::{Mutex, RwLock};
 #[cfg(feature = "rdma")]
 use rdmx_conn::{AddrInfo, Device, Side};
 use rdmx_proto::{
-    Action, CloseReason, ConnId, ConnLimits, Engine, Handshake, ProbeInfo, RemoteBuf, RequestId,
-    RequestKind, Status, Tag, UserBufId,
+    Action, CloseReason, ConnId, ConnLimits, ConnStats, Engine, Handshake, ProbeInfo, RemoteBuf,
+    RequestId, RequestKind, Status, Tag, UserBufId,
 };
 use smallvec::SmallVec;
 

@@ -146,3 +146,22 @@ pub fn start_server_as(
         .to_string();
     (server, bound)
 }
+
+/// A pingpong server on `127.0.0.1:0` listing `transport`, and a client run against it with
+/// `client_args`, both as the user and group `id` (`None`: the test's own) with `env`: checks
+/// that both succeed and returns what the client printed.
+pub fn server_and_client(
+    id: Option<u32>,
+    env: &[(&str, &str)],
+    transport: &str,
+    client_args: &[&str],
+) -> String {
+    let (mut server, addr) = start_server_as(id, "127.0.0.1:0", env, transport);
+    let mut args = vec!["--client", &addr];
+    args.extend_from_slice(client_args);
+    let out = pingpong_as(id, &args, env);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(server.0.wait().unwrap().success());
+    stdout
+}

@@ -333,13 +333,12 @@ impl Consumer {
 
     /// Whether no record waits (one load of the header word at `tail`; a corrupt header
     /// counts as waiting: the next pop reports it).
-    pub fn is_empty(&mut self) -> Result<bool> {
-        Ok(self
-            .place
+    pub fn is_empty(&self) -> bool {
+        self.place
             .area()
             .word((self.tail / 8) as usize)
             .load(Ordering::Relaxed)
-            == 0)
+            == 0
     }
 
     /// Says whether this consumer may sleep (`true`) before it checks the ring one last time

@@ -108,7 +108,7 @@ fn a_channel_handed_over_a_unix_socket_carries_frames_both_ways() {
     // The doorbell: rung only while the consumer says it may sleep.
     assert!(!their_tx.consumer_waiting());
     my_rx.may_sleep(true);
-    assert!(my_rx.is_empty().expect("empty"));
+    assert!(my_rx.is_empty());
     assert!(their_tx.push(&[b"wake"]).expect("push"));
     assert!(their_tx.consumer_waiting());
     their_bell.ring().expect("ring");

@@ -258,13 +258,12 @@ impl Shared {
     /// when none waits, `Err` when the peer corrupted the ring or broke the protocol
     /// (reported in `out` as the connection going down).
     fn take_frame(&self, r: &mut Rx, out: &mut Vec<LinkEvent>) -> std::result::Result<bool, ()> {
-        // (An empty ring costs one load of its head: no buffer is taken for it.)
-        let handled = match r.ring.is_empty() {
-            Ok(true) => return Ok(false),
-            Ok(false) => self.take_record(r, out),
-            Err(e) => Err(e.to_string()),
-        };
-        match handled {
+        // (An empty ring costs one load, of the header word at its tail: no buffer is taken
+        // for it.)
+        if r.ring.is_empty() {
+            return Ok(false);
+        }
+        match self.take_record(r, out) {
             Ok(()) => Ok(true),
             Err(e) => {
                 log::warn!("{:?}: {e}", r.conn);

@@ -293,22 +293,22 @@ impl Engine {
     /// receive buffer size); the same `limits` must go to
     /// [`Engine::handle_connection_up_with`].
     pub fn local_handshake_for(&self, limits: &ConnLimits) -> Handshake {
+        let (credits, max_credits) = if limits.pooled {
+            (
+                limits
+                    .credits
+                    .clamp(self.cfg.initial_credits, self.cfg.credits),
+                self.cfg.credits,
+            )
+        } else {
+            (limits.credits, limits.credits)
+        };
         Handshake {
             magic: HANDSHAKE_MAGIC,
             version: VERSION.into(),
             recv_buf_size: limits.recv_buf_size,
-            credits: if limits.pooled {
-                limits
-                    .credits
-                    .clamp(self.cfg.initial_credits, self.cfg.credits)
-            } else {
-                limits.credits
-            },
-            max_credits: if limits.pooled {
-                self.cfg.credits
-            } else {
-                limits.credits
-            },
+            credits,
+            max_credits,
         }
     }
 
