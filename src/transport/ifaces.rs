@@ -11,6 +11,7 @@ use rdmx_proto::UserBufId;
 
 #[cfg(feature = "rdma")]
 use super::rdma;
+use super::shm::ShmFrames;
 use super::{shm, tcp, LinkEvent, RecvFrame};
 use crate::config::Config;
 use crate::error::Result;
@@ -69,7 +70,7 @@ impl Ifaces {
         #[cfg(not(feature = "rdma"))]
         let n = 0;
         // (Taken from the end too: reversed.)
-        let m = self.shm.poll(&mut scratch.shm);
+        let m = self.shm.poll(&mut scratch.shm_frames, &mut scratch.shm);
         if m > 0 {
             scratch.shm.reverse();
         }
@@ -253,8 +254,10 @@ pub(crate) struct PollScratch {
     /// TCP: the one buffer every link of the worker reads through (64 KiB once a link was
     /// read): links keep no receive buffer of their own.
     pub(crate) tcp_rbuf: Vec<u8>,
-    /// Shared memory: frames and finished READs found on the rings (in reverse order, like
-    /// `wcs`).
+    /// Shared memory: the frames found on the rings, delivered before the other events.
+    pub(crate) shm_frames: ShmFrames,
+    /// Shared memory: the other events (finished READs, rings found corrupt), in reverse
+    /// order, like `wcs`.
     pub(crate) shm: Vec<LinkEvent>,
 }
 
@@ -265,6 +268,7 @@ impl PollScratch {
             wcs: Vec::with_capacity(64),
             tcp: Vec::new(),
             tcp_rbuf: Vec::new(),
+            shm_frames: ShmFrames::default(),
             shm: Vec::new(),
         }
     }

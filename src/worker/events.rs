@@ -62,13 +62,16 @@ impl Protocol {
     /// back to its link. Frames on closing connections (which the engine has forgotten) go
     /// straight back.
     fn deliver(&mut self, conn: ConnId, frame: RecvFrame, len: usize, out: &mut AfterUnlock) {
-        // (Looked up again to give the frame back, if need be, rather than its `Arc` cloned
-        // and dropped: two atomic operations on a line other threads write.)
+        self.deliver_bytes(conn, &frame[..len.min(frame.len())], out);
+        super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
+    }
+
+    /// [`Protocol::deliver`] of a frame's bytes, which stay the caller's (shared memory's
+    /// frames, which share one buffer: see [`crate::transport::shm::ShmFrames`]).
+    pub(super) fn deliver_bytes(&mut self, conn: ConnId, bytes: &[u8], out: &mut AfterUnlock) {
         if self.conns.get(&conn).map_or(true, |cs| cs.is_closing()) {
-            super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
             return;
         }
-        let bytes = &frame[..len.min(frame.len())];
         if let Some(d) = self.engine.handle_frame_delivering(conn, bytes) {
             let copied = d.len == 0
                 || bytes
@@ -86,7 +89,6 @@ impl Protocol {
         // (What else it caused runs now, before the next event: completions keep the order
         // of arrival.)
         self.run_actions(out);
-        super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
     }
 
     /// A READ completed (`posted`) or could not be posted: give its piece back and report it.

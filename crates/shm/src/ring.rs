@@ -294,6 +294,15 @@ impl Consumer {
     /// [`Consumer::pop`] of a record of any kind: `Ok(Some(kind))`, or `Ok(None)` when the
     /// ring is empty.
     pub fn pop_kind(&mut self, out: &mut Vec<u8>) -> Result<Option<u8>> {
+        out.clear();
+        self.pop_kind_append(out)
+    }
+
+    /// [`Consumer::pop_kind`] appending the record's bytes to `out`, after what it holds:
+    /// several records popped one after another share one buffer, and none needs a buffer
+    /// of its own. On `Ok(Some(kind))` the record is `out[before..]`; otherwise `out` is as
+    /// it was (`Ok(None)`) or unspecified past its old length ([`Error::Corrupt`]).
+    pub fn pop_kind_append(&mut self, out: &mut Vec<u8>) -> Result<Option<u8>> {
         let area = self.place.area();
         let at = (self.tail / 8) as usize;
         let header = area.word(at).load(Ordering::Acquire);
@@ -320,12 +329,14 @@ impl Consumer {
                 self.tail
             )));
         }
-        // (Only what `out` lacks is zeroed first: a reused buffer keeps its length.)
-        out.resize(padded(len) as usize, 0);
-        for (i, d) in out.chunks_exact_mut(8).enumerate() {
-            d.copy_from_slice(&area.word(at + 1 + i).load(Ordering::Relaxed).to_ne_bytes());
+        let before = out.len();
+        let words = (padded(len) / 8) as usize;
+        out.reserve(words * 8);
+        for i in 0..words {
+            let w = area.word(at + 1 + i).load(Ordering::Relaxed);
+            out.extend_from_slice(&w.to_ne_bytes());
         }
-        out.truncate(len as usize);
+        out.truncate(before + len as usize);
         self.tail += size;
         self.place.field(TAIL).store(self.tail, Ordering::Release);
         Ok(Some(kind))

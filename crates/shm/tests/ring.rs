@@ -264,6 +264,33 @@ fn records_carry_their_kind() {
 }
 
 #[test]
+fn records_popped_one_after_another_share_one_buffer() {
+    let (_seg, mut p, mut c) = pair(CAP);
+    let mut out = b"kept".to_vec();
+    assert_eq!(c.pop_kind_append(&mut out).expect("empty"), None);
+    assert_eq!(out, b"kept", "an empty ring leaves the buffer as it was");
+    let frames: [&[u8]; 4] = [b"", b"a", b"seven b", &[9; 21]];
+    for (kind, f) in frames.iter().enumerate() {
+        assert!(p.push_kind(kind as u8, &[f]).expect("push"));
+    }
+    let mut ends = Vec::new();
+    for kind in 0..frames.len() {
+        assert_eq!(
+            c.pop_kind_append(&mut out).expect("intact"),
+            Some(kind as u8)
+        );
+        ends.push(out.len());
+    }
+    // Each record right after the one before, at its exact length (no padding left).
+    assert_eq!(
+        out,
+        [&b"kept"[..], b"", b"a", b"seven b", &[9; 21]].concat()
+    );
+    assert_eq!(ends, vec![4, 5, 12, 33]);
+    assert_eq!(c.pop_kind_append(&mut out).expect("empty"), None);
+}
+
+#[test]
 fn a_tail_out_of_range_is_corruption_for_the_producer() {
     let (seg, mut p, _c) = pair(CAP);
     for _ in 0..7 {

@@ -20,14 +20,64 @@ use crate::transport::{LinkEvent, RecvFrame};
 
 /// The readiness token of the worker's doorbell.
 const TOKEN_DOORBELL: u64 = 2;
-/// Frame buffers kept for reuse.
-const SPARE_FRAMES: usize = 64;
+/// Bytes of frames a progress call takes from the rings at most (it takes the rest on its
+/// next call): what [`ShmFrames`] holds stays bounded however many rings there are.
+const FRAME_BUDGET: usize = 256 << 10;
+/// Records a progress call takes from one ring at most: one busy peer does not starve the
+/// others.
+const PER_RING: usize = 16;
+
+/// The frames a progress call took from the rings, in order: one after another in one buffer
+/// reused call after call, so that a frame needs no buffer of its own, no lock to get one
+/// and no [`LinkEvent`] to carry it. The worker delivers them from here, under its protocol
+/// lock, and clears it.
+#[derive(Default)]
+pub(crate) struct ShmFrames {
+    bytes: Vec<u8>,
+    /// Each frame's connection and end in `bytes` (it starts where the one before ends).
+    frames: Vec<(ConnId, usize)>,
+}
+
+impl ShmFrames {
+    /// Whether no frame waits.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// The frames, in the order they were taken.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (ConnId, &[u8])> {
+        let mut start = 0;
+        self.frames.iter().map(move |&(conn, end)| {
+            let frame = &self.bytes[start..end];
+            start = end;
+            (conn, frame)
+        })
+    }
+
+    /// Forgets the frames (delivered), keeping the buffer unless a burst made it large.
+    pub(crate) fn clear(&mut self) {
+        self.frames.clear();
+        self.bytes.clear();
+        if self.bytes.capacity() > 4 * FRAME_BUDGET {
+            self.bytes.shrink_to(FRAME_BUDGET);
+        }
+    }
+}
 
 /// A connection's receive ring, and where its records that are not frames go.
 struct Rx {
     conn: ConnId,
     ring: Consumer,
     sink: RecordSink,
+}
+
+/// The receive rings, and the one a progress call polls first (calls take turns, so that
+/// rings late in the list are not left for later whenever the frame budget runs out).
+#[derive(Default)]
+struct RxList {
+    rings: Vec<Rx>,
+    first: usize,
 }
 
 /// What the worker's shared-memory connections share (see the module docs).
@@ -38,7 +88,7 @@ pub(crate) struct Shared {
     probe: Box<u64>,
     /// The worker's doorbell (peers hold its fd).
     pub(crate) bell: Doorbell,
-    rx: Mutex<Vec<Rx>>,
+    rx: Mutex<RxList>,
     rx_count: AtomicUsize,
     /// Set while the worker may sleep: the rings' `waiting` flags are up.
     armed: AtomicBool,
@@ -48,7 +98,6 @@ pub(crate) struct Shared {
     /// Links whose frames wait for room in their ring.
     blocked: Mutex<Vec<Arc<Outbox>>>,
     blocked_count: AtomicUsize,
-    spare: Mutex<Vec<Vec<u8>>>,
     /// Where peers that accepted our offer hand the segment over: an abstract Unix socket
     /// (no file), made on the first offer.
     listener: OnceLock<(UnixListener, String)>,
@@ -88,26 +137,26 @@ impl ShmIface {
             identity,
             probe,
             bell,
-            rx: Mutex::new(Vec::new()),
+            rx: Mutex::new(RxList::default()),
             rx_count: AtomicUsize::new(0),
             armed: AtomicBool::new(false),
             done: Mutex::new(Vec::new()),
             done_count: AtomicUsize::new(0),
             blocked: Mutex::new(Vec::new()),
             blocked_count: AtomicUsize::new(0),
-            spare: Mutex::new(Vec::new()),
             listener: OnceLock::new(),
             arrived: Mutex::new(HashMap::new()),
         });
         Ok(self.shared.get_or_init(|| shared))
     }
 
-    /// Polls every receive ring and the finished READs into `out` (in order); returns how
-    /// many events it found. Also retries frames waiting for room.
+    /// Polls every receive ring into `frames` and the other events (finished READs,
+    /// connections lost) into `out`, each in order; returns how many frames and events it
+    /// found. Also retries frames waiting for room.
     #[inline]
-    pub(crate) fn poll(&self, out: &mut Vec<LinkEvent>) -> usize {
+    pub(crate) fn poll(&self, frames: &mut ShmFrames, out: &mut Vec<LinkEvent>) -> usize {
         match self.shared.get() {
-            Some(s) => s.poll(out),
+            Some(s) => s.poll(frames, out),
             None => 0,
         }
     }
@@ -147,23 +196,32 @@ impl Shared {
         if self.armed.load(Ordering::Acquire) {
             ring.may_sleep(true);
         }
-        rx.push(Rx {
+        rx.rings.push(Rx {
             conn: sink.conn,
             ring,
             sink,
         });
-        self.rx_count.store(rx.len(), Ordering::Release);
+        self.rx_count.store(rx.rings.len(), Ordering::Release);
     }
 
     /// Forgets connection `conn`'s receive ring, returning what still waited in it (the
     /// peer sent it before it went).
     pub(crate) fn remove_rx(&self, conn: ConnId, out: &mut Vec<LinkEvent>) {
         let mut rx = self.rx.lock();
-        if let Some(i) = rx.iter().position(|r| r.conn == conn) {
-            let mut r = rx.swap_remove(i);
-            self.rx_count.store(rx.len(), Ordering::Release);
+        if let Some(i) = rx.rings.iter().position(|r| r.conn == conn) {
+            let mut r = rx.rings.swap_remove(i);
+            self.rx_count.store(rx.rings.len(), Ordering::Release);
             drop(rx);
-            while let Ok(true) = self.take_frame(&mut r, out) {}
+            let mut frames = ShmFrames::default();
+            while let Ok(true) = self.take_frame(&mut r, &mut frames, out) {}
+            // (Rare: a frame buffer each.)
+            for (conn, frame) in frames.iter() {
+                out.push(LinkEvent::Frame {
+                    conn,
+                    len: frame.len(),
+                    frame: RecvFrame::Owned(frame.to_vec()),
+                });
+            }
         }
     }
 
@@ -183,25 +241,16 @@ impl Shared {
         }
     }
 
-    /// A frame buffer back for reuse.
-    /// (It keeps its length: the ring's next pop into it zeroes nothing it already has.)
-    pub(crate) fn recycle(&self, buf: Vec<u8>) {
-        let mut spare = self.spare.lock();
-        if spare.len() < SPARE_FRAMES && buf.capacity() <= 64 << 10 {
-            spare.push(buf);
-        }
-    }
-
     fn set_waiting(&self, on: bool) {
         if self.armed.swap(on, Ordering::AcqRel) != on {
-            for r in self.rx.lock().iter() {
+            for r in self.rx.lock().rings.iter() {
                 r.ring.may_sleep(on);
             }
         }
     }
 
-    fn poll(&self, out: &mut Vec<LinkEvent>) -> usize {
-        let before = out.len();
+    fn poll(&self, frames: &mut ShmFrames, out: &mut Vec<LinkEvent>) -> usize {
+        let before = out.len() + frames.frames.len();
         if self.blocked_count.load(Ordering::Acquire) > 0 {
             let blocked = {
                 // (Taken and counted together: an outbox blocked meanwhile is counted.)
@@ -216,28 +265,36 @@ impl Shared {
             }
         }
         if self.rx_count.load(Ordering::Acquire) > 0 {
-            let mut rx = self.rx.lock();
-            let mut i = 0;
-            while i < rx.len() {
-                // A few frames per ring per call: one busy peer does not starve the others.
-                let mut ok = true;
-                for _ in 0..16 {
-                    match self.take_frame(&mut rx[i], out) {
+            let mut guard = self.rx.lock();
+            let RxList { rings, first } = &mut *guard;
+            let n = rings.len();
+            let mut broken = Vec::new();
+            for k in 0..n {
+                let i = (*first + k) % n;
+                if frames.bytes.len() >= FRAME_BUDGET {
+                    // The rest wait for the next call, which starts with them.
+                    *first = i;
+                    break;
+                }
+                for _ in 0..PER_RING {
+                    match self.take_frame(&mut rings[i], frames, out) {
                         Ok(true) => {}
                         Ok(false) => break,
                         Err(()) => {
-                            ok = false;
+                            broken.push(i);
                             break;
                         }
                     }
                 }
-                if ok {
-                    i += 1;
-                } else {
-                    rx.swap_remove(i);
-                }
             }
-            self.rx_count.store(rx.len(), Ordering::Release);
+            if !broken.is_empty() {
+                broken.sort_unstable();
+                for i in broken.into_iter().rev() {
+                    rings.swap_remove(i);
+                }
+                *first = 0;
+            }
+            self.rx_count.store(rings.len(), Ordering::Release);
         }
         if self.done_count.load(Ordering::Acquire) > 0 {
             let mut done = self.done.lock();
@@ -251,19 +308,23 @@ impl Shared {
             }
             self.done_count.store(0, Ordering::Release);
         }
-        out.len() - before
+        out.len() + frames.frames.len() - before
     }
 
-    /// Takes one record of `r`: a frame to `out`, a GET or DATA to the link. `Ok(false)`
+    /// Takes one record of `r`: a frame to `frames`, a GET or DATA to the link. `Ok(false)`
     /// when none waits, `Err` when the peer corrupted the ring or broke the protocol
-    /// (reported in `out` as the connection going down).
-    fn take_frame(&self, r: &mut Rx, out: &mut Vec<LinkEvent>) -> std::result::Result<bool, ()> {
-        // (An empty ring costs one load, of the header word at its tail: no buffer is taken
-        // for it.)
+    /// (reported in `out` as the connection going down, after its frames).
+    fn take_frame(
+        &self,
+        r: &mut Rx,
+        frames: &mut ShmFrames,
+        out: &mut Vec<LinkEvent>,
+    ) -> std::result::Result<bool, ()> {
+        // (An empty ring costs one load, of the header word at its tail.)
         if r.ring.is_empty() {
             return Ok(false);
         }
-        match self.take_record(r, out) {
+        match self.take_record(r, frames) {
             Ok(()) => Ok(true),
             Err(e) => {
                 log::warn!("{:?}: {e}", r.conn);
@@ -277,26 +338,23 @@ impl Shared {
         }
     }
 
-    /// Takes the record that waits in `r`: a frame to `out`, a GET or DATA to the link.
-    fn take_record(&self, r: &mut Rx, out: &mut Vec<LinkEvent>) -> std::result::Result<(), String> {
-        let mut buf = self.spare.lock().pop().unwrap_or_default();
-        let handled = match r.ring.pop_kind(&mut buf) {
+    /// Takes the record that waits in `r`: a frame to `frames`, a GET or DATA to the link.
+    fn take_record(&self, r: &mut Rx, frames: &mut ShmFrames) -> std::result::Result<(), String> {
+        let start = frames.bytes.len();
+        let kind = r.ring.pop_kind_append(&mut frames.bytes);
+        let handled = match kind {
             Ok(Some(KIND_FRAME)) => {
-                out.push(LinkEvent::Frame {
-                    conn: r.conn,
-                    len: buf.len(),
-                    frame: RecvFrame::Owned(buf),
-                });
+                frames.frames.push((r.conn, frames.bytes.len()));
                 return Ok(());
             }
             // (Seen waiting a moment ago: only a peer rewinding its head makes it vanish.)
             Ok(None) => Err("a record published, then withdrawn".into()),
-            Ok(Some(KIND_GET)) => r.sink.get(self, &buf),
-            Ok(Some(KIND_DATA)) => r.sink.data(self, &buf),
+            Ok(Some(KIND_GET)) => r.sink.get(self, &frames.bytes[start..]),
+            Ok(Some(KIND_DATA)) => r.sink.data(self, &frames.bytes[start..]),
             Ok(Some(kind)) => Err(format!("a record of unknown kind {kind}")),
             Err(e) => Err(e.to_string()),
         };
-        self.recycle(buf);
+        frames.bytes.truncate(start);
         handled
     }
 
