@@ -142,3 +142,24 @@ fn transport_lists_and_per_transport_defaults() {
     assert_eq!(c.eager_threshold_for(Transport::Tcp), 1024);
     assert_eq!(c.limits(Transport::Rdma, 4).eager_threshold, 1024);
 }
+
+#[test]
+fn shared_memory_reads_rendezvous_in_larger_chunks_unless_set() {
+    let mut c = Config::from_lookup(lookup(&[])).unwrap();
+    c.resolved = vec![Transport::Shm, Transport::Tcp];
+    assert_eq!(c.rndv_chunk_for(Transport::Shm), SHM_RNDV_CHUNK);
+    assert_eq!(c.rndv_chunk_for(Transport::Tcp), 256 << 10);
+    assert_eq!(c.limits(Transport::Shm, 4).rndv_chunk, SHM_RNDV_CHUNK);
+    assert_eq!(c.limits(Transport::Tcp, 4).rndv_chunk, 256 << 10);
+    let shown = c
+        .entries()
+        .into_iter()
+        .find(|e| e.var == RNDV_CHUNK_VAR)
+        .unwrap()
+        .value;
+    assert_eq!(shown, "1048576 (tcp 262144)");
+    // Set, a value applies to every transport.
+    let mut c = Config::from_lookup(lookup(&[("RDMX_RNDV_CHUNK", "64k")])).unwrap();
+    c.resolved = vec![Transport::Shm];
+    assert_eq!(c.limits(Transport::Shm, 4).rndv_chunk, 64 << 10);
+}

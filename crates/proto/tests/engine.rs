@@ -988,3 +988,91 @@ fn a_rendezvous_receive_completes_once_its_ats_has_left() {
         "the ATS, then the completion: {actions:?}"
     );
 }
+
+/// A connection's own rendezvous chunk ([`ConnLimits::rndv_chunk`]: shared memory's larger
+/// one) sizes the READs of the messages received on it; a connection given 0 reads in the
+/// configuration's chunks.
+#[test]
+fn a_connection_reads_rendezvous_in_its_own_chunks() {
+    let cfg = Config::builder()
+        .rndv_chunk_size(4096)
+        .eager_threshold(100)
+        .build()
+        .unwrap();
+    let mut e = [Engine::new(cfg.clone()), Engine::new(cfg)];
+    let limits = [
+        ConnLimits {
+            rndv_chunk: 0,
+            ..e[0].default_limits()
+        },
+        ConnLimits {
+            rndv_chunk: 10_000,
+            ..e[1].default_limits()
+        },
+    ];
+    let hs = [0, 1].map(|i| e[i].local_handshake_for(&limits[i]));
+    e[0].handle_connection_up_with(ConnId(1), &hs[1], limits[0])
+        .unwrap();
+    e[1].handle_connection_up_with(ConnId(0), &hs[0], limits[1])
+        .unwrap();
+    let len = 50_000u64;
+    for (from, to, chunk) in [(0usize, 1usize, 10_000u64), (1, 0, 4096)] {
+        let r = e[to].tag_recv(7, !0, UserBufId(100), len);
+        e[from]
+            .tag_send(ConnId(to as u64), 7, UserBufId(200), len)
+            .unwrap();
+        let mut reads = Vec::new();
+        // Frames go across until the receive is done; each READ is answered at once.
+        let mut done = false;
+        for _ in 0..100 {
+            for side in [from, to] {
+                let mut frames = Vec::new();
+                while let Some(a) = e[side].poll_action() {
+                    match a {
+                        Action::ExposeSendBuffer { request, .. } => {
+                            e[side].handle_send_buffer_exposed(
+                                request,
+                                RemoteBuf {
+                                    addr: 0x10_000,
+                                    rkey: 1,
+                                },
+                            );
+                        }
+                        Action::SendFrame { frame, payload, .. } => {
+                            let mut b = frame.as_bytes().to_vec();
+                            b.resize(b.len() + payload.map_or(0, |p| p.len as usize), 0);
+                            frames.push(b);
+                        }
+                        Action::RdmaRead {
+                            request,
+                            len,
+                            dst_offset,
+                            ..
+                        } => {
+                            reads.push(len);
+                            e[side].handle_read_complete(request, dst_offset, true);
+                        }
+                        Action::Complete(c) if c.request == r => {
+                            assert_eq!((c.status, c.length), (Status::Ok, len));
+                            done = true;
+                        }
+                        _ => {}
+                    }
+                }
+                let peer = if side == from { to } else { from };
+                for f in frames {
+                    let _ = e[peer].handle_frame_delivering(ConnId(side as u64), &f);
+                }
+            }
+        }
+        assert!(done, "{from} -> {to}: the receive completed");
+        let mut want = vec![chunk; (len / chunk) as usize];
+        if len % chunk != 0 {
+            want.push(len % chunk);
+        }
+        assert_eq!(
+            reads, want,
+            "{from} -> {to}: READs of the connection's chunk"
+        );
+    }
+}

@@ -330,11 +330,9 @@ impl Consumer {
             )));
         }
         let before = out.len();
-        let words = (padded(len) / 8) as usize;
-        out.reserve(words * 8);
-        for i in 0..words {
-            let w = area.word(at + 1 + i).load(Ordering::Relaxed);
-            out.extend_from_slice(&w.to_ne_bytes());
+        out.resize(before + padded(len) as usize, 0);
+        for (i, d) in out[before..].chunks_exact_mut(8).enumerate() {
+            d.copy_from_slice(&area.word(at + 1 + i).load(Ordering::Relaxed).to_ne_bytes());
         }
         out.truncate(before + len as usize);
         self.tail += size;

@@ -60,6 +60,10 @@ impl Engine {
                     u32::from(limits.credits)
                 },
                 pooled: limits.pooled,
+                rndv_chunk: match limits.rndv_chunk {
+                    0 => self.cfg.rndv_chunk_size.max(1),
+                    n => n,
+                },
                 rx_unreturned: 0,
                 rx_unreturned_data: 0,
                 tx_seq: 0,

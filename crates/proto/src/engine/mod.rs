@@ -54,6 +54,10 @@ pub struct ConnLimits {
     /// ring — grants a fixed window of `credits` instead, never taken from the pool, grown
     /// or reclaimed; its handshake's `max_credits` is that window.
     pub pooled: bool,
+    /// Bytes each READ of a rendezvous this side receives on the connection fetches (0: the
+    /// engine's `Config::rndv_chunk_size`). A transport whose READ is one system call copying
+    /// the bytes (shared memory's CMA) wants larger chunks than a NIC's pipeline does.
+    pub rndv_chunk: u64,
 }
 
 /// An unexpected message found by [`Engine::probe`].
@@ -201,6 +205,8 @@ struct Conn {
     window: u32,
     /// Whether `window` was granted from the pool (see [`ConnLimits::pooled`]).
     pooled: bool,
+    /// Bytes each rendezvous READ on it fetches ([`ConnLimits::rndv_chunk`]; never 0).
+    rndv_chunk: u64,
     /// Frames received (and credits added to the window) not yet granted back to the peer.
     rx_unreturned: u32,
     /// Of `rx_unreturned`, those for anything but CREDIT frames: only they make a CREDIT
@@ -322,6 +328,7 @@ impl Engine {
             eager_threshold: self.cfg.eager_threshold,
             credits: self.cfg.initial_credits,
             pooled: true,
+            rndv_chunk: self.cfg.rndv_chunk_size,
         }
     }
 

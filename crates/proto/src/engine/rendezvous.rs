@@ -54,10 +54,19 @@ impl Engine {
     }
 
     pub(super) fn issue_reads(&mut self, req: RequestId) {
-        let (chunk, max) = (
-            self.cfg.rndv_chunk_size,
-            self.cfg.max_reads_in_flight as usize,
-        );
+        let Some(Req::Recv(RecvReq {
+            reading: Some(rd), ..
+        })) = self.reqs.get(req)
+        else {
+            return;
+        };
+        // (The connection's chunk: it may be gone, its READs then failing as they are made.)
+        let chunk = self
+            .conns
+            .get(&rd.conn)
+            .map_or(self.cfg.rndv_chunk_size, |c| c.rndv_chunk)
+            .max(1);
+        let max = self.cfg.max_reads_in_flight as usize;
         let Some(Req::Recv(r)) = self.reqs.get_mut(req) else {
             return;
         };
