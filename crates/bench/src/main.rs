@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use rdmx_bench::inputs::{figure, Figure};
-use rdmx_bench::plan::{default_iterations, default_warmup, SizeList, SweepArgs};
+use rdmx_bench::plan::{default_iterations, default_warmup, host_iterations, SizeList, SweepArgs};
 use rdmx_bench::report::{self, ReportOptions};
 use rdmx_bench::schema::{table_columns, table_row, table_title};
 use rdmx_bench::sizes::{parse_size, parse_sizes};
@@ -47,6 +47,10 @@ enum Command {
         /// The message size (K, M suffixes allowed)
         #[arg(value_parser = parse_size)]
         size: u64,
+        /// A run on one host's counts instead (about 256 MiB, 100 to 100 000): the
+        /// sweeps' `--host-iters`
+        #[arg(long)]
+        host: bool,
     },
     /// Print one figure of a tool's output FILE (nothing when it holds none): the number the
     /// scripts compare across runs
@@ -128,8 +132,11 @@ fn run(command: Command) -> Result<()> {
             out = format!("{:.1} {:.1}\n", per.total, per.program);
         }
         Command::Sizes { list } => list.iter().for_each(|s| out += &format!("{s}\n")),
-        Command::Iters { size } => {
-            let n = default_iterations(size);
+        Command::Iters { size, host } => {
+            let n = match host {
+                true => host_iterations(size),
+                false => default_iterations(size),
+            };
             out = format!("{n} {}\n", default_warmup(n));
         }
         Command::Figure { which, file, size } => {

@@ -284,6 +284,7 @@ mod tests {
                 warmup: None,
                 window: None,
                 recv_window: None,
+                host_iters: false,
             };
             let e = run_client("127.0.0.1:9", &plan).unwrap_err();
             assert!(matches!(e, Error::Usage(_)), "{e}");

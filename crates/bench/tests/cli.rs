@@ -136,6 +136,17 @@ fn report_from_fixture() {
     assert!(md.contains("4096 × 8 KiB = 32 MiB"));
     assert!(md.contains("The crossover lies between 4 KiB and 16 KiB, bracketing the default"));
     assert!(md.contains("Not measured (no `host/threshold-<T>.json`)."));
+    // Shared memory's sweep, and its own memory argument (its ring, not the SRQ).
+    assert!(!md.contains("no `shm/threshold-<T>.json`"), "{md}");
+    let shm_sweep = md
+        .split("### shared memory")
+        .nth(1)
+        .expect("a shared-memory sweep section");
+    assert!(
+        shm_sweep.contains("| 16 KiB | 1200 r | 1210 r | 1300 e |"),
+        "{md}"
+    );
+    assert!(md.contains("an eager frame goes through the connection's ring"));
 
     // Plots, linked relative to the Markdown file's directory.
     assert!(md.contains("](../img/bench-rdma.svg)"), "{md}");

@@ -18,6 +18,7 @@
 //! shm/rdmx-lat.json  shm/rdmx-bw.json        pingpong JSON over shared memory (two processes)
 //! shm/ucx-tag_lat-<SIZE>.txt  shm/ucx-tag_bw-<SIZE>.txt     ucx_perftest, UCX_TLS=posix,cma,self
 //! guest/threshold-<T>.json  host/threshold-<T>.json         latency runs, RDMX_EAGER_THRESHOLD=T
+//! shm/threshold-<T>.json                     the same over shared memory
 //! ```
 
 mod load;

@@ -114,7 +114,7 @@ pub(super) fn sweep_section(out: &mut String, data: &RunData) {
          everything by rendezvous.\n"
     );
     let mut results = Vec::new();
-    for t in [&data.rdma, &data.tcp] {
+    for t in [&data.rdma, &data.tcp, &data.shm] {
         let _ = writeln!(out, "### {}\n", t.title);
         if t.thresholds.is_empty() {
             let _ = writeln!(out, "Not measured (no `{}/threshold-<T>.json`).\n", t.sub);
@@ -183,20 +183,22 @@ pub(super) fn sweep_section(out: &mut String, data: &RunData) {
             Crossover::Unknown(why) => format!("crossover not computable: {why}."),
         };
         let _ = writeln!(out, "{}: {line}\n", t.title);
-        results.push((t.title, c));
+        results.push((t, c));
     }
     if results.is_empty() {
         return;
     }
 
     // The defaults and the memory argument, per transport.
-    let default_of = |tcp: bool| {
-        let (doc, file) = if tcp {
-            (data.tcp.lat.doc.as_ref(), "host/rdmx-lat.json")
-        } else {
-            (data.rdma.lat.doc.as_ref(), "guest/rdmx-lat.json")
-        };
-        match doc.and_then(|d| d.eager_threshold.or(d.eager_limit)) {
+    let default_of = |t: &Transport| {
+        let tcp = t.name == "tcp";
+        let file = format!("{}/rdmx-lat.json", t.sub);
+        match t
+            .lat
+            .doc
+            .as_ref()
+            .and_then(|d| d.eager_threshold.or(d.eager_limit))
+        {
             Some(d) => (d, format!("as `{file}` reports it")),
             None if tcp => (
                 TCP_EAGER_THRESHOLD,
@@ -210,11 +212,21 @@ pub(super) fn sweep_section(out: &mut String, data: &RunData) {
     };
     let mut p = String::from("**Default vs data.** ");
     let mut verdicts = Vec::new();
-    for (title, c) in &results {
-        let tcp = title.starts_with("TCP");
-        let (default, source) = default_of(tcp);
-        let mut intro = format!("{title}: the eager threshold was {default} B ({source})");
-        if tcp {
+    for (t, c) in &results {
+        let (tcp, shm) = (t.name == "tcp", t.name == "shm");
+        let (default, source) = default_of(t);
+        let mut intro = format!(
+            "{}: the eager threshold was {default} B ({source})",
+            t.title
+        );
+        if shm {
+            intro.push_str(
+                ". Over shared memory an eager frame goes through the connection's ring, whose \
+                 memory is fixed (256 KiB each way), so a larger threshold costs no receive \
+                 memory; an eager message is copied twice (into the ring and out of it), a \
+                 rendezvous once (by CMA, straight into the receive buffer). ",
+            );
+        } else if tcp {
             intro.push_str(
                 ". A TCP receiver allocates each frame as it arrives, so a larger threshold \
                  costs no pre-posted memory (at most credits × frame size per connection while \
@@ -243,6 +255,13 @@ pub(super) fn sweep_section(out: &mut String, data: &RunData) {
                 format_size(*s),
                 format_size(*s)
             ),
+            (Verdict::Raise(t), Crossover::At { size, .. }) if shm => format!(
+                "Eager stays faster up to {} and loses from {}, so the data suggests \
+                 raising the threshold to about {} (the ring's memory stays as it is).",
+                format_size(*t),
+                format_size(*size),
+                format_size(*t),
+            ),
             (Verdict::Raise(t), Crossover::At { size, .. }) => format!(
                 "Eager stays faster up to {} and loses from {}, so the data suggests \
                  raising the threshold to about {}, at {} of receive memory per worker instead \
@@ -253,10 +272,11 @@ pub(super) fn sweep_section(out: &mut String, data: &RunData) {
                 mem(*t),
                 mem(default)
             ),
-            (Verdict::Raise(t), _) if tcp => format!(
+            (Verdict::Raise(t), _) if tcp || shm => format!(
                 "Eager is not slower than rendezvous up to {} (above that threshold), and over \
-                 TCP that costs no memory up front: the data supports a threshold of at least {}.",
+                 {} that costs no memory up front: the data supports a threshold of at least {}.",
                 format_size(*t),
+                if tcp { "TCP" } else { "shared memory" },
                 format_size(*t),
             ),
             (Verdict::Raise(t), _) => format!(
