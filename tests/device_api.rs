@@ -86,6 +86,20 @@ fn one_worker_holds_rdma_and_tcp_endpoints_at_once() {
     assert_eq!(server.stats().eps, 3, "one worker, all three endpoints");
     assert_eq!(srep.eager_limit(), Some(8152), "RDMA: the SRQ's buffers");
     assert_eq!(step.eager_limit(), Some(65496), "TCP: 64 KiB frames");
+    assert_eq!(
+        smep.eager_limit(),
+        Some(16384),
+        "shm: 16 KiB frames through the ring"
+    );
+    // The auto worker prefers shm, whose frames are larger: its SRQ keeps RDMA's 8 KiB
+    // buffers (1024 and the reserve of an eighth; TCP's read buffer and held frames on top,
+    // well under what 16 KiB buffers would add).
+    let srq = (1024 + 128) * 8192;
+    let held = server.stats().recv_buffer_bytes;
+    assert!(
+        (srq..srq + (4 << 20)).contains(&held),
+        "{held} B for receiving"
+    );
     println!(
         "server worker: {:?} endpoint from {:?}, {:?} endpoint from {:?}, {:?} endpoint from {:?}",
         srep.transport(),

@@ -175,6 +175,14 @@ pub struct Config {
 pub const TCP_EAGER_THRESHOLD: u64 = 64 * 1024 - 40;
 /// The TCP transport's default largest frame a peer may send (`RDMX_RECV_BUF_SIZE`).
 pub const TCP_RECV_BUF_SIZE: u32 = 64 * 1024;
+/// The shared-memory transport's default eager threshold: 16 KiB. Its threshold sweep
+/// (BENCHMARKS.md, 2026-11-27) found eager faster than rendezvous up to 16 KiB (p50 3.89 µs
+/// against 5.33 at 16 KiB) and about even at 32 KiB; with it, 8 KiB messages, alternating
+/// runs, one-way 3.9–7.8 µs → 2.1–5.1 and bandwidth 1507–2287 → 2400–5024 MB/s.
+pub const SHM_EAGER_THRESHOLD: u64 = 16 << 10;
+/// The shared-memory transport's default largest frame a peer may send: the threshold and
+/// the 40-byte frame header.
+pub const SHM_RECV_BUF_SIZE: u32 = (16 << 10) + 40;
 /// The shared-memory transport's default rendezvous chunk (`RDMX_RNDV_CHUNK`): 1 MiB, see
 /// [`Config::rndv_chunk_for`].
 pub const SHM_RNDV_CHUNK: u64 = 1 << 20;
@@ -417,10 +425,13 @@ impl Config {
     /// SRQ's pre-posted memory) and TCP's [`TCP_EAGER_THRESHOLD`]: a TCP receiver allocates
     /// each frame as it arrives, so large eager messages cost no pre-posted memory, and the
     /// threshold sweeps (BENCHMARKS.md) found eager faster than rendezvous over TCP at every
-    /// size up to 32 KiB and about even at 64 KiB.
+    /// size up to 32 KiB and about even at 64 KiB. Shared memory's is
+    /// [`SHM_EAGER_THRESHOLD`]: its frames go through the connection's ring, whose memory is
+    /// fixed, and its sweep found eager faster up to 16 KiB and about even at 32 KiB.
     pub fn eager_threshold_for(&self, transport: Transport) -> u64 {
         match (transport, self.eager_threshold.source) {
             (Transport::Tcp, Source::Default) => TCP_EAGER_THRESHOLD,
+            (Transport::Shm, Source::Default) => SHM_EAGER_THRESHOLD,
             #[cfg(test)]
             (Transport::Memory, Source::Default) => TCP_EAGER_THRESHOLD,
             _ => self.eager_threshold.value,
@@ -428,10 +439,12 @@ impl Config {
     }
 
     /// `RDMX_RECV_BUF_SIZE` on `transport`: RDMA's SRQ buffers (8 KiB unless set), TCP's
-    /// largest frame a peer may send ([`TCP_RECV_BUF_SIZE`] unless set).
+    /// and shared memory's largest frame a peer may send ([`TCP_RECV_BUF_SIZE`],
+    /// [`SHM_RECV_BUF_SIZE`] unless set).
     pub fn recv_buf_size_for(&self, transport: Transport) -> u32 {
         match (transport, self.recv_buf_size.source) {
             (Transport::Tcp, Source::Default) => TCP_RECV_BUF_SIZE,
+            (Transport::Shm, Source::Default) => SHM_RECV_BUF_SIZE,
             #[cfg(test)]
             (Transport::Memory, Source::Default) => TCP_RECV_BUF_SIZE,
             _ => self.recv_buf_size.value,

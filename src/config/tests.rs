@@ -136,6 +136,26 @@ fn transport_lists_and_per_transport_defaults() {
     );
     c.resolved = vec![Transport::Tcp];
     assert_eq!(c.eager_threshold(), TCP_EAGER_THRESHOLD);
+    // Auto's order: shared memory first. RDMA keeps its own 8 KiB buffers (its SRQ is sized
+    // by `recv_buf_size_for(Rdma)`, not by the preferred transport's).
+    c.resolved = vec![Transport::Shm, Transport::Rdma, Transport::Tcp];
+    assert_eq!(c.eager_threshold(), SHM_EAGER_THRESHOLD);
+    assert_eq!(c.recv_buf_size_for(Transport::Shm), SHM_RECV_BUF_SIZE);
+    assert_eq!(
+        (
+            c.eager_threshold_for(Transport::Rdma),
+            c.recv_buf_size_for(Transport::Rdma)
+        ),
+        (8152, 8192)
+    );
+    assert_eq!(c.limits(Transport::Shm, 4).eager_threshold, 16384);
+    let shown = c
+        .entries()
+        .into_iter()
+        .find(|e| e.var == EAGER_THRESHOLD_VAR)
+        .unwrap()
+        .value;
+    assert_eq!(shown, "16384 (rdma 8152) (tcp 65496)");
     // Set, a value applies to every transport.
     let mut c = Config::from_lookup(lookup(&[("RDMX_EAGER_THRESHOLD", "1k")])).unwrap();
     c.resolved = vec![Transport::Rdma, Transport::Tcp];

@@ -16,7 +16,7 @@ use crate::config::{Config, RndvRegistration};
 use crate::error::{Error, Result};
 use crate::readiness::{Interest, Registry};
 use crate::transport::ifaces::Usage;
-use crate::transport::Deferred;
+use crate::transport::{Deferred, Transport};
 use crate::usermem::UserMem;
 
 /// The readiness token of the completion channel.
@@ -181,8 +181,9 @@ pub(crate) struct RdmaLockedIface {
 
 impl RdmaLockedIface {
     pub(crate) fn new(cfg: &Config) -> Self {
-        let frame_len =
-            (cfg.recv_buf_size() as usize).max(cfg.eager_threshold() as usize + HEADER_LEN);
+        // (RDMA's own values: the preferred transport may be another, with larger frames.)
+        let frame_len = (cfg.recv_buf_size_for(Transport::Rdma) as usize)
+            .max(cfg.eager_threshold_for(Transport::Rdma) as usize + HEADER_LEN);
         RdmaLockedIface {
             send_pool: SendPool::new(frame_len, cfg.send_bufs() as usize),
             rcache: RegCache::new(cfg.rcache_bytes()),

@@ -36,6 +36,7 @@ use rdmx_conn::{
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::transport::Transport;
 
 /// Cookie tags: the top two bits of a work request's cookie say what it was (a READ's key
 /// leaves them free: [`super::READ_KEY_MASK`]).
@@ -215,8 +216,10 @@ impl Rdma {
         let pd = ProtectionDomain::new(device)?;
         let cq = CompletionQueue::new(device, cqe, true)?;
         let srq = SharedReceiveQueue::new(&pd, &cq, srq_depth + reserve)?;
+        // (RDMA's own size: the preferred transport may be another, with larger frames.)
+        let buf_size = cfg.recv_buf_size_for(Transport::Rdma);
         let bufs = pd.register_chunks(
-            cfg.recv_buf_size() as usize,
+            buf_size as usize,
             (srq_depth + reserve) as usize,
             Access::LOCAL_WRITE,
         )?;
@@ -229,7 +232,7 @@ impl Rdma {
         log::debug!(
             "worker resources on {}: SRQ {srq_depth} x {} B, CQ {cqe}, send depth {send_depth}",
             device.name(),
-            cfg.recv_buf_size()
+            buf_size
         );
         Ok((
             Rdma {
@@ -238,7 +241,7 @@ impl Rdma {
                 cq,
                 srq,
                 qp_config,
-                recv_bytes: u64::from(srq_depth + reserve) * u64::from(cfg.recv_buf_size()),
+                recv_bytes: u64::from(srq_depth + reserve) * u64::from(buf_size),
                 windows: limits.memory_windows,
                 bind_when_idle: limits.memory_windows && limits.is_soft_roce(),
                 send_cqes: cqe - srq_depth,
