@@ -108,6 +108,15 @@ fn keepalive_interval_sets_the_rc_ack_timeout() {
     }
 }
 
+/// The value `rdmx-info` shows for `var`.
+fn shown(c: &Config, var: &str) -> String {
+    c.entries()
+        .into_iter()
+        .find(|e| e.var == var)
+        .expect("an entry for each variable")
+        .value
+}
+
 #[test]
 fn transport_lists_and_per_transport_defaults() {
     let c = Config::from_lookup(lookup(&[("RDMX_TRANSPORT", " tcp , rdma ")])).unwrap();
@@ -121,13 +130,7 @@ fn transport_lists_and_per_transport_defaults() {
     assert_eq!(c.eager_threshold(), 8152);
     assert_eq!(c.eager_threshold_for(Transport::Tcp), TCP_EAGER_THRESHOLD);
     assert_eq!(c.recv_buf_size_for(Transport::Tcp), TCP_RECV_BUF_SIZE);
-    let shown = c
-        .entries()
-        .into_iter()
-        .find(|e| e.var == EAGER_THRESHOLD_VAR)
-        .unwrap()
-        .value;
-    assert_eq!(shown, "8152 (tcp 65496)");
+    assert_eq!(shown(&c, EAGER_THRESHOLD_VAR), "8152 (tcp 65496)");
     let engine = c.proto().unwrap();
     assert_eq!(
         (engine.eager_threshold, engine.recv_buf_size),
@@ -149,13 +152,10 @@ fn transport_lists_and_per_transport_defaults() {
         (8152, 8192)
     );
     assert_eq!(c.limits(Transport::Shm, 4).eager_threshold, 16384);
-    let shown = c
-        .entries()
-        .into_iter()
-        .find(|e| e.var == EAGER_THRESHOLD_VAR)
-        .unwrap()
-        .value;
-    assert_eq!(shown, "16384 (rdma 8152) (tcp 65496)");
+    assert_eq!(
+        shown(&c, EAGER_THRESHOLD_VAR),
+        "16384 (rdma 8152) (tcp 65496)"
+    );
     // Set, a value applies to every transport.
     let mut c = Config::from_lookup(lookup(&[("RDMX_EAGER_THRESHOLD", "1k")])).unwrap();
     c.resolved = vec![Transport::Rdma, Transport::Tcp];
@@ -171,13 +171,7 @@ fn shared_memory_reads_rendezvous_in_larger_chunks_unless_set() {
     assert_eq!(c.rndv_chunk_for(Transport::Tcp), 256 << 10);
     assert_eq!(c.limits(Transport::Shm, 4).rndv_chunk, SHM_RNDV_CHUNK);
     assert_eq!(c.limits(Transport::Tcp, 4).rndv_chunk, 256 << 10);
-    let shown = c
-        .entries()
-        .into_iter()
-        .find(|e| e.var == RNDV_CHUNK_VAR)
-        .unwrap()
-        .value;
-    assert_eq!(shown, "1048576 (tcp 262144)");
+    assert_eq!(shown(&c, RNDV_CHUNK_VAR), "1048576 (tcp 262144)");
     // Set, a value applies to every transport.
     let mut c = Config::from_lookup(lookup(&[("RDMX_RNDV_CHUNK", "64k")])).unwrap();
     c.resolved = vec![Transport::Shm];
