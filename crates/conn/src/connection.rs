@@ -111,7 +111,12 @@ impl Connection {
                     if !event.private_data.is_empty() {
                         self.peer_private_data = event.private_data;
                     }
-                    log::debug!("connected with {peer} (qp {})", self.qp_num);
+                    log::debug!(
+                        "connected with {peer} (qp {}; ACK timeout exponent and retry count \
+                         in force: {:?})",
+                        self.qp_num,
+                        self.ack_timers()
+                    );
                     return Ok(self);
                 }
                 CmEventKind::REJECTED => {
@@ -197,6 +202,20 @@ impl Connection {
             ));
         }
         Ok(())
+    }
+
+    /// The QP's ACK timeout exponent and retry count as the device holds them (rdma_cm sets
+    /// them at RTS; a passive side's may come from the active side's request), or `None` if
+    /// the device cannot say.
+    pub(crate) fn ack_timers(&self) -> Option<(u8, u8)> {
+        let mut attr = sys::ibv_qp_attr::default();
+        let mut init = sys::ibv_qp_init_attr::default();
+        let mask =
+            sys::ibv_qp_attr_mask::IBV_QP_TIMEOUT.0 | sys::ibv_qp_attr_mask::IBV_QP_RETRY_CNT.0;
+        // SAFETY: the QP is valid while self lives; attr and init are valid structs the call
+        // fills in.
+        let ret = unsafe { sys::ibv_query_qp(self.qp(), &mut attr, mask as i32, &mut init) };
+        (ret == 0).then_some((attr.timeout, attr.retry_cnt))
     }
 
     /// Moves the QP to the error state without any CM exchange (for [`crate::fault::silence`]).
