@@ -182,7 +182,7 @@ pub const TCP_RECV_BUF_SIZE: u32 = 64 * 1024;
 pub const SHM_EAGER_THRESHOLD: u64 = 16 << 10;
 /// The shared-memory transport's default largest frame a peer may send: the threshold and
 /// the 40-byte frame header.
-pub const SHM_RECV_BUF_SIZE: u32 = (16 << 10) + 40;
+pub const SHM_RECV_BUF_SIZE: u32 = SHM_EAGER_THRESHOLD as u32 + rdmx_proto::HEADER_LEN as u32;
 /// The shared-memory transport's default rendezvous chunk (`RDMX_RNDV_CHUNK`): 1 MiB, see
 /// [`Config::rndv_chunk_for`].
 pub const SHM_RNDV_CHUNK: u64 = 1 << 20;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use rdmx_bench::inputs::{figure, Figure};
-use rdmx_bench::plan::{default_iterations, default_warmup, host_iterations, SizeList, SweepArgs};
+use rdmx_bench::plan::{default_warmup, iterations, SizeList, SweepArgs};
 use rdmx_bench::report::{self, ReportOptions};
 use rdmx_bench::schema::{table_columns, table_row, table_title};
 use rdmx_bench::sizes::{parse_size, parse_sizes};
@@ -133,10 +133,7 @@ fn run(command: Command) -> Result<()> {
         }
         Command::Sizes { list } => list.iter().for_each(|s| out += &format!("{s}\n")),
         Command::Iters { size, host } => {
-            let n = match host {
-                true => host_iterations(size),
-                false => default_iterations(size),
-            };
+            let n = iterations(size, host);
             out = format!("{n} {}\n", default_warmup(n));
         }
         Command::Figure { which, file, size } => {

@@ -33,6 +33,15 @@ pub fn host_iterations(size: u64) -> u64 {
     ((256u64 << 20) / size.max(1)).clamp(100, 100_000)
 }
 
+/// Measured iterations for `size`: [`host_iterations`] for a run on one host, else
+/// [`default_iterations`].
+pub fn iterations(size: u64, host: bool) -> u64 {
+    match host {
+        true => host_iterations(size),
+        false => default_iterations(size),
+    }
+}
+
 /// Default warm-up for `iterations`: a tenth, at least 1.
 pub fn default_warmup(iterations: u64) -> u64 {
     (iterations / 10).max(1)
@@ -61,10 +70,8 @@ pub struct Plan {
 impl Plan {
     /// Measured iterations for `size`.
     pub fn iters_for(&self, size: u64) -> u64 {
-        self.iters.unwrap_or_else(|| match self.host_iters {
-            true => host_iterations(size),
-            false => default_iterations(size),
-        })
+        self.iters
+            .unwrap_or_else(|| iterations(size, self.host_iters))
     }
 
     /// Warm-up iterations for `size`.

@@ -60,8 +60,9 @@ impl Engine {
                     u32::from(limits.credits)
                 },
                 pooled: limits.pooled,
+                // (0: the configuration's, which `Config::builder` keeps at 1 or more.)
                 rndv_chunk: match limits.rndv_chunk {
-                    0 => self.cfg.rndv_chunk_size.max(1),
+                    0 => self.cfg.rndv_chunk_size,
                     n => n,
                 },
                 rx_unreturned: 0,

@@ -116,6 +116,8 @@ struct Reading {
     remote: RemoteBuf,
     sreq: u64,
     total: u64,
+    /// Bytes each READ fetches: its connection's ([`ConnLimits::rndv_chunk`]).
+    chunk: u64,
     next_offset: u64,
     done: u64,
     outstanding: Vec<(u64, u64)>,
@@ -205,7 +207,7 @@ struct Conn {
     window: u32,
     /// Whether `window` was granted from the pool (see [`ConnLimits::pooled`]).
     pooled: bool,
-    /// Bytes each rendezvous READ on it fetches ([`ConnLimits::rndv_chunk`]; never 0).
+    /// Bytes each rendezvous READ on it fetches ([`ConnLimits::rndv_chunk`], 0 resolved).
     rndv_chunk: u64,
     /// Frames received (and credits added to the window) not yet granted back to the peer.
     rx_unreturned: u32,

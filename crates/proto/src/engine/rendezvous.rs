@@ -15,6 +15,12 @@ impl Engine {
         sreq: u64,
         body: RtsBody,
     ) {
+        // (The connection's chunk; a connection already gone fails its READs as they are
+        // made, in the configuration's.)
+        let chunk = self
+            .conns
+            .get(&conn)
+            .map_or(self.cfg.rndv_chunk_size, |c| c.rndv_chunk);
         let Some(Req::Recv(r)) = self.reqs.get_mut(req) else {
             return;
         };
@@ -44,6 +50,7 @@ impl Engine {
             },
             sreq,
             total: body.len,
+            chunk,
             next_offset: 0,
             done: 0,
             outstanding: self.spare_reads.pop().unwrap_or_default(),
@@ -54,18 +61,6 @@ impl Engine {
     }
 
     pub(super) fn issue_reads(&mut self, req: RequestId) {
-        let Some(Req::Recv(RecvReq {
-            reading: Some(rd), ..
-        })) = self.reqs.get(req)
-        else {
-            return;
-        };
-        // (The connection's chunk: it may be gone, its READs then failing as they are made.)
-        let chunk = self
-            .conns
-            .get(&rd.conn)
-            .map_or(self.cfg.rndv_chunk_size, |c| c.rndv_chunk)
-            .max(1);
         let max = self.cfg.max_reads_in_flight as usize;
         let Some(Req::Recv(r)) = self.reqs.get_mut(req) else {
             return;
@@ -74,7 +69,7 @@ impl Engine {
         let Some(rd) = r.reading.as_mut() else { return };
         while rd.failed.is_none() && rd.outstanding.len() < max && rd.next_offset < rd.total {
             let off = rd.next_offset;
-            let len = chunk.min(rd.total - off);
+            let len = rd.chunk.min(rd.total - off);
             rd.next_offset += len;
             rd.outstanding.push((off, len));
             self.actions.push_back(Action::RdmaRead {
