@@ -20,6 +20,7 @@ use rdmx::{Context, Listener, Request, Status, Worker, TAG_MASK_ALL};
 mod api;
 #[macro_use]
 mod hostile;
+use api::pattern;
 use hostile::*;
 
 fn env(name: &str) -> String {

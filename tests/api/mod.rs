@@ -7,6 +7,9 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
+#[path = "../pattern/mod.rs"]
+mod pattern;
+pub use pattern::pattern;
 mod endpoints;
 mod messaging;
 mod peer_death;
@@ -211,12 +214,6 @@ fn wait_for_message(worker: &Worker, tag: u64, mask: u64) -> rdmx::ProbeInfo {
             "no message with tag {tag:#x} (mask {mask:#x}) arrived"
         );
     }
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 11) as u8)
-        .collect()
 }
 
 /// A server worker listening on `ip`, and `n` client eps connected to it from one client

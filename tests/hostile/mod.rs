@@ -57,7 +57,7 @@ use rdmx::{
     Context, ContextBuilder, Ep, Listener, Request, Status, Transport, Worker, TAG_MASK_ALL,
 };
 
-use crate::api::{accept_n, two_sided, Endpoints, Peer};
+use crate::api::{accept_n, pattern, two_sided, Endpoints, Peer};
 
 /// A generous bound for anything to happen in the emulated guest (a hang guard, not a timing).
 pub const LONG: Duration = Duration::from_secs(30);
@@ -84,12 +84,6 @@ pub fn builder() -> ContextBuilder {
         .transport(Transport::Rdma)
         .srq_depth(1024)
         .credits(16)
-}
-
-pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed) ^ (i >> 9) as u8)
-        .collect()
 }
 
 /// Progresses `workers` until `done()` holds; fails the test if it never does.

@@ -145,7 +145,7 @@ fn cable_pulled_for_one_second_fails_cleanly_or_with_a_longer_keepalive_survives
                 for (i, r) in recvs.drain(..).enumerate() {
                     match r.wait() {
                         Ok(got) => {
-                            assert!(got.buf == stamped(LEN, i as u8), "message {i} intact");
+                            assert!(got.buf == pattern(LEN, i as u8), "message {i} intact");
                             ended_up.0 += 1;
                         }
                         Err(e) => {

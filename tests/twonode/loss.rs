@@ -111,8 +111,8 @@ fn both_ways(w: &Worker, ep: &Ep, eager: u32, rndv: usize, bound: Duration) -> D
         v
     };
     let seed = if is_server() { 1 } else { 2 };
-    let big = stamped(rndv, seed);
-    let expected_big = stamped(rndv, 3 - seed);
+    let big = pattern(rndv, seed);
+    let expected_big = pattern(rndv, 3 - seed);
     let start = Instant::now();
     let recvs: Vec<Request> = (0..eager)
         .map(|_| w.tag_recv(20, TAG_MASK_ALL, vec![0; 512]))

@@ -15,6 +15,10 @@ use rdmx::{Context, Ep, Request, Status, Transport, Worker, TAG_MASK_ALL};
 #[path = "../pingpong_util/mod.rs"]
 mod pingpong_util;
 
+#[path = "../pattern/mod.rs"]
+mod pattern;
+use pattern::pattern;
+
 mod cable;
 mod loss;
 mod nodes;
@@ -45,23 +49,6 @@ fn context(transport: Transport) -> Context {
         .transport(transport)
         .build()
         .expect("context")
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 11) as u8)
-        .collect()
-}
-
-/// `len` bytes of `seed`, each 4 KiB block starting with its index: cheap to make in an
-/// emulated debug build, and no block can stand in for another.
-fn stamped(len: usize, seed: u8) -> Vec<u8> {
-    let mut v = vec![seed; len];
-    for (i, block) in v.chunks_mut(4096).enumerate() {
-        let n = block.len().min(4);
-        block[..n].copy_from_slice(&(i as u32).to_le_bytes()[..n]);
-    }
-    v
 }
 
 /// Node A listens on `port` and accepts one endpoint; node B connects to it, retrying

@@ -56,7 +56,7 @@ fn peer_process_killed_mid_rendezvous_fails_pending_requests_across_the_wire() {
         let ep = connected(&w, port);
         if role == "recv" {
             let sends = (0..MSGS)
-                .map(|i| ep.tag_send(9, stamped(LEN, i as u8)))
+                .map(|i| ep.tag_send(9, pattern(LEN, i as u8)))
                 .collect();
             let sent = sends_until_done(&w, sends, &asked);
             let took = sent.last_failure.expect("sends failed after the kill");
@@ -102,7 +102,7 @@ fn peer_process_killed_mid_rendezvous_fails_pending_requests_across_the_wire() {
 fn victim(role: &str) {
     let port = if role == "recv" { 7671 } else { 7672 };
     let payloads: Vec<Vec<u8>> = if role == "send" {
-        (0..MSGS).map(|i| stamped(LEN, i as u8)).collect()
+        (0..MSGS).map(|i| pattern(LEN, i as u8)).collect()
     } else {
         Vec::new()
     };

@@ -23,7 +23,7 @@ impl FaultStream {
         let payloads = if is_server() {
             Vec::new()
         } else {
-            (0..MSGS).map(|i| stamped(LEN, i as u8)).collect()
+            (0..MSGS).map(|i| pattern(LEN, i as u8)).collect()
         };
         let w = ctx.worker().unwrap();
         let ep = connected(&w, port);
