@@ -23,7 +23,7 @@ fn cable_pulled_mid_rendezvous_fails_every_pending_request_within_5s() {
         // B takes this signal as its reference point: it comes before the cut.
         twonode(&["signal", "cut-asked"]);
         let cut_asked = Instant::now();
-        twonode(&["host", "link", "off", "A"]);
+        host(&["link", "off", "A"]);
         // Whatever happens next, the cable goes back once B found out too (by its
         // keepalive, not by A's disconnect), so that the next tests have a wire.
         let _restore = CableBack {
@@ -130,7 +130,7 @@ fn cable_pulled_for_one_second_fails_cleanly_or_with_a_longer_keepalive_survives
             twonode(&["signal", &asked]);
             let cut_asked = Instant::now();
             // The host puts it back 1 s later (to within 50 ms; the timeline shows both).
-            twonode(&["host", "link", "off", "A", "1"]);
+            host(&["link", "off", "A", "1"]);
             // Either every receive completes byte-exact, or the endpoint closes within the
             // bound and every matched receive fails (a failed READ fails its receive a moment
             // before the endpoint closes).
@@ -297,7 +297,7 @@ fn cable_pulled_mid_eager_stream_fails_every_pending_request_within_5s() {
         }
         twonode(&["signal", "eager-cut-asked"]);
         let cut_asked = Instant::now();
-        twonode(&["host", "link", "off", "A"]);
+        host(&["link", "off", "A"]);
         let _restore = CableBack {
             b_failed: "eager-B-failed",
             back: "eager-cable-back",

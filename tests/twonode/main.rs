@@ -92,6 +92,44 @@ fn twonode(args: &[&str]) {
     );
 }
 
+/// Asks the host runner for a fault now (`ACTION NODE [ARG]`, what `twonode host` takes) and
+/// waits for its answer, failing the test if the host refuses. It makes the helper's request
+/// itself (a file in the job's `ctl/`, answered by a `.done` beside it) rather than running
+/// the helper: in a guest whose one CPU is busy with rxe's traffic every process the helper
+/// starts takes a good fraction of a second, and they put up to 7 s between a test asking for
+/// a crash and the crash, all inside the bound measured from the asking.
+fn host(action: &[&str]) {
+    let request = std::path::Path::new(&env("RDMX_NODE_JOB"))
+        .join("ctl")
+        .join(format!(
+            "{}.{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("the clock is past 1970")
+                .as_nanos(),
+            env("RDMX_NODE")
+        ));
+    let file = |ext: &str| std::path::PathBuf::from(format!("{}.{ext}", request.display()));
+    std::fs::write(file("new"), action.join(" ") + "\n").expect("write the host request");
+    std::fs::rename(file("new"), file("req")).expect("hand the host the request");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let answer = loop {
+        // Empty while the host is still writing it.
+        match std::fs::read_to_string(file("done")) {
+            Ok(answer) if !answer.is_empty() => break answer,
+            _ => assert!(
+                Instant::now() < deadline,
+                "the host never answered {action:?}"
+            ),
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        !answer.starts_with("error"),
+        "the host refused {action:?}: {answer}"
+    );
+}
+
 /// Waits for `r`, progressing its worker, at most `LONG`.
 fn finish(r: Request) -> rdmx::Result<rdmx::Done> {
     finish_within(r, LONG)

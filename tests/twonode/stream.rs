@@ -127,13 +127,15 @@ pub(super) fn node_a_silences_b_mid_stream(
         twonode(&["signal", signal]);
     }
     let asked = Instant::now();
-    twonode(&[&["host"][..], fault].concat());
+    host(fault);
+    let answered = asked.elapsed();
     let closed = closed_within(ep, w, asked);
     let (ok, failed, unmatched) = receives_after_close(recvs);
     let fault = fault.join(" ");
     println!(
-        "node A: closed {closed:?} after `{fault}` was asked for; receives: {ok} completed, \
-         {failed} failed, {unmatched} never matched (cancelled)"
+        "node A: closed {closed:?} after `{fault}` was asked for (the host answered after \
+         {answered:?}); receives: {ok} completed, {failed} failed, {unmatched} never matched \
+         (cancelled)"
     );
     assert!(failed >= 1, "the receives reading when `{fault}` came fail");
     twonode(&["mark", "A-failed"]);
