@@ -30,7 +30,8 @@
 //! memfd of the announced size sealed against shrinking (a shrunk file would turn our next
 //! access into SIGBUS), a doorbell must be an eventfd.
 //!
-//! `unsafe` lives in [`Segment`]'s one accessor, with its `// SAFETY:` argument.
+//! `unsafe` lives in [`Segment`]'s two accessors of its words (borrowed, or held with the
+//! segment), each with its `// SAFETY:` argument.
 
 pub mod channel;
 pub mod cma;

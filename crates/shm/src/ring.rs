@@ -42,6 +42,7 @@
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::segment::HeldWords;
 use crate::{Error, Result, Segment};
 
 /// Bytes of a ring's header (three cache lines: reserved, `tail`, `waiting`).
@@ -69,12 +70,14 @@ const fn padded(n: u64) -> u64 {
     (n + 7) & !7
 }
 
-/// The part of a segment one ring occupies.
+/// The part of a segment one ring occupies: its header's words and its data area's, held
+/// (looked up once, not on every access).
 #[derive(Clone)]
 struct Place {
-    seg: Arc<Segment>,
-    /// The ring's offset in the segment.
-    base: usize,
+    /// The header's words (`RING_HEADER_LEN / 8`).
+    header: HeldWords,
+    /// The data area's words (`capacity / 8`).
+    words: HeldWords,
     /// Bytes of its data area (a power of two, at least 64).
     capacity: u64,
 }
@@ -100,18 +103,22 @@ impl Place {
                 seg.len()
             )));
         }
+        let inside = "inside the segment: checked above";
         Ok(Place {
-            seg,
-            base,
+            header: seg
+                .held_words(base, RING_HEADER_LEN / 8)
+                .ok_or_else(|| Error::Invalid(format!("the ring header {inside}")))?,
+            words: seg
+                .held_words(base + RING_HEADER_LEN, capacity / 8)
+                .ok_or_else(|| Error::Invalid(format!("the data area {inside}")))?,
             capacity: capacity as u64,
         })
     }
 
-    /// A header field.
+    /// A header field (`TAIL` or `WAITING`).
+    #[inline]
     fn field(&self, offset: usize) -> &AtomicU64 {
-        self.seg
-            .word(self.base + offset)
-            .expect("ring header inside the segment: checked by Place::new")
+        &self.header.get()[offset / 8]
     }
 
     /// Where a side starts: its own index `field` as the segment holds it (zero when fresh;
@@ -126,11 +133,9 @@ impl Place {
 
     /// The data area, a word per 8 bytes: the word of index `pos` is `pos / 8` masked
     /// with [`Area::mask`] (a power of two long, so no division places a word).
+    #[inline]
     fn area(&self) -> Area<'_> {
-        let words = self
-            .seg
-            .words(self.base + RING_HEADER_LEN, (self.capacity / 8) as usize)
-            .expect("the data area inside the segment: checked by Place::new");
+        let words = self.words.get();
         Area {
             words,
             mask: words.len() - 1,

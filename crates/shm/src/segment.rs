@@ -12,6 +12,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use memmap2::{MmapOptions, MmapRaw};
 use rustix::fs::{MemfdFlags, SealFlags};
@@ -97,12 +98,6 @@ impl Segment {
         self.map.len() == 0
     }
 
-    /// The aligned word at `offset`, or `None` when `offset` is not a multiple of 8 or the
-    /// word is not wholly inside the segment.
-    pub(crate) fn word(&self, offset: usize) -> Option<&AtomicU64> {
-        self.words(offset, 1).map(|w| &w[0])
-    }
-
     /// The `count` aligned words from byte `offset` on, as atomics (`None` if `offset` is
     /// not a multiple of 8 or the words do not all lie inside the segment): what copies a
     /// run of bytes in or out with one bounds check instead of one per word.
@@ -121,5 +116,36 @@ impl Segment {
         Some(unsafe {
             std::slice::from_raw_parts(self.map.as_mut_ptr().add(offset) as *const AtomicU64, count)
         })
+    }
+
+    /// [`Segment::words`] held with the segment: for a ring, which reads and writes the same
+    /// words on every message, so that it does not look them up (with a bounds check) each
+    /// time.
+    pub(crate) fn held_words(self: &Arc<Self>, offset: usize, count: usize) -> Option<HeldWords> {
+        let words = self.words(offset, count)?;
+        // SAFETY: `words` borrows the mapping of `self`. The `HeldWords` keeps an `Arc` of this
+        // segment for as long as it exists, so the mapping outlives every use of the extended
+        // reference, and [`HeldWords::get`] lends it only for as long as the `HeldWords` is
+        // borrowed, never as `'static`. The rest of the argument in `words` holds unchanged.
+        let words: &'static [AtomicU64] = unsafe { &*(words as *const [AtomicU64]) };
+        Some(HeldWords {
+            words,
+            _seg: self.clone(),
+        })
+    }
+}
+
+/// Words of a segment, with the segment they lie in (see [`Segment::held_words`]).
+#[derive(Clone)]
+pub(crate) struct HeldWords {
+    words: &'static [AtomicU64],
+    _seg: Arc<Segment>,
+}
+
+impl HeldWords {
+    /// The words.
+    #[inline]
+    pub(crate) fn get(&self) -> &[AtomicU64] {
+        self.words
     }
 }
