@@ -269,14 +269,19 @@ impl Shared {
             let RxList { rings, first } = &mut *guard;
             let n = rings.len();
             let mut broken = Vec::new();
-            for k in 0..n {
-                let i = (*first + k) % n;
+            // (Counted round from `first` without a division per ring.)
+            let mut i = if *first < n { *first } else { 0 };
+            for _ in 0..n {
                 if frames.bytes.len() >= FRAME_BUDGET {
                     // The rest wait for the next call, which starts with them.
                     *first = i;
                     break;
                 }
                 for _ in 0..PER_RING {
+                    // (An empty ring, what an idle poll finds, is one load: no call.)
+                    if rings[i].ring.is_empty() {
+                        break;
+                    }
                     match self.take_frame(&mut rings[i], frames, out) {
                         Ok(true) => {}
                         Ok(false) => break,
@@ -286,6 +291,10 @@ impl Shared {
                         }
                     }
                 }
+                i += 1;
+                if i == n {
+                    i = 0;
+                }
             }
             if !broken.is_empty() {
                 broken.sort_unstable();
@@ -293,8 +302,8 @@ impl Shared {
                     rings.swap_remove(i);
                 }
                 *first = 0;
+                self.rx_count.store(rings.len(), Ordering::Release);
             }
-            self.rx_count.store(rings.len(), Ordering::Release);
         }
         if self.done_count.load(Ordering::Acquire) > 0 {
             let mut done = self.done.lock();
