@@ -213,7 +213,7 @@ impl Shared {
             self.rx_count.store(rx.rings.len(), Ordering::Release);
             drop(rx);
             let mut frames = ShmFrames::default();
-            while let Ok(true) = self.take_frame(&mut r, &mut frames, out) {}
+            while !r.ring.is_empty() && self.take_frame(&mut r, &mut frames, out).is_ok() {}
             // (Rare: a frame buffer each.)
             for (conn, frame) in frames.iter() {
                 out.push(LinkEvent::Frame {
@@ -282,13 +282,9 @@ impl Shared {
                     if rings[i].ring.is_empty() {
                         break;
                     }
-                    match self.take_frame(&mut rings[i], frames, out) {
-                        Ok(true) => {}
-                        Ok(false) => break,
-                        Err(()) => {
-                            broken.push(i);
-                            break;
-                        }
+                    if self.take_frame(&mut rings[i], frames, out).is_err() {
+                        broken.push(i);
+                        break;
                     }
                 }
                 i += 1;
@@ -320,21 +316,17 @@ impl Shared {
         out.len() + frames.frames.len() - before
     }
 
-    /// Takes one record of `r`: a frame to `frames`, a GET or DATA to the link. `Ok(false)`
-    /// when none waits, `Err` when the peer corrupted the ring or broke the protocol
-    /// (reported in `out` as the connection going down, after its frames).
+    /// Takes the record the caller saw waiting in `r` (not [`Consumer::is_empty`]): a frame
+    /// to `frames`, a GET or DATA to the link. `Err` when the peer corrupted the ring or
+    /// broke the protocol (reported in `out` as the connection going down, after its frames).
     fn take_frame(
         &self,
         r: &mut Rx,
         frames: &mut ShmFrames,
         out: &mut Vec<LinkEvent>,
-    ) -> std::result::Result<bool, ()> {
-        // (An empty ring costs one load, of the header word at its tail.)
-        if r.ring.is_empty() {
-            return Ok(false);
-        }
+    ) -> std::result::Result<(), ()> {
         match self.take_record(r, frames) {
-            Ok(()) => Ok(true),
+            Ok(()) => Ok(()),
             Err(e) => {
                 log::warn!("{:?}: {e}", r.conn);
                 out.push(LinkEvent::Down {
