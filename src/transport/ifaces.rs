@@ -11,7 +11,7 @@ use rdmx_proto::UserBufId;
 
 #[cfg(feature = "rdma")]
 use super::rdma;
-use super::shm::ShmFrames;
+use super::shm::{ShmFrames, ShmRings};
 use super::{shm, tcp, LinkEvent, RecvFrame};
 use crate::config::Config;
 use crate::error::Result;
@@ -70,25 +70,31 @@ impl Ifaces {
         #[cfg(not(feature = "rdma"))]
         let n = 0;
         // (Taken from the end too: reversed.)
-        let m = self.shm.poll(&mut scratch.shm_frames, &mut scratch.shm);
+        let m = self.shm.poll(
+            &mut scratch.shm_rings,
+            &mut scratch.shm_frames,
+            &mut scratch.shm,
+        );
         if m > 0 {
             scratch.shm.reverse();
         }
         n + m
     }
 
-    /// Before sleeping on the registry: asks for a wake-up on the next completion (RDMA).
-    pub(crate) fn arm(&self) -> Result<()> {
+    /// Before sleeping on the registry: asks for a wake-up on the next completion (RDMA)
+    /// and on the next frame (shared memory: `scratch` is the progress lock's, which holds
+    /// the rings).
+    pub(crate) fn arm(&self, scratch: &mut PollScratch) -> Result<()> {
         #[cfg(feature = "rdma")]
         self.rdma.arm()?;
-        self.shm.arm();
+        self.shm.arm(&mut scratch.shm_rings);
         Ok(())
     }
 
     /// Awake again after [`Ifaces::arm`]: peers need not ring for what they send (shared
     /// memory's doorbell).
-    pub(crate) fn disarm(&self) {
-        self.shm.disarm();
+    pub(crate) fn disarm(&self, scratch: &mut PollScratch) {
+        self.shm.disarm(&mut scratch.shm_rings);
     }
 
     /// A readiness token of a worker-wide fd (below the connections' tokens) was reported:
@@ -254,6 +260,8 @@ pub(crate) struct PollScratch {
     /// TCP: the one buffer every link of the worker reads through (64 KiB once a link was
     /// read): links keep no receive buffer of their own.
     pub(crate) tcp_rbuf: Vec<u8>,
+    /// Shared memory: the receive rings, polled by whoever holds this scratch.
+    pub(crate) shm_rings: ShmRings,
     /// Shared memory: the frames found on the rings, delivered before the other events.
     pub(crate) shm_frames: ShmFrames,
     /// Shared memory: the other events (finished READs, rings found corrupt), in reverse
@@ -268,6 +276,7 @@ impl PollScratch {
             wcs: Vec::with_capacity(64),
             tcp: Vec::new(),
             tcp_rbuf: Vec::new(),
+            shm_rings: ShmRings::default(),
             shm_frames: ShmFrames::default(),
             shm: Vec::new(),
         }

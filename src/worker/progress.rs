@@ -142,10 +142,10 @@ impl Driver {
         if n > 0 {
             return Ok(n);
         }
-        self.ifaces.arm()?;
+        self.arm()?;
         let n = self.progress();
         if n > 0 {
-            self.ifaces.disarm();
+            self.disarm();
             return Ok(n);
         }
         let mut sleep = timeout;
@@ -173,8 +173,20 @@ impl Driver {
                 _ => self.cm_due.store(true, Ordering::Release),
             }
         }
-        self.ifaces.disarm();
+        self.disarm();
         Ok(self.progress())
+    }
+
+    /// Asks the transports for a wake-up on what comes next (before sleeping). Takes the
+    /// progress lock, whose scratch holds the shared-memory rings: waits for a progress call
+    /// under way to end.
+    fn arm(&self) -> Result<()> {
+        self.ifaces.arm(&mut self.progress_lock.lock().transport)
+    }
+
+    /// Awake again after [`Driver::arm`].
+    fn disarm(&self) {
+        self.ifaces.disarm(&mut self.progress_lock.lock().transport);
     }
 
     /// Blocks until `done()` (true) or the deadline (false), progressing in the worker's

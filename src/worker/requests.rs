@@ -80,7 +80,10 @@ impl RequestTable {
         e.abandoned = false;
         e.open = true;
         let flags = self.blocks[index as usize / BLOCK].clone();
-        flags.0[index as usize % BLOCK].store(e.generation << 1, Ordering::SeqCst);
+        // (No order to keep with the sleepers here, unlike `finish`: a handle that looks at
+        // this flag gets its generation from this call, after the store. A plain store, not
+        // the `xchg` a sequentially consistent one costs.)
+        flags.0[index as usize % BLOCK].store(e.generation << 1, Ordering::Release);
         RequestKey {
             flags,
             index,

@@ -72,12 +72,24 @@ struct Rx {
     sink: RecordSink,
 }
 
-/// The receive rings, and the one a progress call polls first (calls take turns, so that
+/// The receive rings a progress call polls, in its scratch: whoever holds the worker's
+/// progress lock has them, so a poll takes no lock of its own (an idle busy poll makes no
+/// read-modify-write for them). Rings come and go through [`Shared`]'s queue of changes,
+/// which the next poll takes in. Also the ring a poll starts with (calls take turns, so that
 /// rings late in the list are not left for later whenever the frame budget runs out).
 #[derive(Default)]
-struct RxList {
+pub(crate) struct ShmRings {
     rings: Vec<Rx>,
     first: usize,
+}
+
+/// Rings added and removed since the last poll took the changes in.
+#[derive(Default)]
+struct RingChanges {
+    added: Vec<Rx>,
+    /// Connections whose rings go (their links were dropped): what is left in them is
+    /// dropped.
+    removed: Vec<ConnId>,
 }
 
 /// What the worker's shared-memory connections share (see the module docs).
@@ -88,9 +100,11 @@ pub(crate) struct Shared {
     probe: Box<u64>,
     /// The worker's doorbell (peers hold its fd).
     pub(crate) bell: Doorbell,
-    rx: Mutex<RxList>,
-    rx_count: AtomicUsize,
-    /// Set while the worker may sleep: the rings' `waiting` flags are up.
+    /// Rings to take in or drop at the next poll (see [`ShmRings`]); `changed` says some wait.
+    changes: Mutex<RingChanges>,
+    changed: AtomicBool,
+    /// Set while the worker may sleep: the rings' `waiting` flags are up. (Changed under
+    /// `changes`' lock, so that a ring added meanwhile gets the flag.)
     armed: AtomicBool,
     /// READs the links finished: (key, whether the data landed).
     done: Mutex<Vec<(u64, bool)>>,
@@ -137,8 +151,8 @@ impl ShmIface {
             identity,
             probe,
             bell,
-            rx: Mutex::new(RxList::default()),
-            rx_count: AtomicUsize::new(0),
+            changes: Mutex::new(RingChanges::default()),
+            changed: AtomicBool::new(false),
             armed: AtomicBool::new(false),
             done: Mutex::new(Vec::new()),
             done_count: AtomicUsize::new(0),
@@ -154,24 +168,29 @@ impl ShmIface {
     /// connections lost) into `out`, each in order; returns how many frames and events it
     /// found. Also retries frames waiting for room.
     #[inline]
-    pub(crate) fn poll(&self, frames: &mut ShmFrames, out: &mut Vec<LinkEvent>) -> usize {
+    pub(crate) fn poll(
+        &self,
+        rings: &mut ShmRings,
+        frames: &mut ShmFrames,
+        out: &mut Vec<LinkEvent>,
+    ) -> usize {
         match self.shared.get() {
-            Some(s) => s.poll(frames, out),
+            Some(s) => s.poll(rings, frames, out),
             None => 0,
         }
     }
 
     /// Before sleeping: asks peers to ring the doorbell for what they send next.
-    pub(crate) fn arm(&self) {
+    pub(crate) fn arm(&self, rings: &mut ShmRings) {
         if let Some(s) = self.shared.get() {
-            s.set_waiting(true);
+            s.set_waiting(rings, true);
         }
     }
 
     /// Awake again: peers need not ring the doorbell.
-    pub(crate) fn disarm(&self) {
+    pub(crate) fn disarm(&self, rings: &mut ShmRings) {
         if let Some(s) = self.shared.get() {
-            s.set_waiting(false);
+            s.set_waiting(rings, false);
         }
     }
 
@@ -190,28 +209,50 @@ impl Shared {
         (&*self.probe as *const u64 as u64, *self.probe)
     }
 
-    /// Takes `ring` in as the receive ring of `sink`'s connection.
+    /// Takes `ring` in as the receive ring of `sink`'s connection (polled from the next
+    /// progress call on).
     pub(crate) fn add_rx(&self, ring: Consumer, sink: RecordSink) {
-        let mut rx = self.rx.lock();
+        let mut changes = self.changes.lock();
         if self.armed.load(Ordering::Acquire) {
             ring.may_sleep(true);
         }
-        rx.rings.push(Rx {
+        changes.added.push(Rx {
             conn: sink.conn,
             ring,
             sink,
         });
-        self.rx_count.store(rx.rings.len(), Ordering::Release);
+        self.changed.store(true, Ordering::Release);
     }
 
-    /// Forgets connection `conn`'s receive ring, returning what still waited in it (the
+    /// Connection `conn`'s link is gone: its receive ring is dropped at the next poll, with
+    /// whatever is left in it.
+    pub(crate) fn drop_rx(&self, conn: ConnId) {
+        let mut changes = self.changes.lock();
+        changes.removed.push(conn);
+        self.changed.store(true, Ordering::Release);
+    }
+
+    /// Takes in the rings added and drops those removed since the last call.
+    #[cold]
+    fn take_changes(&self, rings: &mut ShmRings) {
+        let mut changes = self.changes.lock();
+        self.changed.store(false, Ordering::Release);
+        rings.rings.append(&mut changes.added);
+        for conn in changes.removed.drain(..) {
+            rings.rings.retain(|r| r.conn != conn);
+        }
+        rings.first = 0;
+    }
+
+    /// Forgets connection `conn`'s receive ring now, returning what still waited in it (the
     /// peer sent it before it went).
-    pub(crate) fn remove_rx(&self, conn: ConnId, out: &mut Vec<LinkEvent>) {
-        let mut rx = self.rx.lock();
-        if let Some(i) = rx.rings.iter().position(|r| r.conn == conn) {
-            let mut r = rx.rings.swap_remove(i);
-            self.rx_count.store(rx.rings.len(), Ordering::Release);
-            drop(rx);
+    pub(crate) fn remove_rx(&self, rings: &mut ShmRings, conn: ConnId, out: &mut Vec<LinkEvent>) {
+        if self.changed.load(Ordering::Acquire) {
+            self.take_changes(rings);
+        }
+        if let Some(i) = rings.rings.iter().position(|r| r.conn == conn) {
+            let mut r = rings.rings.swap_remove(i);
+            rings.first = 0;
             let mut frames = ShmFrames::default();
             while !r.ring.is_empty() && self.take_frame(&mut r, &mut frames, out).is_ok() {}
             // (Rare: a frame buffer each.)
@@ -241,16 +282,25 @@ impl Shared {
         }
     }
 
-    fn set_waiting(&self, on: bool) {
+    fn set_waiting(&self, rings: &mut ShmRings, on: bool) {
+        let changes = self.changes.lock();
         if self.armed.swap(on, Ordering::AcqRel) != on {
-            for r in self.rx.lock().rings.iter() {
+            for r in rings.rings.iter().chain(&changes.added) {
                 r.ring.may_sleep(on);
             }
         }
     }
 
-    fn poll(&self, frames: &mut ShmFrames, out: &mut Vec<LinkEvent>) -> usize {
+    fn poll(
+        &self,
+        rings: &mut ShmRings,
+        frames: &mut ShmFrames,
+        out: &mut Vec<LinkEvent>,
+    ) -> usize {
         let before = out.len() + frames.frames.len();
+        if self.changed.load(Ordering::Acquire) {
+            self.take_changes(rings);
+        }
         if self.blocked_count.load(Ordering::Acquire) > 0 {
             let blocked = {
                 // (Taken and counted together: an outbox blocked meanwhile is counted.)
@@ -264,9 +314,8 @@ impl Shared {
                 }
             }
         }
-        if self.rx_count.load(Ordering::Acquire) > 0 {
-            let mut guard = self.rx.lock();
-            let RxList { rings, first } = &mut *guard;
+        if !rings.rings.is_empty() {
+            let ShmRings { rings, first } = rings;
             let n = rings.len();
             let mut broken = Vec::new();
             // (Counted round from `first` without a division per ring.)
@@ -298,7 +347,6 @@ impl Shared {
                     rings.swap_remove(i);
                 }
                 *first = 0;
-                self.rx_count.store(rings.len(), Ordering::Release);
             }
         }
         if self.done_count.load(Ordering::Acquire) > 0 {

@@ -8,7 +8,7 @@ use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use rdmx_proto::{ConnId, RemoteBuf, UserBufId};
@@ -40,8 +40,9 @@ pub(crate) struct Outbox {
     waiting: Mutex<VecDeque<Pending>>,
     has_waiting: AtomicBool,
     peer_bell: Doorbell,
-    /// Why the send ring cannot be used any more (the peer corrupted it).
-    broken: Mutex<Option<String>>,
+    /// Why the send ring cannot be used any more (the peer corrupted it): the first reason
+    /// found, set once (read on every send without a lock).
+    broken: OnceLock<String>,
     /// The peer is gone or the link dropped: what waits is dropped, nothing more is sent
     /// (the worker's retry list lets go of this outbox, and with it the segment).
     closed: AtomicBool,
@@ -112,7 +113,7 @@ impl Outbox {
     /// it has room (`Ok(true)`), else queued behind what waits (`Ok(false)`; `shared` retries
     /// it on every progress call).
     fn send(self: &Arc<Self>, shared: &Shared, kind: u8, pieces: &[&[u8]]) -> Result<bool, String> {
-        if let Some(why) = self.broken.lock().as_ref() {
+        if let Some(why) = self.broken.get() {
             return Err(why.clone());
         }
         if self.closed.load(Ordering::Acquire) {
@@ -170,7 +171,8 @@ impl Outbox {
 
     fn broke(&self, why: String) {
         log::warn!("{:?}: {why}", self.conn);
-        self.broken.lock().get_or_insert(why);
+        // (The first reason stays.)
+        let _ = self.broken.set(why);
     }
 }
 
@@ -343,7 +345,7 @@ impl ShmLink {
                     waiting: Mutex::new(VecDeque::new()),
                     has_waiting: AtomicBool::new(false),
                     peer_bell,
-                    broken: Mutex::new(None),
+                    broken: OnceLock::new(),
                     closed: AtomicBool::new(false),
                 }),
                 reads: Arc::new(Mutex::new(Reads::default())),
@@ -430,9 +432,9 @@ impl ShmLink {
 
 impl Drop for ShmLink {
     fn drop(&mut self) {
-        // The worker stops polling its ring; what is left in it is dropped.
-        let mut left = Vec::new();
-        self.shared.remove_rx(self.sink.conn, &mut left);
+        // The worker stops polling its ring (at its next poll); what is left in it is
+        // dropped.
+        self.shared.drop_rx(self.sink.conn);
         self.sink.out.close();
     }
 }
@@ -615,7 +617,7 @@ impl TransportLink for ShmLink {
     fn close(&self) {}
 
     fn take_failures(&self, _: &mut LockedIfaces, out: &mut Vec<LinkEvent>) {
-        if let Some(why) = self.sink.out.broken.lock().clone() {
+        if let Some(why) = self.sink.out.broken.get() {
             if !self.down_reported.swap(true, Ordering::AcqRel) {
                 out.push(LinkEvent::Down {
                     conn: self.sink.conn,
@@ -635,7 +637,7 @@ impl TransportLink for ShmLink {
             // The peer sees the hang-up once it has what was sent.
             let _ = self.sock.shutdown(Shutdown::Both);
         }
-        self.sink.out.broken.lock().is_some()
+        self.sink.out.broken.get().is_some()
     }
 
     fn idle(&self) -> bool {
@@ -646,7 +648,7 @@ impl TransportLink for ShmLink {
     }
 
     /// The Unix socket is readable: the peer hung up (or wrote, which it never does).
-    fn poll(&self, _: bool, _: &mut PollScratch, out: &mut Vec<LinkEvent>) -> usize {
+    fn poll(&self, _: bool, scratch: &mut PollScratch, out: &mut Vec<LinkEvent>) -> usize {
         let mut b = [0u8; 1];
         let reason = match (&self.sock).read(&mut b) {
             Ok(0) => "connection lost: the peer hung up".to_string(),
@@ -657,7 +659,8 @@ impl TransportLink for ShmLink {
         };
         if !self.down_reported.swap(true, Ordering::AcqRel) {
             // What the peer sent before it went is delivered first; nothing more goes out.
-            self.shared.remove_rx(self.sink.conn, out);
+            self.shared
+                .remove_rx(&mut scratch.shm_rings, self.sink.conn, out);
             self.sink.out.close();
             out.push(LinkEvent::Down {
                 conn: self.sink.conn,
