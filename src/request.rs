@@ -103,7 +103,7 @@ impl Request {
     /// Whether the request has completed, without progressing the worker.
     pub fn is_done(&self) -> bool {
         match &self.state {
-            State::Pending { slot, .. } => slot.is_done(),
+            State::Pending { slot, worker } => slot.is_done(&worker.driver.done_flags),
             State::Done(_) => true,
         }
     }
@@ -112,10 +112,10 @@ impl Request {
     pub fn test(&self) -> bool {
         match &self.state {
             State::Pending { slot, worker } => {
-                if !slot.is_done() {
+                if !slot.is_done(&worker.driver.done_flags) {
                     worker.progress();
                 }
-                slot.is_done()
+                slot.is_done(&worker.driver.done_flags)
             }
             State::Done(_) => true,
         }
@@ -127,7 +127,7 @@ impl Request {
         match &self.state {
             State::Pending { slot, worker } => worker.driver.wait_until(
                 WaitFor::Request(slot.index),
-                || slot.is_done(),
+                || slot.is_done(&worker.driver.done_flags),
                 Some(Instant::now() + timeout),
             ),
             State::Done(_) => true,
@@ -140,10 +140,12 @@ impl Request {
     /// and the buffer (see [`Error::take_buffer`]).
     pub fn wait(self) -> Result<Done> {
         if let State::Pending { slot, worker } = &self.state {
-            if !slot.is_done() {
-                worker
-                    .driver
-                    .wait_until(WaitFor::Request(slot.index), || slot.is_done(), None);
+            if !slot.is_done(&worker.driver.done_flags) {
+                worker.driver.wait_until(
+                    WaitFor::Request(slot.index),
+                    || slot.is_done(&worker.driver.done_flags),
+                    None,
+                );
             }
         }
         self.take()
@@ -163,7 +165,9 @@ impl Request {
     ///   connection dies). An eager send that went out at once is complete already.
     pub fn cancel(&self) -> bool {
         match &self.state {
-            State::Pending { slot, worker } => !slot.is_done() && worker.driver.cancel(slot),
+            State::Pending { slot, worker } => {
+                !slot.is_done(&worker.driver.done_flags) && worker.driver.cancel(slot)
+            }
             State::Done(_) => false,
         }
     }
@@ -197,7 +201,7 @@ impl Drop for Request {
         let State::Pending { slot, worker } = &self.state else {
             return;
         };
-        if !slot.is_done() && self.what.kind == RequestKind::Recv {
+        if !slot.is_done(&worker.driver.done_flags) && self.what.kind == RequestKind::Recv {
             self.cancel();
         }
         worker.driver.abandon(slot);

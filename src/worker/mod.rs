@@ -23,6 +23,7 @@ mod setup;
 mod sleepers;
 mod tables;
 
+use requests::DoneFlags;
 pub(crate) use requests::RequestKey;
 use requests::RequestTable;
 use sleepers::Sleepers;
@@ -161,6 +162,8 @@ pub(crate) struct Driver {
     /// Open links.
     links: AtomicUsize,
     state: Mutex<Protocol>,
+    /// The request table's done flags, which request handles read without a lock.
+    pub(crate) done_flags: Arc<DoneFlags>,
     /// The transports' worker-wide parts used without the protocol lock.
     ifaces: Ifaces,
     /// The connections by id, readable without the protocol lock (readiness names them).
@@ -272,6 +275,7 @@ impl Worker {
         let cfg = ctx.config().clone();
         let engine = Engine::new(cfg.proto()?);
         let ifaces = Ifaces::new();
+        let done_flags = Arc::new(DoneFlags::default());
         let registry = Registry::new().map_err(|e| Error::os("epoll_create1", e))?;
         let waker = Waker::new().map_err(|e| Error::os("eventfd", e))?;
         registry
@@ -287,7 +291,7 @@ impl Worker {
                 user_bufs: UserBufs::default(),
                 orphans: HashSet::default(),
                 reqs: RequestMap::default(),
-                requests: RequestTable::default(),
+                requests: RequestTable::new(done_flags.clone()),
                 ifaces: ifaces.locked(&cfg),
                 held: Vec::new(),
                 arrivals_seen: 0,
@@ -298,6 +302,7 @@ impl Worker {
                 closing: Vec::new(),
                 lingering: Vec::new(),
             }),
+            done_flags,
             ifaces,
             conn_list: RwLock::new(HashMap::default()),
             progress_lock: Mutex::new(Scratch {
