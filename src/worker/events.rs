@@ -73,18 +73,8 @@ impl Protocol {
             return;
         }
         if let Some(d) = self.engine.handle_frame_delivering(conn, bytes) {
-            let copied = d.len == 0
-                || bytes
-                    .get(d.offset..d.offset + d.len)
-                    .is_some_and(|data| self.write_user(d.dst, 0, data));
-            if !copied {
-                log::error!(
-                    "eager delivery of {} bytes into {:?} out of range",
-                    d.len,
-                    d.dst
-                );
-            }
-            self.complete(d.completion, out);
+            let data = bytes.get(d.offset..d.offset + d.len);
+            self.deliver_eager(d, data, out);
         }
         // (What else it caused runs now, before the next event: completions keep the order
         // of arrival.)

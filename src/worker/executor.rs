@@ -236,6 +236,55 @@ impl Protocol {
         }
     }
 
+    /// Completes the receive an eager message matched ([`Engine::handle_frame_delivering`]):
+    /// copies the message (`data`: `None` when the frame is shorter than the delivery says)
+    /// into its buffer and finishes it. The common case of a small message, so the request is
+    /// looked up once and its buffer taken out of the table at once, without what
+    /// [`Protocol::complete`] does for any request: a receive that no message had matched
+    /// holds plain memory (a rendezvous registers or lends its buffer only once it matched),
+    /// so there is nothing to release. Any other memory takes the general way.
+    pub(super) fn deliver_eager(
+        &mut self,
+        d: rdmx_proto::Delivery,
+        data: Option<&[u8]>,
+        out: &mut AfterUnlock,
+    ) {
+        let c = d.completion;
+        let Some(p) = self.reqs.remove(&c.request) else {
+            return;
+        };
+        let plain = matches!(self.user_bufs.get(&p.buf), Some(UserMem::Plain(_)));
+        if !plain {
+            if !data.is_some_and(|data| self.write_user(d.dst, 0, data)) {
+                log::error!("eager delivery of {} bytes into {:?} failed", d.len, d.dst);
+            }
+            self.complete_tracked(p, c, out);
+            return;
+        }
+        let Some(UserMem::Plain(mut buf)) = self.user_bufs.remove(&p.buf) else {
+            return;
+        };
+        let copied = data.is_some_and(|data| write_into(&mut buf, data));
+        if !copied {
+            log::error!(
+                "eager delivery of {} bytes into {:?} out of range",
+                d.len,
+                d.dst
+            );
+        }
+        let outcome = Outcome {
+            status: c.status,
+            length: c.length,
+            tag: c.tag,
+            buf,
+            conn: c.conn,
+        };
+        // (An outcome nobody will take is dropped: its handle is gone.)
+        if self.requests.finish(p.slot, outcome).is_none() {
+            out.completed.push(p.slot);
+        }
+    }
+
     pub(super) fn complete(&mut self, c: rdmx_proto::Completion, out: &mut AfterUnlock) {
         if c.request.is_immediate() {
             // A receive done as it was made: `Worker::tag_recv` takes it.
@@ -245,6 +294,11 @@ impl Protocol {
         let Some(p) = self.reqs.remove(&c.request) else {
             return;
         };
+        self.complete_tracked(p, c, out);
+    }
+
+    /// [`Protocol::complete`] of the request `p`, no longer tracked.
+    fn complete_tracked(&mut self, p: Tracked, c: rdmx_proto::Completion, out: &mut AfterUnlock) {
         if let Some(cs) = &p.conn {
             if cs.pending_sends.fetch_sub(1, Ordering::AcqRel) == 1 {
                 // A flushing endpoint waits for this.
@@ -292,6 +346,18 @@ impl Protocol {
         if self.requests.finish(p.slot, outcome).is_none() {
             out.completed.push(p.slot);
         }
+    }
+}
+
+/// Copies `data` to the start of `buf`; false when it does not fit.
+#[inline]
+fn write_into(buf: &mut [u8], data: &[u8]) -> bool {
+    match buf.get_mut(..data.len()) {
+        Some(dst) => {
+            dst.copy_from_slice(data);
+            true
+        }
+        None => false,
     }
 }
 
