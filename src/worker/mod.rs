@@ -423,42 +423,58 @@ impl Worker {
     /// any endpoint of this worker, in the order messages arrived. A message longer than
     /// `buf` completes the request with [`Status::Truncated`] and is dropped.
     pub fn tag_recv(&self, tag: Tag, mask: Tag, buf: Vec<u8>) -> Request {
-        let made = self.driver.with_protocol_out(|st, out| {
-            let cap = buf.len() as u64;
-            let bufid = st.new_buf(UserMem::Plain(buf));
-            let id = st.engine.tag_recv(tag, mask, bufid, cap);
-            if id.is_immediate() {
-                // Its message had arrived: copied and completed by the actions just queued;
-                // it never takes a slot.
-                st.run_actions(out);
-                let buf = st.take_buf(bufid);
-                let Some(c) = st.immediate_recv.take() else {
-                    log::error!("receive {id:?} done at once reported no completion");
-                    return Made::Done(Outcome {
-                        status: Status::ConnectionClosed,
-                        length: 0,
-                        tag,
-                        buf,
-                        conn: None,
-                    });
-                };
-                return Made::Done(Outcome {
-                    status: c.status,
-                    length: c.length,
-                    tag: c.tag,
-                    buf,
-                    conn: c.conn,
-                });
-            }
-            let slot = st.requests.open();
-            st.track(id, bufid, slot.index, None);
-            Made::Pending(slot)
-        });
         let what = Describe {
             kind: RequestKind::Recv,
             tag,
             peer: None,
         };
+        let sh = &self.driver;
+        let mut guard = sh.state.lock();
+        let st = &mut *guard;
+        let cap = buf.len() as u64;
+        let bufid = st.new_buf(UserMem::Plain(buf));
+        let id = st.engine.tag_recv(tag, mask, bufid, cap);
+        if !id.is_immediate() && !st.engine.has_actions() {
+            // Posted, no message having matched it (the common case of a receive made before
+            // its message): nothing to run, post or wake.
+            let slot = st.requests.open();
+            st.track(id, bufid, slot.index, None);
+            drop(guard);
+            return Request::new(self, slot, what);
+        }
+        let mut out = AfterUnlock::default();
+        let made = if id.is_immediate() {
+            // Its message had arrived: copied and completed by the actions just queued; it
+            // never takes a slot.
+            st.run_actions(&mut out);
+            let buf = st.take_buf(bufid);
+            Made::Done(match st.immediate_recv.take() {
+                Some(c) => Outcome {
+                    status: c.status,
+                    length: c.length,
+                    tag: c.tag,
+                    buf,
+                    conn: c.conn,
+                },
+                None => {
+                    log::error!("receive {id:?} done at once reported no completion");
+                    Outcome {
+                        status: Status::ConnectionClosed,
+                        length: 0,
+                        tag,
+                        buf,
+                        conn: None,
+                    }
+                }
+            })
+        } else {
+            let slot = st.requests.open();
+            st.track(id, bufid, slot.index, None);
+            Made::Pending(slot)
+        };
+        sh.run(st, &mut out);
+        drop(guard);
+        sh.finish(&mut out);
         made.into_request(self, what)
     }
 

@@ -346,6 +346,12 @@ impl Engine {
         self.actions.pop_front()
     }
 
+    /// Whether actions wait for the driver ([`Engine::poll_action`]).
+    #[inline]
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
+    }
+
     /// Earliest time (ns) at which [`Engine::handle_timeout`] has work to do.
     pub fn poll_timeout(&self) -> Option<u64> {
         self.draining.iter().map(|d| d.0).min()
