@@ -138,7 +138,7 @@ impl Request {
     ///
     /// A request that ended badly is an [`Error::Request`] with its [`Status`]
     /// and the buffer (see [`Error::take_buffer`]).
-    pub fn wait(self) -> Result<Done> {
+    pub fn wait(mut self) -> Result<Done> {
         if let State::Pending { slot, worker } = &self.state {
             if !slot.is_done(&worker.driver.done_flags) {
                 worker.driver.wait_until(
@@ -172,7 +172,8 @@ impl Request {
         }
     }
 
-    fn take(mut self) -> Result<Done> {
+    /// The outcome, taken out of the request (which is left done, holding nothing).
+    fn take(&mut self) -> Result<Done> {
         let outcome = match std::mem::replace(&mut self.state, State::Done(None)) {
             State::Pending { slot, worker } => worker.driver.take_outcome(&slot),
             State::Done(outcome) => outcome,

@@ -83,6 +83,68 @@ fn a_receive_whose_eager_message_arrived_completes_as_it_is_made() {
     assert_eq!(e.pending_requests(), 1);
 }
 
+#[test]
+fn tag_recv_now_takes_the_first_match_only_when_it_is_eager() {
+    let mut e = Engine::new(Config::default());
+    let hs = e.local_handshake();
+    e.handle_connection_up(ConnId(1), &hs).unwrap();
+    let mut buf = [0u8; 4];
+    // Nothing arrived: nothing happens.
+    assert_eq!(e.tag_recv_now(5, !0, &mut buf), None);
+    for (seq, (tag, payload)) in [(5, &[1u8, 2, 3][..]), (6, &[4][..]), (5, &[9; 6][..])]
+        .into_iter()
+        .enumerate()
+    {
+        e.handle_frame(
+            ConnId(1),
+            RecvBufId(0),
+            &eager_frame(seq as u32, tag, payload),
+        );
+    }
+    while e.poll_action().is_some() {}
+    // The first message with tag 5, copied in at once: no action, nothing stored.
+    let c = e.tag_recv_now(5, !0, &mut buf).unwrap();
+    assert!(c.request.is_immediate());
+    assert_eq!(
+        (c.kind, c.status, c.length, c.tag, c.conn),
+        (RequestKind::Recv, Status::Ok, 3, 5, Some(ConnId(1)))
+    );
+    assert_eq!(buf, [1, 2, 3, 0]);
+    assert_eq!((e.poll_action(), e.pending_requests()), (None, 0));
+    // The next one with tag 5 does not fit: truncated, dropped, the buffer untouched.
+    let c = e.tag_recv_now(5, !0, &mut buf).unwrap();
+    assert_eq!((c.status, c.length), (Status::Truncated, 6));
+    assert_eq!(buf, [1, 2, 3, 0]);
+    // The wildcard finds the one left; then nothing is.
+    assert_eq!(e.tag_recv_now(0, 0, &mut buf).unwrap().tag, 6);
+    assert_eq!(buf[0], 4);
+    assert_eq!(e.tag_recv_now(0, 0, &mut buf), None);
+    assert_eq!(e.unexpected_len(), 0);
+}
+
+#[test]
+fn tag_recv_now_leaves_a_rendezvous_first_match_to_tag_recv() {
+    let mut s = sim3(41);
+    let large = pattern(700, 1);
+    s.send(0, 1, 44, large.clone());
+    s.send(0, 1, 44, pattern(10, 2));
+    s.run();
+    assert_eq!(s.peers[1].engine.unexpected_len(), 2);
+    // The first message with tag 44 is a rendezvous: not taken, nor is the eager one
+    // behind it (that would receive out of order).
+    let mut buf = vec![0u8; 1000];
+    assert_eq!(s.peers[1].engine.tag_recv_now(44, !0, &mut buf), None);
+    assert_eq!(s.peers[1].engine.unexpected_len(), 2);
+    let (r, rbuf) = s.recv(1, 44, !0, 1000);
+    s.run();
+    assert_eq!(s.completion(1, r).unwrap().length, 700);
+    assert_eq!(s.data(1, rbuf, 700), large);
+    // Now the eager one is first.
+    let c = s.peers[1].engine.tag_recv_now(44, !0, &mut buf).unwrap();
+    assert_eq!((c.status, c.length), (Status::Ok, 10));
+    assert_eq!(&buf[..10], &pattern(10, 2)[..]);
+}
+
 /// An eager frame carrying `payload` with sequence `seq` and tag `tag`.
 fn eager_frame(seq: u32, tag: Tag, payload: &[u8]) -> Vec<u8> {
     let mut h = Header::new(Opcode::Eager);

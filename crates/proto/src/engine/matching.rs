@@ -63,6 +63,58 @@ impl Engine {
         id
     }
 
+    /// [`Engine::tag_recv`] of a message that arrived eagerly, received at once into `buf`
+    /// (its length is the capacity): when the first unexpected message matching
+    /// `tag`/`mask` is an eager one, it is copied into `buf` (if it fits; else the receive
+    /// is [`Status::Truncated`]) and its completion comes back, under an id for which
+    /// [`RequestId::is_immediate`] holds; no action is queued. Otherwise (nothing matches,
+    /// or the first match is a rendezvous) `None`, and nothing happened. The driver needs
+    /// no table entry for the buffer, which the engine never names.
+    #[inline]
+    pub fn tag_recv_now(&mut self, tag: Tag, mask: Tag, buf: &mut [u8]) -> Option<Completion> {
+        // (Most often nothing waits: no call then.)
+        if self.unexpected.is_empty() {
+            return None;
+        }
+        self.take_eager_now(tag, mask, buf)
+    }
+
+    /// [`Engine::tag_recv_now`] with unexpected messages to look at.
+    fn take_eager_now(&mut self, tag: Tag, mask: Tag, buf: &mut [u8]) -> Option<Completion> {
+        let front = self.unexpected.front()?;
+        let pos = if matches(front.tag, tag, mask) {
+            0
+        } else {
+            self.unexpected
+                .iter()
+                .position(|u| matches(u.tag, tag, mask))?
+        };
+        if !matches!(self.unexpected[pos].kind, UnexpKind::Eager(_)) {
+            return None;
+        }
+        let u = self.unexpected.remove(pos)?;
+        let UnexpKind::Eager(data) = u.kind else {
+            return None;
+        };
+        let len = data.len() as u64;
+        let status = match buf.get_mut(..data.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(&data);
+                Status::Ok
+            }
+            None => Status::Truncated,
+        };
+        self.recycle_payload(data);
+        Some(Completion {
+            request: immediate_id(&mut self.next_immediate),
+            kind: RequestKind::Recv,
+            status,
+            length: len,
+            tag: u.tag,
+            conn: Some(u.conn),
+        })
+    }
+
     /// Removes and returns the first unexpected message (in arrival order) matching
     /// `tag`/`mask`.
     #[inline]
