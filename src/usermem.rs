@@ -136,6 +136,15 @@ impl SendData {
     }
 }
 
+/// A user buffer staged through a region of the registration cache; `copy_back` for
+/// receives (whose buffer is always owned).
+#[cfg(feature = "rdma")]
+pub(crate) struct Staged {
+    held: SendData,
+    region: Pieces,
+    copy_back: bool,
+}
+
 /// A user buffer inside the worker.
 pub(crate) enum UserMem {
     /// Not registered: eager messages are copied in and out.
@@ -145,17 +154,14 @@ pub(crate) enum UserMem {
     /// A shared send buffer registered in place for the NIC to read.
     #[cfg(feature = "rdma")]
     SharedDirect(SharedBuf),
-    /// Registered in place for this operation.
+    /// Registered in place for this operation. (Boxed, as is `Staged`: rendezvous buffers
+    /// are few, and every buffer's slot in the worker's table is as large as the largest
+    /// kind.)
     #[cfg(feature = "rdma")]
-    Direct(Pieces),
-    /// Staged through a region of the registration cache; `copy_back` for receives (whose
-    /// buffer is always owned).
+    Direct(Box<Pieces>),
+    /// Staged through a region of the registration cache.
     #[cfg(feature = "rdma")]
-    Staged {
-        held: SendData,
-        region: Pieces,
-        copy_back: bool,
-    },
+    Staged(Box<Staged>),
     /// The memory could not be taken back from the NIC (a READ never reported); the worker
     /// keeps it until the connection is destroyed.
     Lost,
@@ -178,12 +184,10 @@ impl UserMem {
         match self {
             UserMem::Plain(v) => write_into(v, off, data),
             #[cfg(feature = "rdma")]
-            UserMem::Staged {
-                held: SendData::Owned(v),
-                ..
-            } => write_into(v, off, data),
-            #[cfg(feature = "rdma")]
-            UserMem::Staged { .. } => false,
+            UserMem::Staged(s) => match &mut s.held {
+                SendData::Owned(v) => write_into(v, off, data),
+                SendData::Shared(_) => false,
+            },
             #[cfg(feature = "rdma")]
             UserMem::Direct(p) => p.write_at(off, data),
             #[cfg(feature = "rdma")]
@@ -211,7 +215,7 @@ impl UserMem {
         match self {
             UserMem::Plain(v) => v.get(..len),
             #[cfg(feature = "rdma")]
-            UserMem::Staged { held, .. } => held.bytes().get(..len),
+            UserMem::Staged(s) => s.held.bytes().get(..len),
             #[cfg(feature = "rdma")]
             UserMem::Direct(p) => p.read(len),
             #[cfg(feature = "rdma")]
@@ -246,7 +250,7 @@ impl UserMem {
             (RndvRegistration::PerOperation | RndvRegistration::Auto, SendData::Owned(vec)) => {
                 match pd.register_vec(vec, access) {
                     Ok(buf) => {
-                        *self = UserMem::Direct(Pieces::whole(buf));
+                        *self = UserMem::Direct(Box::new(Pieces::whole(buf)));
                         Ok(())
                     }
                     Err((e, vec)) => {
@@ -272,11 +276,11 @@ impl UserMem {
                     if !copy_back {
                         region[..len].copy_from_slice(held.bytes());
                     }
-                    *self = UserMem::Staged {
+                    *self = UserMem::Staged(Box::new(Staged {
                         held,
                         region: Pieces::whole(region),
                         copy_back,
-                    };
+                    }));
                     Ok(())
                 }
                 Err(e) => {
@@ -309,7 +313,8 @@ impl UserMem {
     /// The registered memory (its first piece, the whole of it unless READs split it).
     pub(crate) fn registered(&self) -> Option<&RegisteredBuf> {
         match self {
-            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.map.get(&0),
+            UserMem::Direct(p) => p.map.get(&0),
+            UserMem::Staged(s) => s.region.map.get(&0),
             _ => None,
         }
     }
@@ -318,7 +323,8 @@ impl UserMem {
     /// Takes the registered range `[off, off + len)` out for a READ into it.
     pub(crate) fn take_range(&mut self, off: u64, len: u64) -> Option<RegisteredBuf> {
         match self {
-            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.take(off, len),
+            UserMem::Direct(p) => p.take(off, len),
+            UserMem::Staged(s) => s.region.take(off, len),
             _ => None,
         }
     }
@@ -328,7 +334,7 @@ impl UserMem {
     /// it, and can only be dropped.
     pub(crate) fn lose_piece(&mut self) {
         #[cfg(feature = "rdma")]
-        if let UserMem::Direct(p) | UserMem::Staged { region: p, .. } = self {
+        if let Some(p) = self.pieces_mut() {
             if p.in_flight > 0 {
                 p.in_flight -= 1;
                 p.lost += 1;
@@ -340,7 +346,8 @@ impl UserMem {
     pub(crate) fn put_back(&mut self, off: u64, piece: ReadPiece) {
         #[cfg(feature = "rdma")]
         match self {
-            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.put_back(off, piece),
+            UserMem::Direct(p) => p.put_back(off, piece),
+            UserMem::Staged(s) => s.region.put_back(off, piece),
             _ => drop(piece),
         }
         #[cfg(not(feature = "rdma"))]
@@ -367,39 +374,42 @@ impl UserMem {
                     Ok(v) => *self = UserMem::Plain(v),
                     Err(buf) => {
                         log::error!("a registered user buffer is still shared; keeping it");
-                        *self = UserMem::Direct(Pieces::whole(buf));
+                        *self = UserMem::Direct(Box::new(Pieces::whole(buf)));
                     }
                 },
-                Err(p) => *self = UserMem::Direct(p),
+                Err(p) => *self = UserMem::Direct(Box::new(p)),
             },
-            UserMem::Staged {
-                mut held,
-                region,
-                copy_back,
-            } => match region.merge() {
-                Ok(mut region) => {
-                    match &mut held {
-                        SendData::Owned(vec) if copy_back => {
-                            let n = (length as usize).min(vec.len());
-                            vec[..n].copy_from_slice(&region[..n]);
+            UserMem::Staged(staged) => {
+                let Staged {
+                    mut held,
+                    region,
+                    copy_back,
+                } = *staged;
+                match region.merge() {
+                    Ok(mut region) => {
+                        match &mut held {
+                            SendData::Owned(vec) if copy_back => {
+                                let n = (length as usize).min(vec.len());
+                                vec[..n].copy_from_slice(&region[..n]);
+                            }
+                            // A send-staging region goes back wiped: what a peer may later read
+                            // through it (a window exposes its message, and on some providers
+                            // the region around it) never includes a message sent to someone
+                            // else.
+                            held => region[..held.bytes().len()].fill(0),
                         }
-                        // A send-staging region goes back wiped: what a peer may later read
-                        // through it (a window exposes its message, and on some providers
-                        // the region around it) never includes a message sent to someone
-                        // else.
-                        held => region[..held.bytes().len()].fill(0),
+                        cache.give(region);
+                        *self = held.into_mem();
                     }
-                    cache.give(region);
-                    *self = held.into_mem();
-                }
-                Err(region) => {
-                    *self = UserMem::Staged {
-                        held,
-                        region,
-                        copy_back,
+                    Err(region) => {
+                        *self = UserMem::Staged(Box::new(Staged {
+                            held,
+                            region,
+                            copy_back,
+                        }))
                     }
                 }
-            },
+            }
             other => {
                 *self = other;
                 self.unexpose();
@@ -439,11 +449,23 @@ impl UserMem {
         }
     }
 
+    /// The registered pieces, if the buffer is registered (in place or staged).
+    #[cfg(feature = "rdma")]
+    fn pieces_mut(&mut self) -> Option<&mut Pieces> {
+        match self {
+            UserMem::Direct(p) => Some(p),
+            UserMem::Staged(s) => Some(&mut s.region),
+            _ => None,
+        }
+    }
+
     /// Whether pieces are still posted.
     pub(crate) fn in_flight(&self) -> bool {
         match self {
             #[cfg(feature = "rdma")]
-            UserMem::Direct(p) | UserMem::Staged { region: p, .. } => p.in_flight > 0,
+            UserMem::Direct(p) => p.in_flight > 0,
+            #[cfg(feature = "rdma")]
+            UserMem::Staged(s) => s.region.in_flight > 0,
             UserMem::Lent => true,
             _ => false,
         }

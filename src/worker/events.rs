@@ -73,7 +73,7 @@ impl Protocol {
             return;
         }
         if let Some(d) = self.engine.handle_frame_delivering(conn, bytes) {
-            let data = bytes.get(d.offset..d.offset + d.len);
+            let data = bytes.get(d.payload());
             self.deliver_eager(d, data, out);
         }
         // (What else it caused runs now, before the next event: completions keep the order

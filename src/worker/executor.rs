@@ -249,8 +249,7 @@ impl Protocol {
         data: Option<&[u8]>,
         out: &mut AfterUnlock,
     ) {
-        let c = d.completion;
-        let Some(p) = self.reqs.remove(&c.request) else {
+        let Some(p) = self.reqs.remove(&d.request) else {
             return;
         };
         let plain = matches!(self.user_bufs.get(&p.buf), Some(UserMem::Plain(_)));
@@ -258,7 +257,7 @@ impl Protocol {
             if !data.is_some_and(|data| self.write_user(d.dst, 0, data)) {
                 log::error!("eager delivery of {} bytes into {:?} failed", d.len, d.dst);
             }
-            self.complete_tracked(p, c, out);
+            self.complete_tracked(p, d.completion(), out);
             return;
         }
         let Some(UserMem::Plain(mut buf)) = self.user_bufs.remove(&p.buf) else {
@@ -273,11 +272,11 @@ impl Protocol {
             );
         }
         let outcome = Outcome {
-            status: c.status,
-            length: c.length,
-            tag: c.tag,
+            status: Status::Ok,
+            length: u64::from(d.len),
+            tag: d.tag,
             buf,
-            conn: c.conn,
+            conn: Some(d.conn),
         };
         // (An outcome nobody will take is dropped: its handle is gone.)
         if self.requests.finish(p.slot, outcome).is_none() {

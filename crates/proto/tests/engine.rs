@@ -198,17 +198,17 @@ fn delivering_a_frame_directly_does_what_its_actions_would() {
         if let Some(d) = b.handle_frame_delivering(ConnId(1), frame) {
             deliveries += 1;
             assert_eq!(d.dst, dst);
-            assert_eq!(&frame[d.offset..d.offset + d.len], &frame[HEADER_LEN..]);
+            assert_eq!(&frame[d.payload()], &frame[HEADER_LEN..]);
             if d.len > 0 {
                 got.push(Action::CopyFromRecvBuf {
                     src,
-                    src_offset: d.offset,
-                    len: d.len,
+                    src_offset: d.offset as usize,
+                    len: d.len as usize,
                     dst: d.dst,
                     dst_offset: 0,
                 });
             }
-            got.push(Action::Complete(d.completion));
+            got.push(Action::Complete(d.completion()));
         }
         got.extend(std::iter::from_fn(|| b.poll_action()));
         assert_eq!(got, expected, "frame {i}");

@@ -12,13 +12,13 @@ impl Engine {
             if m.len > 0 {
                 self.actions.push_back(Action::CopyFromRecvBuf {
                     src: buf,
-                    src_offset: m.offset,
-                    len: m.len,
+                    src_offset: m.offset as usize,
+                    len: m.len as usize,
                     dst: m.dst,
                     dst_offset: 0,
                 });
             }
-            self.actions.push_back(Action::Complete(m.completion));
+            self.actions.push_back(Action::Complete(m.completion()));
             if flush {
                 self.flush(conn_id);
             }
@@ -130,18 +130,14 @@ impl Engine {
                     }
                     let dst = r.buf;
                     self.reqs.discard(p.req);
+                    // (The frame fits its receive buffer, whose size is a u32: checked above.)
                     let delivery = Delivery {
+                        request: p.req,
                         dst,
-                        offset: HEADER_LEN,
-                        len: payload.len(),
-                        completion: Completion {
-                            request: p.req,
-                            kind: RequestKind::Recv,
-                            status: Status::Ok,
-                            length: len,
-                            tag: h.tag,
-                            conn: Some(conn_id),
-                        },
+                        tag: h.tag,
+                        conn: conn_id,
+                        offset: HEADER_LEN as u32,
+                        len: payload.len() as u32,
                     };
                     return Ok(Processed::Matched(delivery, !quiet));
                 }
@@ -200,17 +196,43 @@ enum Processed {
 }
 
 /// An eager message for a posted receive, handed to the driver by
-/// [`Engine::handle_frame_delivering`]: it copies `len` bytes at `offset` of the frame into
-/// `dst` (at its start), then completes the receive with `completion`, as it would execute
-/// [`Action::CopyFromRecvBuf`] and [`Action::Complete`].
+/// [`Engine::handle_frame_delivering`]: it copies the frame's [`Delivery::payload`] into
+/// `dst` (at its start), then completes the receive with [`Delivery::completion`], as it
+/// would execute [`Action::CopyFromRecvBuf`] and [`Action::Complete`]. (Small: it is handed
+/// back for every small message.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Delivery {
+    /// The receive.
+    pub request: RequestId,
     /// The receive's buffer.
     pub dst: UserBufId,
+    /// The message's tag (the sender's).
+    pub tag: Tag,
+    /// The connection it came on.
+    pub conn: ConnId,
     /// Where the payload starts in the frame.
-    pub offset: usize,
-    /// Payload bytes (at most the receive's capacity; 0 copies nothing).
-    pub len: usize,
+    pub offset: u32,
+    /// Payload bytes (at most the receive's capacity; 0 copies nothing): the message's
+    /// length.
+    pub len: u32,
+}
+
+impl Delivery {
+    /// The payload's bytes in the frame.
+    #[inline]
+    pub fn payload(&self) -> std::ops::Range<usize> {
+        self.offset as usize..self.offset as usize + self.len as usize
+    }
+
     /// The receive's completion (status `Ok`).
-    pub completion: Completion,
+    pub fn completion(&self) -> Completion {
+        Completion {
+            request: self.request,
+            kind: RequestKind::Recv,
+            status: Status::Ok,
+            length: u64::from(self.len),
+            tag: self.tag,
+            conn: Some(self.conn),
+        }
+    }
 }

@@ -131,7 +131,9 @@ struct RecvReq {
     cap: u64,
     /// Sender tag once matched.
     tag: Tag,
-    reading: Option<Reading>,
+    /// Boxed: a rendezvous is rare among small messages, and the request slab's slots are
+    /// as large as its largest request.
+    reading: Option<Box<Reading>>,
 }
 
 #[derive(Debug)]

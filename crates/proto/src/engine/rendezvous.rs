@@ -42,7 +42,7 @@ impl Engine {
             self.complete_after_ats(conn, sreq, wst, done);
             return;
         }
-        r.reading = Some(Reading {
+        r.reading = Some(Box::new(Reading {
             conn,
             remote: RemoteBuf {
                 addr: body.addr,
@@ -56,7 +56,7 @@ impl Engine {
             outstanding: self.spare_reads.pop().unwrap_or_default(),
             failed: None,
             conn_dead: false,
-        });
+        }));
         self.issue_reads(req);
     }
 
