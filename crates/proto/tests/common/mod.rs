@@ -454,3 +454,14 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .map(|k| (seed.wrapping_mul(31).wrapping_add(k as u64 * 7) % 251) as u8)
         .collect()
 }
+
+/// An eager frame carrying `payload` with sequence `seq` and tag `tag`.
+pub fn eager_frame(seq: u32, tag: Tag, payload: &[u8]) -> Vec<u8> {
+    let mut h = wire::Header::new(wire::Opcode::Eager);
+    h.seq = seq;
+    h.tag = tag;
+    h.payload_len = payload.len() as u32;
+    let mut frame = wire::FrameBuf::encode(&h, None).as_bytes().to_vec();
+    frame.extend_from_slice(payload);
+    frame
+}
