@@ -18,6 +18,20 @@ pub(crate) struct Outcome {
     pub(crate) conn: Option<ConnId>,
 }
 
+impl Outcome {
+    /// The outcome the engine's completion `c` reports, with the request's buffer.
+    #[inline]
+    pub(crate) fn of(c: &rdmx_proto::Completion, buf: Vec<u8>) -> Outcome {
+        Outcome {
+            status: c.status,
+            length: c.length,
+            tag: c.tag,
+            buf,
+            conn: c.conn,
+        }
+    }
+}
+
 /// What a request's handle says of it when it reports errors.
 pub(crate) struct Describe {
     pub(crate) kind: RequestKind,

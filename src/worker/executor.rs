@@ -334,13 +334,7 @@ impl Protocol {
                 .unwrap_or_default(),
             None => Vec::new(),
         };
-        let outcome = Outcome {
-            status: c.status,
-            length: c.length,
-            tag: c.tag,
-            buf,
-            conn: c.conn,
-        };
+        let outcome = Outcome::of(&c, buf);
         // (An outcome nobody will take is dropped: its handle is gone.)
         if self.requests.finish(p.slot, outcome).is_none() {
             out.completed.push(p.slot);

@@ -436,13 +436,7 @@ impl Worker {
             // Its message had arrived eagerly: copied in already, the buffer never entering
             // the tables (the common case of a receiver that fell behind its sender).
             drop(guard);
-            let outcome = Outcome {
-                status: c.status,
-                length: c.length,
-                tag: c.tag,
-                buf,
-                conn: c.conn,
-            };
+            let outcome = Outcome::of(&c, buf);
             return Request::done(outcome, what);
         }
         let cap = buf.len() as u64;
@@ -463,13 +457,7 @@ impl Worker {
             st.run_actions(&mut out);
             let buf = st.take_buf(bufid);
             Made::Done(match st.immediate_recv.take() {
-                Some(c) => Outcome {
-                    status: c.status,
-                    length: c.length,
-                    tag: c.tag,
-                    buf,
-                    conn: c.conn,
-                },
+                Some(c) => Outcome::of(&c, buf),
                 None => {
                     log::error!("receive {id:?} done at once reported no completion");
                     Outcome {
