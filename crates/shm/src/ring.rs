@@ -417,6 +417,10 @@ impl Words<'_> {
             self.store(u64::from_ne_bytes(c.try_into().expect("8 bytes")));
         }
         let rest = words.remainder();
+        if rest.is_empty() {
+            // (A frame header, a payload of whole words: nothing over, and no copy of it.)
+            return;
+        }
         let mut acc = [0u8; 8];
         acc[..rest.len()].copy_from_slice(rest);
         self.acc = u64::from_ne_bytes(acc);
