@@ -23,6 +23,8 @@ rdmx_rev() { echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(gi
 
 # The median of the numbers on stdin, one per line ("nan" when there are none).
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else print v[int((NR + 1) / 2)] }'; }
+# The lowest of the numbers on stdin ("nan" when there are none).
+lowest() { sort -g | awk 'NR == 1 { v = $1 } END { if (NR == 0) print "nan"; else print v }'; }
 # A / B to two decimals, "–" when either is missing or B is zero.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0 || a == "nan" || b == "nan") print "–"; else printf "%.2f", a / b }'; }
 # figure WHICH FILE [--size S]: one number of a tool's output (see `rdmx-bench figure --help`);
