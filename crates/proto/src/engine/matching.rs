@@ -81,19 +81,13 @@ impl Engine {
 
     /// [`Engine::tag_recv_now`] with unexpected messages to look at.
     fn take_eager_now(&mut self, tag: Tag, mask: Tag, buf: &mut [u8]) -> Option<Completion> {
-        let front = self.unexpected.front()?;
-        let pos = if matches(front.tag, tag, mask) {
-            0
-        } else {
-            self.unexpected
-                .iter()
-                .position(|u| matches(u.tag, tag, mask))?
-        };
+        let pos = self.unexpected_match(tag, mask)?;
         if !matches!(self.unexpected[pos].kind, UnexpKind::Eager(_)) {
             return None;
         }
         let u = self.unexpected.remove(pos)?;
         let UnexpKind::Eager(data) = u.kind else {
+            // (Checked just above.)
             return None;
         };
         let len = data.len() as u64;
@@ -115,19 +109,25 @@ impl Engine {
         })
     }
 
+    /// Where the first unexpected message (in arrival order) matching `tag`/`mask` is.
+    #[inline]
+    fn unexpected_match(&self, tag: Tag, mask: Tag) -> Option<usize> {
+        // Most often the oldest message matches: no search then (and its removal shifts
+        // nothing).
+        let front = self.unexpected.front()?;
+        if matches(front.tag, tag, mask) {
+            return Some(0);
+        }
+        self.unexpected
+            .iter()
+            .position(|u| matches(u.tag, tag, mask))
+    }
+
     /// Removes and returns the first unexpected message (in arrival order) matching
     /// `tag`/`mask`.
     #[inline]
     fn take_unexpected_match(&mut self, tag: Tag, mask: Tag) -> Option<Unexpected> {
-        // Most often the oldest message matches: take it without shifting the queue.
-        let front = self.unexpected.front()?;
-        if matches(front.tag, tag, mask) {
-            return self.unexpected.pop_front();
-        }
-        let pos = self
-            .unexpected
-            .iter()
-            .position(|u| matches(u.tag, tag, mask))?;
+        let pos = self.unexpected_match(tag, mask)?;
         self.unexpected.remove(pos)
     }
 
