@@ -312,21 +312,13 @@ impl UserMem {
     #[cfg(feature = "rdma")]
     /// The registered memory (its first piece, the whole of it unless READs split it).
     pub(crate) fn registered(&self) -> Option<&RegisteredBuf> {
-        match self {
-            UserMem::Direct(p) => p.map.get(&0),
-            UserMem::Staged(s) => s.region.map.get(&0),
-            _ => None,
-        }
+        self.pieces()?.map.get(&0)
     }
 
     #[cfg(feature = "rdma")]
     /// Takes the registered range `[off, off + len)` out for a READ into it.
     pub(crate) fn take_range(&mut self, off: u64, len: u64) -> Option<RegisteredBuf> {
-        match self {
-            UserMem::Direct(p) => p.take(off, len),
-            UserMem::Staged(s) => s.region.take(off, len),
-            _ => None,
-        }
+        self.pieces_mut()?.take(off, len)
     }
 
     /// Writes off a range taken by [`UserMem::take_range`] that will never come back (its
@@ -345,10 +337,9 @@ impl UserMem {
     /// Gives back a range taken by [`UserMem::take_range`].
     pub(crate) fn put_back(&mut self, off: u64, piece: ReadPiece) {
         #[cfg(feature = "rdma")]
-        match self {
-            UserMem::Direct(p) => p.put_back(off, piece),
-            UserMem::Staged(s) => s.region.put_back(off, piece),
-            _ => drop(piece),
+        match self.pieces_mut() {
+            Some(p) => p.put_back(off, piece),
+            None => drop(piece),
         }
         #[cfg(not(feature = "rdma"))]
         match piece {}
@@ -451,6 +442,16 @@ impl UserMem {
 
     /// The registered pieces, if the buffer is registered (in place or staged).
     #[cfg(feature = "rdma")]
+    fn pieces(&self) -> Option<&Pieces> {
+        match self {
+            UserMem::Direct(p) => Some(p),
+            UserMem::Staged(s) => Some(&s.region),
+            _ => None,
+        }
+    }
+
+    /// [`UserMem::pieces`], to change them.
+    #[cfg(feature = "rdma")]
     fn pieces_mut(&mut self) -> Option<&mut Pieces> {
         match self {
             UserMem::Direct(p) => Some(p),
@@ -461,13 +462,10 @@ impl UserMem {
 
     /// Whether pieces are still posted.
     pub(crate) fn in_flight(&self) -> bool {
-        match self {
-            #[cfg(feature = "rdma")]
-            UserMem::Direct(p) => p.in_flight > 0,
-            #[cfg(feature = "rdma")]
-            UserMem::Staged(s) => s.region.in_flight > 0,
-            UserMem::Lent => true,
-            _ => false,
+        #[cfg(feature = "rdma")]
+        if let Some(p) = self.pieces() {
+            return p.in_flight > 0;
         }
+        matches!(self, UserMem::Lent)
     }
 }
