@@ -442,21 +442,13 @@ impl Worker {
         let cap = buf.len() as u64;
         let bufid = st.new_buf(UserMem::Plain(buf));
         let id = st.engine.tag_recv(tag, mask, bufid, cap);
-        if !id.is_immediate() && !st.engine.has_actions() {
-            // Posted, no message having matched it (the common case of a receive made before
-            // its message): nothing to run, post or wake.
-            let slot = st.requests.open();
-            st.track(id, bufid, slot.index, None);
-            drop(guard);
-            return Request::new(self, slot, what);
-        }
-        let mut out = AfterUnlock::default();
-        let made = if id.is_immediate() {
+        let (made, mut out) = if id.is_immediate() {
             // Its message had arrived: copied and completed by the actions just queued; it
             // never takes a slot.
+            let mut out = AfterUnlock::default();
             st.run_actions(&mut out);
             let buf = st.take_buf(bufid);
-            Made::Done(match st.immediate_recv.take() {
+            let outcome = match st.immediate_recv.take() {
                 Some(c) => Outcome::of(&c, buf),
                 None => {
                     log::error!("receive {id:?} done at once reported no completion");
@@ -468,11 +460,18 @@ impl Worker {
                         conn: None,
                     }
                 }
-            })
+            };
+            (Made::Done(outcome), out)
         } else {
             let slot = st.requests.open();
             st.track(id, bufid, slot.index, None);
-            Made::Pending(slot)
+            if !st.engine.has_actions() {
+                // Posted, no message having matched it (the common case of a receive made
+                // before its message): nothing to run, post or wake.
+                drop(guard);
+                return Request::new(self, slot, what);
+            }
+            (Made::Pending(slot), AfterUnlock::default())
         };
         sh.run(st, &mut out);
         drop(guard);
