@@ -6,10 +6,6 @@ use common::*;
 use rdmx_proto::wire::{self, FrameBuf, Header, Opcode};
 use rdmx_proto::*;
 
-fn sim3(seed: u64) -> Sim {
-    Sim::uniform(3, small_cfg(), seed)
-}
-
 #[test]
 fn eager_to_posted_receive() {
     let mut s = sim3(1);
@@ -574,9 +570,7 @@ fn expose_failure_fails_send() {
 
 #[test]
 fn a_send_now_goes_out_at_once_or_does_nothing() {
-    let mut e = Engine::new(Config::default());
-    let hs = e.local_handshake();
-    e.handle_connection_up(ConnId(1), &hs).unwrap();
+    let mut e = engine_with_conn1();
     let eager = e.conn_stats(ConnId(1)).unwrap().eager_limit;
     // Unknown connection, or a rendezvous-sized message: nothing happens.
     assert_eq!(e.tag_send_now(ConnId(2), 1, 8), None);

@@ -7,10 +7,6 @@ mod common;
 use common::*;
 use rdmx_proto::*;
 
-fn sim3(seed: u64) -> Sim {
-    Sim::uniform(3, small_cfg(), seed)
-}
-
 #[test]
 fn unexpected_eager_reposts_at_once() {
     let mut s = sim3(2);
@@ -28,9 +24,7 @@ fn unexpected_eager_reposts_at_once() {
 
 #[test]
 fn a_receive_whose_eager_message_arrived_completes_as_it_is_made() {
-    let mut e = Engine::new(Config::default());
-    let hs = e.local_handshake();
-    e.handle_connection_up(ConnId(1), &hs).unwrap();
+    let mut e = engine_with_conn1();
     let frame = eager_frame(0, 5, &[1, 2, 3]);
     e.handle_frame(ConnId(1), RecvBufId(0), &frame);
     while e.poll_action().is_some() {}
@@ -68,9 +62,7 @@ fn a_receive_whose_eager_message_arrived_completes_as_it_is_made() {
 
 #[test]
 fn tag_recv_now_takes_the_first_match_only_when_it_is_eager() {
-    let mut e = Engine::new(Config::default());
-    let hs = e.local_handshake();
-    e.handle_connection_up(ConnId(1), &hs).unwrap();
+    let mut e = engine_with_conn1();
     let mut buf = [0u8; 4];
     // Nothing arrived: nothing happens.
     assert_eq!(e.tag_recv_now(5, !0, &mut buf), None);

@@ -465,3 +465,17 @@ pub fn eager_frame(seq: u32, tag: Tag, payload: &[u8]) -> Vec<u8> {
     frame.extend_from_slice(payload);
     frame
 }
+
+/// Three peers on the simulated fabric, each with [`small_cfg`].
+pub fn sim3(seed: u64) -> Sim {
+    Sim::uniform(3, small_cfg(), seed)
+}
+
+/// An engine (default configuration) with connection 1 up, to a peer that offered the
+/// same handshake as its own.
+pub fn engine_with_conn1() -> Engine {
+    let mut e = Engine::new(Config::default());
+    let hs = e.local_handshake();
+    e.handle_connection_up(ConnId(1), &hs).unwrap();
+    e
+}
