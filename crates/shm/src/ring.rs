@@ -335,9 +335,20 @@ impl Consumer {
             )));
         }
         let before = out.len();
-        out.resize(before + padded(len) as usize, 0);
-        for (i, d) in out[before..].chunks_exact_mut(8).enumerate() {
-            d.copy_from_slice(&area.word(at + 1 + i).load(Ordering::Relaxed).to_ne_bytes());
+        let n = (padded(len) / 8) as usize;
+        out.resize(before + n * 8, 0);
+        match area.run(at + 1, n) {
+            // (The record does not wrap: one slice, no index to mask or check per word.)
+            Some(words) => {
+                for (d, w) in out[before..].chunks_exact_mut(8).zip(words) {
+                    d.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+                }
+            }
+            None => {
+                for (i, d) in out[before..].chunks_exact_mut(8).enumerate() {
+                    d.copy_from_slice(&area.word(at + 1 + i).load(Ordering::Relaxed).to_ne_bytes());
+                }
+            }
         }
         out.truncate(before + len as usize);
         self.tail += size;
@@ -378,6 +389,14 @@ impl<'a> Area<'a> {
     #[inline]
     fn word(self, n: usize) -> &'a AtomicU64 {
         &self.words[n & self.mask]
+    }
+
+    /// Words `n .. n + len` of the endless sequence, when they lie in one run of the area
+    /// (do not wrap round its end).
+    #[inline]
+    fn run(self, n: usize, len: usize) -> Option<&'a [AtomicU64]> {
+        let start = n & self.mask;
+        self.words.get(start..start.checked_add(len)?)
     }
 }
 
