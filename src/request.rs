@@ -212,6 +212,8 @@ impl Request {
 }
 
 impl Drop for Request {
+    // (Once per request: inlined, see `worker::requests`.)
+    #[inline(always)]
     fn drop(&mut self) {
         let State::Pending { slot, worker } = &self.state else {
             return;

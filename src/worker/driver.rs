@@ -284,6 +284,9 @@ impl Driver {
     }
 
     /// [`Driver::finish`] but for the receive buffers to repost (`out.deferred`, kept).
+    // (Once per message: inlined, as the request tables' operations are; see
+    // `worker::requests`.)
+    #[inline(always)]
     pub(super) fn after_unlock(&self, out: &mut AfterUnlock) {
         if !out.flush.is_empty() {
             for cs in out.flush.drain(..) {

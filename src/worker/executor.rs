@@ -4,11 +4,17 @@
 use super::*;
 
 impl Protocol {
+    // (Once per message: inlined, as the request tables' operations are; see
+    // `worker::requests`.)
+    #[inline(always)]
     pub(super) fn new_buf(&mut self, mem: UserMem) -> UserBufId {
         self.user_bufs.insert(mem)
     }
 
     /// Records a request the engine accepted, with its buffer and (for sends) connection.
+    // (Once per message: inlined, as the request tables' operations are; see
+    // `worker::requests`.)
+    #[inline(always)]
     pub(super) fn track(
         &mut self,
         id: RequestId,

@@ -2,7 +2,8 @@
 //! ([`UserBufs`], by [`UserBufId`]) and the requests it tracks ([`RequestMap`], by the
 //! engine's [`RequestId`]). Both index arrays instead of hashing: a buffer's id is a slotmap
 //! key (index and version), and a request's id carries the index of the engine's slot
-//! ([`RequestId::index`]), so a message costs no hash-table insert or removal.
+//! ([`RequestId::index`]), so a message costs no hash-table insert or removal. Their
+//! per-message operations are inlined (see `requests`).
 
 use slotmap::{DefaultKey, Key, KeyData, SlotMap};
 
@@ -22,6 +23,7 @@ fn key(id: &UserBufId) -> DefaultKey {
 
 impl UserBufs {
     /// Takes `mem` in under a new id.
+    #[inline(always)]
     pub(super) fn insert(&mut self, mem: UserMem) -> UserBufId {
         UserBufId(self.map.insert(mem).data().as_ffi())
     }
@@ -34,6 +36,7 @@ impl UserBufs {
         self.map.get_mut(key(id))
     }
 
+    #[inline(always)]
     pub(super) fn remove(&mut self, id: &UserBufId) -> Option<UserMem> {
         self.map.remove(key(id))
     }
@@ -60,6 +63,7 @@ impl<T> Default for RequestMap<T> {
 impl<T> RequestMap<T> {
     /// Tracks `value` under `id` (the engine never hands out an id that is still alive).
     /// False, tracking nothing, for an id that names no slot.
+    #[inline(always)]
     pub(super) fn insert(&mut self, id: RequestId, value: T) -> bool {
         let Some(i) = id.index() else {
             return false;
@@ -78,6 +82,7 @@ impl<T> RequestMap<T> {
         }
     }
 
+    #[inline(always)]
     pub(super) fn remove(&mut self, id: &RequestId) -> Option<T> {
         match self.slots.get_mut(id.index()?) {
             Some(entry @ Some(_)) if entry.as_ref().is_some_and(|(have, _)| have == id) => {

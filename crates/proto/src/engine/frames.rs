@@ -74,8 +74,19 @@ impl Engine {
                 bytes.len()
             )));
         }
-        let frame = wire::decode(bytes).map_err(|e| perr(e.to_string()))?;
-        let h = frame.header;
+        let h = wire::decode_header(bytes).map_err(|e| perr(e.to_string()))?;
+        // An eager frame, the most common one, is all checked with its header (its length,
+        // its status): no body to decode. Any other frame, and a bad eager one, is decoded
+        // whole (and refused as `decode` says).
+        let payload = bytes.get(HEADER_LEN..).unwrap_or_default();
+        let body = if h.opcode == Opcode::Eager
+            && h.status == WireStatus::Ok
+            && h.payload_len as usize == payload.len()
+        {
+            Body::Eager(payload)
+        } else {
+            wire::decode(bytes).map_err(|e| perr(e.to_string()))?.body
+        };
         if h.seq != c.rx_seq {
             return Err(perr(format!(
                 "sequence {} where {} was expected",
@@ -91,7 +102,7 @@ impl Engine {
             )));
         }
         c.tx_credits = new_credits;
-        if !matches!(frame.body, Body::Credit) {
+        if !matches!(body, Body::Credit) {
             c.rx_unreturned_data += 1;
         }
         // (A window not from the pool stays as it is.)
@@ -110,7 +121,7 @@ impl Engine {
         } else {
             Processed::Flush
         };
-        match frame.body {
+        match body {
             Body::Eager(payload) => {
                 if let Some(p) = self.take_posted_match(h.tag) {
                     let Some(Req::Recv(r)) = self.reqs.get(p.req) else {

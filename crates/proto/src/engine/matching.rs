@@ -18,6 +18,9 @@ impl Engine {
 
     /// Removes and returns the first posted receive (in posting order) whose tag and mask
     /// match `tag`.
+    // (Once per message: inlined, as the request tables' operations are; see
+    // `worker::requests`.)
+    #[inline(always)]
     pub(super) fn take_posted_match(&mut self, tag: Tag) -> Option<Posted> {
         // Most often the oldest receive matches: take it without shifting the queue.
         let front = self.posted.front()?;

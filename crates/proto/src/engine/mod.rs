@@ -426,6 +426,9 @@ impl Engine {
         }
     }
 
+    // (Once per message: inlined, as the request tables' operations are; see
+    // `worker::requests`.)
+    #[inline(always)]
     fn new_req(&mut self, r: Req) -> RequestId {
         self.reqs.insert(r)
     }
