@@ -74,19 +74,8 @@ impl Engine {
                 bytes.len()
             )));
         }
-        let h = wire::decode_header(bytes).map_err(|e| perr(e.to_string()))?;
-        // An eager frame, the most common one, is all checked with its header (its length,
-        // its status): no body to decode. Any other frame, and a bad eager one, is decoded
-        // whole (and refused as `decode` says).
-        let payload = bytes.get(HEADER_LEN..).unwrap_or_default();
-        let body = if h.opcode == Opcode::Eager
-            && h.status == WireStatus::Ok
-            && h.payload_len as usize == payload.len()
-        {
-            Body::Eager(payload)
-        } else {
-            wire::decode(bytes).map_err(|e| perr(e.to_string()))?.body
-        };
+        let wire::Frame { header: h, body } =
+            wire::decode(bytes).map_err(|e| perr(e.to_string()))?;
         if h.seq != c.rx_seq {
             return Err(perr(format!(
                 "sequence {} where {} was expected",
