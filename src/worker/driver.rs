@@ -107,10 +107,8 @@ impl Driver {
                     })
                 }
                 Ok(id) => {
-                    let slot = st.requests.open();
                     cs.pending_sends.fetch_add(1, Ordering::AcqRel);
-                    st.track(id, bufid, slot.index, Some(cs));
-                    Made::Pending(slot)
+                    Made::Pending(st.requests.open(bufid, id, Some(cs)))
                 }
                 Err(e) => {
                     log::debug!("tag_send on {:?}: {e}", cs.id);
@@ -128,7 +126,7 @@ impl Driver {
 
     /// A send that goes out as it is made (the common case of a small message), done: the
     /// frame `Engine::tag_send_now` makes is queued at once with the payload from `data`,
-    /// which never enters the tables (the engine queues no action with it). When it is
+    /// which never enters the request table (the engine queues no action with it). When it is
     /// posted at once (an RDMA link with nothing queued), that is all: no executor, no work
     /// for after the lock. Otherwise the locked section ends as any does. `Err(data)` when
     /// the send cannot go out at once.
@@ -284,7 +282,7 @@ impl Driver {
     }
 
     /// [`Driver::finish`] but for the receive buffers to repost (`out.deferred`, kept).
-    // (Once per message: inlined, as the request tables' operations are; see
+    // (Once per message: inlined, as the request table's operations are; see
     // `worker::requests`.)
     #[inline(always)]
     pub(super) fn after_unlock(&self, out: &mut AfterUnlock) {

@@ -97,16 +97,16 @@ impl Protocol {
             if posted {
                 let _ = cs.link.work_done();
             }
-            cs.link.read_finished(r.buf, self.user_bufs.get_mut(&r.buf));
+            cs.link.read_finished(r.buf, self.requests.mem_mut(r.buf));
             out.flush(cs);
         }
-        if let (Some(piece), Some(mem)) = (piece, self.user_bufs.get_mut(&r.buf)) {
+        if let (Some(piece), Some(mem)) = (piece, self.requests.mem_mut(r.buf)) {
             mem.put_back(r.off, piece);
         }
         if self.orphans.contains(&r.buf) {
-            if self.user_bufs.get(&r.buf).map_or(true, |m| !m.in_flight()) {
+            if self.requests.mem(r.buf).map_or(true, |m| !m.in_flight()) {
                 self.orphans.remove(&r.buf);
-                self.user_bufs.remove(&r.buf);
+                self.requests.take_mem(r.buf);
             }
             return;
         }
@@ -124,7 +124,7 @@ impl Protocol {
         }
         for key in lost {
             let buf = self.reads[&key].buf;
-            if let Some(mem) = self.user_bufs.get_mut(&buf) {
+            if let Some(mem) = self.requests.mem_mut(buf) {
                 mem.lose_piece();
             }
             self.read_done(key, None, false, true, out);
@@ -143,7 +143,7 @@ impl Protocol {
     /// Takes back every buffer lent to `cs`'s link as a READ destination.
     pub(super) fn reclaim_lent(&mut self, cs: &Conn) {
         for (buf, vec) in cs.link.reclaim_lent() {
-            if let Some(mem) = self.user_bufs.get_mut(&buf) {
+            if let Some(mem) = self.requests.mem_mut(buf) {
                 *mem = UserMem::Plain(vec);
             }
         }

@@ -4,46 +4,24 @@
 use super::*;
 
 impl Protocol {
-    // (Once per message: inlined, as the request tables' operations are; see
+    // (Once per message: inlined, as the request table's operations are; see
     // `worker::requests`.)
     #[inline(always)]
     pub(super) fn new_buf(&mut self, mem: UserMem) -> UserBufId {
-        self.user_bufs.insert(mem)
-    }
-
-    /// Records a request the engine accepted, with its buffer and (for sends) connection.
-    // (Once per message: inlined, as the request tables' operations are; see
-    // `worker::requests`.)
-    #[inline(always)]
-    pub(super) fn track(
-        &mut self,
-        id: RequestId,
-        buf: UserBufId,
-        slot: u32,
-        conn: Option<&Arc<Conn>>,
-    ) {
-        self.requests.set_id(slot, id);
-        let tracked = Tracked {
-            buf,
-            slot,
-            conn: conn.cloned(),
-        };
-        if !self.reqs.insert(id, tracked) {
-            log::error!("{id:?} names no slot of the engine: not tracked");
-        }
+        self.requests.insert_buf(mem)
     }
 
     /// Copies `data` into the user buffer `dst` at `off`; false when the buffer is gone or
     /// the bytes do not fit.
     pub(super) fn write_user(&mut self, dst: UserBufId, off: u64, data: &[u8]) -> bool {
-        self.user_bufs
-            .get_mut(&dst)
+        self.requests
+            .mem_mut(dst)
             .is_some_and(|mem| mem.write_at(off, data))
     }
 
     pub(super) fn take_buf(&mut self, id: UserBufId) -> Vec<u8> {
-        self.user_bufs
-            .remove(&id)
+        self.requests
+            .take_mem(id)
             .and_then(UserMem::into_vec)
             .unwrap_or_default()
     }
@@ -66,7 +44,7 @@ impl Protocol {
                 payload,
             } => self.send_frame(conn, frame.as_bytes(), payload, out),
             Action::ExposeSendBuffer { request, buf, len } => {
-                let exposed = self.expose(request, buf, len, out);
+                let exposed = self.expose(buf, len, out);
                 match exposed {
                     Ok(remote) => self.engine.handle_send_buffer_exposed(request, remote),
                     Err(e) => {
@@ -151,8 +129,8 @@ impl Protocol {
         };
         let data: &[u8] = match payload {
             Some(p) => match self
-                .user_bufs
-                .get(&p.buf)
+                .requests
+                .mem(p.buf)
                 .and_then(|m| m.head(p.len as usize))
             {
                 Some(d) => d,
@@ -167,24 +145,17 @@ impl Protocol {
         frame_queued(&mut self.engine, cs, queued, out);
     }
 
-    /// Exposes `len` bytes of the send buffer `buf` to the peer of the send `request`, for
-    /// its READ.
+    /// Exposes `len` bytes of the send buffer `buf` to the peer of its send, for its READ.
     fn expose(
         &mut self,
-        request: RequestId,
         buf: UserBufId,
         len: u64,
         out: &mut AfterUnlock,
     ) -> Result<RemoteBuf, String> {
-        let cs = self
-            .reqs
-            .get(&request)
-            .and_then(|p| p.conn.as_ref())
-            .ok_or("the send's connection is gone")?;
-        let mem = self
-            .user_bufs
-            .get_mut(&buf)
-            .ok_or("the send buffer is gone")?;
+        let (cs, mem) = self
+            .requests
+            .send_mem(buf)
+            .ok_or("the send or its connection is gone")?;
         let remote = cs.link.expose(&mut self.ifaces, buf, mem, len)?;
         out.flush(cs);
         Ok(remote)
@@ -200,8 +171,8 @@ impl Protocol {
     ) -> Result<(), String> {
         let cs = self.conns.get(&conn).ok_or("the connection is closed")?;
         let mem = self
-            .user_bufs
-            .get_mut(&read.buf)
+            .requests
+            .mem_mut(read.buf)
             .ok_or("the receive buffer is gone")?;
         cs.link.start_read(&mut self.ifaces, read, mem)?;
         self.next_read = (self.next_read + 1) & READ_KEY_MASK;
@@ -224,20 +195,20 @@ impl Protocol {
     /// the caller must try again once completions were polled.
     pub(super) fn release(&mut self, buf: UserBufId, copy_back: u64) -> bool {
         self.ifaces
-            .release(buf, self.user_bufs.get_mut(&buf), copy_back)
+            .release(buf, self.requests.mem_mut(buf), copy_back)
     }
 
     /// Retries what waited for a window to die (see [`Protocol::release`]).
     pub(super) fn release_held(&mut self, out: &mut AfterUnlock) {
         for (buf, done) in std::mem::take(&mut self.held) {
             let copy_back = match &done {
-                Some((_, c)) if c.status == Status::Ok => c.length,
+                Some(c) if c.status == Status::Ok => c.length,
                 _ => 0,
             };
             if !self.release(buf, copy_back) {
                 self.held.push((buf, done));
-            } else if let Some((p, c)) = done {
-                self.hand_back(p, c, out);
+            } else if let Some(c) = done {
+                self.hand_back(buf, c, out);
             }
         }
     }
@@ -255,18 +226,14 @@ impl Protocol {
         data: Option<&[u8]>,
         out: &mut AfterUnlock,
     ) {
-        let Some(p) = self.reqs.remove(&d.request) else {
+        let Some(slot) = self.requests.claim(d.dst, d.request) else {
             return;
         };
-        let plain = matches!(self.user_bufs.get(&p.buf), Some(UserMem::Plain(_)));
-        if !plain {
+        let Some(mut buf) = self.requests.take_plain(slot) else {
             if !data.is_some_and(|data| self.write_user(d.dst, 0, data)) {
                 log::error!("eager delivery of {} bytes into {:?} failed", d.len, d.dst);
             }
-            self.complete_tracked(p, d.completion(), out);
-            return;
-        }
-        let Some(UserMem::Plain(mut buf)) = self.user_bufs.remove(&p.buf) else {
+            self.complete_claimed(slot, d.dst, d.completion(), out);
             return;
         };
         let copied = data.is_some_and(|data| write_into(&mut buf, data));
@@ -285,8 +252,8 @@ impl Protocol {
             conn: Some(d.conn),
         };
         // (An outcome nobody will take is dropped: its handle is gone.)
-        if self.requests.finish(p.slot, outcome).is_none() {
-            out.completed.push(p.slot);
+        if self.requests.finish(slot, outcome).is_none() {
+            out.completed.push(slot);
         }
     }
 
@@ -296,54 +263,66 @@ impl Protocol {
             self.immediate_recv = Some(c);
             return;
         }
-        let Some(p) = self.reqs.remove(&c.request) else {
+        let Some(buf) = c.buf else {
+            log::error!("{:?} completed naming no buffer", c.request);
             return;
         };
-        self.complete_tracked(p, c, out);
+        let Some(slot) = self.requests.claim(buf, c.request) else {
+            return;
+        };
+        self.complete_claimed(slot, buf, c, out);
     }
 
-    /// [`Protocol::complete`] of the request `p`, no longer tracked.
-    fn complete_tracked(&mut self, p: Tracked, c: rdmx_proto::Completion, out: &mut AfterUnlock) {
-        if let Some(cs) = &p.conn {
+    /// [`Protocol::complete`] of the request in `slot` with the buffer `buf`, claimed.
+    fn complete_claimed(
+        &mut self,
+        slot: u32,
+        buf: UserBufId,
+        c: rdmx_proto::Completion,
+        out: &mut AfterUnlock,
+    ) {
+        if let Some(cs) = self.requests.take_conn(slot) {
             if cs.pending_sends.fetch_sub(1, Ordering::AcqRel) == 1 {
                 // A flushing endpoint waits for this.
                 out.news = true;
             }
         }
-        if !self.release(p.buf, if c.status == Status::Ok { c.length } else { 0 }) {
+        if !self.release(buf, if c.status == Status::Ok { c.length } else { 0 }) {
             // A bind of its window is still posted: the buffer comes back once it is dead.
-            self.held.retain(|(b, _)| *b != p.buf);
-            self.held.push((p.buf, Some((p, c))));
+            self.held.retain(|(b, _)| *b != buf);
+            self.held.push((buf, Some(c)));
             return;
         }
-        self.hand_back(p, c, out);
+        self.hand_back(buf, c, out);
     }
 
-    /// Hands a completed request its buffer (released already) and its outcome.
+    /// Hands a completed request its buffer `buf` (released already) and its outcome.
     pub(super) fn hand_back(
         &mut self,
-        p: Tracked,
+        buf: UserBufId,
         c: rdmx_proto::Completion,
         out: &mut AfterUnlock,
     ) {
-        let buf = match self.user_bufs.get(&p.buf) {
+        // (Its slot is in the buffer's id: see `worker::requests`.)
+        let slot = buf.0 as u32;
+        let vec = match self.requests.mem(buf) {
             Some(mem) if mem.in_flight() => {
                 // A READ into it was never reported (connection died): the worker keeps it
                 // until the READ completes or the connection is destroyed.
-                self.orphans.insert(p.buf);
+                self.orphans.insert(buf);
                 Vec::new()
             }
             Some(_) => self
-                .user_bufs
-                .remove(&p.buf)
+                .requests
+                .take_mem(buf)
                 .and_then(UserMem::into_vec)
                 .unwrap_or_default(),
             None => Vec::new(),
         };
-        let outcome = Outcome::of(&c, buf);
+        let outcome = Outcome::of(&c, vec);
         // (An outcome nobody will take is dropped: its handle is gone.)
-        if self.requests.finish(p.slot, outcome).is_none() {
-            out.completed.push(p.slot);
+        if self.requests.finish(slot, outcome).is_none() {
+            out.completed.push(slot);
         }
     }
 }

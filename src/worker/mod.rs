@@ -21,14 +21,12 @@ mod progress;
 mod requests;
 mod setup;
 mod sleepers;
-mod tables;
 
 use requests::DoneFlags;
 pub(crate) use requests::RequestKey;
 use requests::RequestTable;
 use sleepers::Sleepers;
 pub(crate) use sleepers::WaitFor;
-use tables::{RequestMap, UserBufs};
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -205,13 +203,6 @@ struct Scratch {
 /// the next progress call that finds no work.
 const REPOST_BATCH: usize = 16;
 
-struct Tracked {
-    buf: UserBufId,
-    /// Its slot in the request table.
-    slot: u32,
-    conn: Option<Arc<Conn>>,
-}
-
 struct ReadCtx {
     conn: ConnId,
     request: RequestId,
@@ -221,17 +212,16 @@ struct ReadCtx {
 
 struct Protocol {
     engine: Engine,
-    user_bufs: UserBufs,
+    /// Buffers of completed requests that a READ still targets.
     orphans: HashSet<UserBufId>,
-    reqs: RequestMap<Tracked>,
-    /// The requests the handles name, and their outcomes.
+    /// The requests the handles name, with their buffers and outcomes.
     requests: RequestTable,
     /// The transports' worker-wide state under this lock.
     ifaces: LockedIfaces,
     /// Buffers whose window could not be invalidated yet (a bind of it is still posted),
     /// with the completion of their request if it is done: released, and the completion
     /// handed out, once the window is dead.
-    held: Vec<(UserBufId, Option<(Tracked, rdmx_proto::Completion)>)>,
+    held: Vec<(UserBufId, Option<rdmx_proto::Completion>)>,
     /// The engine's unexpected arrivals as of the last wake-up.
     arrivals_seen: u64,
     /// The completion of a receive the engine completed as it was made
@@ -288,9 +278,7 @@ impl Worker {
             links: AtomicUsize::new(0),
             state: Mutex::new(Protocol {
                 engine,
-                user_bufs: UserBufs::default(),
                 orphans: HashSet::default(),
-                reqs: RequestMap::default(),
                 requests: RequestTable::new(done_flags.clone()),
                 ifaces: ifaces.locked(&cfg),
                 held: Vec::new(),
@@ -434,7 +422,7 @@ impl Worker {
         let mut buf = buf;
         if let Some(c) = st.engine.tag_recv_now(tag, mask, &mut buf) {
             // Its message had arrived eagerly: copied in already, the buffer never entering
-            // the tables (the common case of a receiver that fell behind its sender).
+            // the request table (the common case of a receiver that fell behind its sender).
             drop(guard);
             let outcome = Outcome::of(&c, buf);
             return Request::done(outcome, what);
@@ -463,8 +451,7 @@ impl Worker {
             };
             (Made::Done(outcome), out)
         } else {
-            let slot = st.requests.open();
-            st.track(id, bufid, slot.index, None);
+            let slot = st.requests.open(bufid, id, None);
             if !st.engine.has_actions() {
                 // Posted, no message having matched it (the common case of a receive made
                 // before its message): nothing to run, post or wake.
@@ -608,11 +595,7 @@ impl Worker {
         let made = self.driver.with_protocol(|st| {
             let bufid = st.new_buf(UserMem::Plain(buf));
             match st.engine.msg_recv(info.msg, bufid, info.len) {
-                Some(id) => {
-                    let slot = st.requests.open();
-                    st.track(id, bufid, slot.index, None);
-                    Made::Pending(slot)
-                }
+                Some(id) => Made::Pending(st.requests.open(bufid, id, None)),
                 // Its connection is gone: refused at once, like a send on a closed endpoint.
                 None => Made::Done(Outcome {
                     status: Status::ConnectionClosed,
@@ -660,7 +643,7 @@ impl Worker {
             rcache_registrations: usage.rcache_registrations,
             pending_requests: st.engine.pending_requests(),
             unexpected_messages: st.engine.unexpected_len(),
-            user_buffers: st.user_bufs.len(),
+            user_buffers: st.requests.buffers(),
             reads_in_flight: st.reads.len(),
             connections: sh.conn_list.read().len(),
         }

@@ -1,21 +1,27 @@
-//! The request table: every request a worker's handles name, in a slab. A request's slot
-//! holds its engine id and, once it completes, its outcome, under the protocol lock; its
-//! *done* flag lives in the worker's [`DoneFlags`], which the request's handle reads through
-//! its worker without any lock. Slots and flags are reused, so a request in steady state
+//! The request table: every request a worker's handles name, in a slab, and the one table
+//! the worker keeps per request. A request's slot holds its engine id, its user buffer (the
+//! engine names it by the slot: [`UserBufId`] is the slot's index and generation), a send's
+//! connection and, once it completes, its outcome, under the protocol lock; its *done* flag
+//! lives in the worker's [`DoneFlags`], which the request's handle reads through its worker
+//! without any lock. What the engine hands back names the buffer (a delivery's `dst`, a
+//! completion's `buf`), so the request is found by indexing, with no second table by
+//! request id or by buffer id. Slots and flags are reused, so a request in steady state
 //! allocates nothing of its own, and its handle holds no reference of its own (no `Arc`,
 //! whose count two atomic read-modify-writes would keep, or mutex per request).
 //!
-//! Its operations run once or twice per message and are `#[inline(always)]`, as are the
-//! other tables' (`tables`, the engine's slab): as calls (the compiler's choice even
-//! with `#[inline]`), their register saves and argument moves cost 269 of 5015 user-space
-//! instructions per shared-memory round trip (callgrind, `roundtrip_cost`).
+//! Its operations run once or twice per message and are `#[inline(always)]`, as is the
+//! engine's slab: as calls (the compiler's choice even with `#[inline]`), their register
+//! saves and argument moves cost 269 of 5015 user-space instructions per shared-memory
+//! round trip (callgrind, `roundtrip_cost`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use rdmx_proto::RequestId;
+use rdmx_proto::{RequestId, UserBufId};
 
 use crate::request::Outcome;
+use crate::transport::Conn;
+use crate::usermem::UserMem;
 
 /// Slots of the first chunk of done flags; chunk `k` has `FIRST_CHUNK << k`.
 const FIRST_CHUNK: usize = 64;
@@ -81,19 +87,47 @@ impl RequestKey {
 
 struct Entry {
     generation: u64,
+    /// The engine's id of the request, until it completes.
     id: Option<RequestId>,
     outcome: Option<Outcome>,
     /// The handle was dropped before completion: the slot is freed when it completes.
     abandoned: bool,
+    /// A request handle names it, until it takes the outcome or is dropped.
     open: bool,
+    /// The user buffer the worker holds: from the request's start until it completes, or
+    /// longer while a READ still targets it (an orphan); or, without a request, for the
+    /// moment a request the engine completed as it was made takes.
+    mem: Option<UserMem>,
+    /// A send's connection.
+    conn: Option<Arc<Conn>>,
+    /// Where its done flag is ([`DoneFlags::place`] of its index, worked out once).
+    flag: (u32, u32),
 }
 
-/// The slab (see the module docs). Lives in the protocol state, under its lock; its done
-/// flags are shared with the worker's handles.
+impl Entry {
+    /// Whether neither a handle nor a buffer holds it: its slot can be reused.
+    #[inline(always)]
+    fn unused(&self) -> bool {
+        !self.open && self.mem.is_none()
+    }
+}
+
+/// The worker's one table of requests (see the module docs). Lives in the protocol state,
+/// under its lock; its done flags are shared with the worker's handles.
 pub(crate) struct RequestTable {
     flags: Arc<DoneFlags>,
     entries: Vec<Entry>,
     free: Vec<u32>,
+    /// Entries holding a buffer.
+    buffers: usize,
+}
+
+/// The id under which the engine names the buffer in slot `index` of `generation`: the
+/// index in the low half, the generation's low bits in the high half (a stale id finds
+/// nothing once its slot was reused).
+#[inline(always)]
+fn buf_id(index: u32, generation: u64) -> UserBufId {
+    UserBufId((generation << 32) | u64::from(index))
 }
 
 impl RequestTable {
@@ -103,12 +137,14 @@ impl RequestTable {
             flags,
             entries: Vec::new(),
             free: Vec::new(),
+            buffers: 0,
         }
     }
 
-    /// A slot for a new request, not done.
+    /// Takes `mem` in, in a slot of its own, for a request about to be made: the engine
+    /// names it by the id returned. No handle names the slot until [`RequestTable::open`].
     #[inline(always)]
-    pub(crate) fn open(&mut self) -> RequestKey {
+    pub(crate) fn insert_buf(&mut self, mem: UserMem) -> UserBufId {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -119,6 +155,9 @@ impl RequestTable {
                     outcome: None,
                     abandoned: false,
                     open: false,
+                    mem: None,
+                    conn: None,
+                    flag: (0, 0),
                 });
                 i
             }
@@ -128,7 +167,36 @@ impl RequestTable {
         e.id = None;
         e.outcome = None;
         e.abandoned = false;
+        e.open = false;
+        e.mem = Some(mem);
+        self.buffers += 1;
+        buf_id(index, e.generation)
+    }
+
+    /// The slot of `buf`, if it is in use under that id.
+    #[inline(always)]
+    fn slot(&self, buf: UserBufId) -> Option<u32> {
+        let index = buf.0 as u32;
+        let e = self.entries.get(index as usize)?;
+        (!e.unused() && buf_id(index, e.generation) == buf).then_some(index)
+    }
+
+    /// A handle for the request `id` the engine made with `buf` (just taken in by
+    /// [`RequestTable::insert_buf`]), not done; `conn` is a send's connection.
+    #[inline(always)]
+    pub(crate) fn open(
+        &mut self,
+        buf: UserBufId,
+        id: RequestId,
+        conn: Option<&Arc<Conn>>,
+    ) -> RequestKey {
+        // (Its buffer is in the slot from `insert_buf` until the request completes, which
+        // the caller's locked section has not let happen yet.)
+        let index = buf.0 as u32;
+        let e = &mut self.entries[index as usize];
         e.open = true;
+        e.id = Some(id);
+        e.conn = conn.cloned();
         // (No order to keep with the sleepers here, unlike `finish`: a handle that looks at
         // this flag gets its generation from this call, after the store. A plain store, not
         // the `xchg` a sequentially consistent one costs.)
@@ -136,6 +204,8 @@ impl RequestTable {
         self.flags
             .make((chunk, at))
             .store(e.generation << 1, Ordering::Release);
+        // (Under 27 and 2^32: see `place`.)
+        e.flag = (chunk as u32, at as u32);
         RequestKey {
             index,
             // (Under 27 and 2^32: see `place`.)
@@ -145,16 +215,20 @@ impl RequestTable {
         }
     }
 
+    /// The entry of `slot`, while its handle names it.
     fn entry(&mut self, index: u32, generation: u64) -> Option<&mut Entry> {
         self.entries
             .get_mut(index as usize)
             .filter(|e| e.open && e.generation == generation)
     }
 
-    /// Records the engine's id of the request in `index`.
-    pub(crate) fn set_id(&mut self, index: u32, id: RequestId) {
-        if let Some(e) = self.entries.get_mut(index as usize) {
-            e.id = Some(id);
+    /// Frees slot `index` if nothing holds it any more.
+    #[inline(always)]
+    fn free_if_unused(&mut self, index: u32) {
+        let e = &mut self.entries[index as usize];
+        if e.unused() {
+            e.conn = None;
+            self.free.push(index);
         }
     }
 
@@ -165,40 +239,110 @@ impl RequestTable {
             .and_then(|e| e.id)
     }
 
+    /// The request the engine completes as `id` with `buf`, claimed for completion: its slot
+    /// (once: the request is no longer pending, and a second claim finds nothing).
+    #[inline(always)]
+    pub(crate) fn claim(&mut self, buf: UserBufId, id: RequestId) -> Option<u32> {
+        let index = self.slot(buf)?;
+        let e = &mut self.entries[index as usize];
+        if e.id != Some(id) {
+            return None;
+        }
+        e.id = None;
+        Some(index)
+    }
+
+    /// The buffer of the claimed request in slot `index` when it is plain memory, taken out
+    /// (`None`: no buffer, or another kind, left where it is).
+    #[inline(always)]
+    pub(crate) fn take_plain(&mut self, index: u32) -> Option<Vec<u8>> {
+        let e = &mut self.entries[index as usize];
+        if !matches!(e.mem, Some(UserMem::Plain(_))) {
+            return None;
+        }
+        let Some(UserMem::Plain(v)) = e.mem.take() else {
+            return None;
+        };
+        self.buffers -= 1;
+        Some(v)
+    }
+
+    /// The buffer `buf`.
+    pub(crate) fn mem(&self, buf: UserBufId) -> Option<&UserMem> {
+        self.entries[self.slot(buf)? as usize].mem.as_ref()
+    }
+
+    /// The buffer `buf`, to change.
+    pub(crate) fn mem_mut(&mut self, buf: UserBufId) -> Option<&mut UserMem> {
+        let index = self.slot(buf)?;
+        self.entries[index as usize].mem.as_mut()
+    }
+
+    /// The buffer `buf` of a send, with the send's connection.
+    pub(crate) fn send_mem(&mut self, buf: UserBufId) -> Option<(&Arc<Conn>, &mut UserMem)> {
+        let index = self.slot(buf)?;
+        let e = &mut self.entries[index as usize];
+        Some((e.conn.as_ref()?, e.mem.as_mut()?))
+    }
+
+    /// Takes the buffer `buf` out (its slot is freed unless a handle still names it).
+    #[inline(always)]
+    pub(crate) fn take_mem(&mut self, buf: UserBufId) -> Option<UserMem> {
+        let index = self.slot(buf)?;
+        let mem = self.entries[index as usize].mem.take()?;
+        self.buffers -= 1;
+        self.free_if_unused(index);
+        Some(mem)
+    }
+
+    /// Takes the connection of the send in slot `index` (`None` for a receive).
+    #[inline(always)]
+    pub(crate) fn take_conn(&mut self, index: u32) -> Option<Arc<Conn>> {
+        self.entries.get_mut(index as usize)?.conn.take()
+    }
+
     /// Completes the request in `index` with `outcome`. Returns the outcome back when the
     /// request's handle is gone (the caller drops it, outside the lock if it likes).
     #[inline(always)]
     pub(crate) fn finish(&mut self, index: u32, outcome: Outcome) -> Option<Outcome> {
         let e = self.entries.get_mut(index as usize)?;
+        e.id = None;
         if !e.open {
             return Some(outcome);
         }
         if e.abandoned {
             e.open = false;
-            self.free.push(index);
+            self.free_if_unused(index);
             return Some(outcome);
         }
         e.outcome = Some(outcome);
-        self.flags
-            .make(DoneFlags::place(index))
-            .store((e.generation << 1) | 1, Ordering::SeqCst);
+        // (Made when the request was opened.)
+        if let Some(flag) = self.flags.get((e.flag.0 as usize, e.flag.1 as usize)) {
+            flag.store((e.generation << 1) | 1, Ordering::SeqCst);
+        }
         None
     }
 
-    /// Takes a completed request's outcome and frees its slot.
+    /// Takes a completed request's outcome and frees its slot (unless a READ still
+    /// targets its buffer).
     #[inline(always)]
     pub(crate) fn take(&mut self, slot: &RequestKey) -> Option<Outcome> {
         let e = self.entry(slot.index, slot.generation)?;
         let outcome = e.outcome.take()?;
         e.open = false;
-        self.free.push(slot.index);
+        self.free_if_unused(slot.index);
         Some(outcome)
     }
 
-    /// Slots in use (requests whose handles or outcomes are still held).
+    /// Slots in use (requests whose handles or outcomes are still held, and buffers).
     #[cfg(test)]
     pub(crate) fn open_slots(&self) -> usize {
-        self.entries.iter().filter(|e| e.open).count()
+        self.entries.iter().filter(|e| !e.unused()).count()
+    }
+
+    /// Buffers the table holds.
+    pub(crate) fn buffers(&self) -> usize {
+        self.buffers
     }
 
     /// The handle of `slot` is gone: a completed request's slot is freed (its outcome
@@ -209,7 +353,7 @@ impl RequestTable {
         match e.outcome.take() {
             Some(outcome) => {
                 e.open = false;
-                self.free.push(index);
+                self.free_if_unused(index);
                 Some(outcome)
             }
             None => {
@@ -240,40 +384,83 @@ mod tests {
         (RequestTable::new(flags.clone()), flags)
     }
 
+    /// A request made with a plain buffer of `len` bytes, as the worker makes one.
+    fn open(t: &mut RequestTable, len: usize, id: u64) -> (RequestKey, UserBufId) {
+        let buf = t.insert_buf(UserMem::Plain(vec![0; len]));
+        (t.open(buf, RequestId(id), None), buf)
+    }
+
     #[test]
     fn slots_complete_are_taken_and_reused_without_confusing_generations() {
         let (mut t, flags) = table();
         let done = |k: &RequestKey| k.is_done(&flags);
-        let a = t.open();
-        let b = t.open();
-        t.set_id(a.index, RequestId(10));
+        let (a, abuf) = open(&mut t, 3, 10);
+        let (b, _) = open(&mut t, 1, 11);
         assert_eq!(t.pending_id(&a), Some(RequestId(10)));
+        assert_eq!(t.buffers(), 2);
         assert!(!done(&a));
-        assert!(t.finish(a.index, outcome(3)).is_none());
-        assert!(done(&a) && !done(&b));
+        // Completed as the engine says: claimed once, by its buffer and id.
+        assert_eq!(t.claim(abuf, RequestId(99)), None, "another request's id");
+        let slot = t.claim(abuf, RequestId(10)).unwrap();
+        assert_eq!(t.claim(abuf, RequestId(10)), None, "claimed once");
         assert_eq!(t.pending_id(&a), None);
+        assert_eq!(t.take_plain(slot).unwrap().len(), 3);
+        assert!(t.finish(slot, outcome(3)).is_none());
+        assert!(done(&a) && !done(&b));
         assert_eq!(t.take(&a).unwrap().length, 3);
         assert!(t.take(&a).is_none());
-        // The slot is reused under a new generation: the old handle's view is not done.
-        let c = t.open();
+        assert_eq!(t.buffers(), 1);
+        // The slot is reused under a new generation: the old handle's view is not done,
+        // and the old buffer id names nothing.
+        let (c, cbuf) = open(&mut t, 2, 12);
         assert_eq!(c.index, a.index);
+        assert_ne!(cbuf, abuf);
+        assert!(t.mem(abuf).is_none() && t.mem(cbuf).is_some());
         assert!(!done(&c) && !done(&a));
         assert!(t.take(&a).is_none());
         // An abandoned pending request frees its slot when it completes.
         assert!(t.abandon(&b).is_none());
         assert!(t.finish(b.index, outcome(1)).is_some());
-        let d = t.open();
+        // (Its buffer is still held: the slot waits for it.)
+        assert_eq!(t.open_slots(), 2);
+        assert!(t.take_mem(buf_id(b.index, b.generation)).is_some());
+        assert_eq!(t.open_slots(), 1);
+        let (d, _) = open(&mut t, 0, 13);
         assert_eq!(d.index, b.index);
         // An abandoned completed one at once.
+        t.take_plain(d.index);
         t.finish(d.index, outcome(2));
         assert_eq!(t.abandon(&d).unwrap().length, 2);
         assert_eq!(t.free, vec![d.index]);
     }
 
     #[test]
+    fn a_buffer_outlives_its_request_and_a_bare_buffer_frees_its_slot() {
+        let (mut t, _) = table();
+        // A buffer no request names (one the engine completed as it was made).
+        let bare = t.insert_buf(UserMem::Plain(vec![7]));
+        assert_eq!(t.open_slots(), 1);
+        assert!(matches!(t.take_mem(bare), Some(UserMem::Plain(v)) if v == [7]));
+        assert_eq!(t.open_slots(), 0);
+        assert!(t.take_mem(bare).is_none());
+        // A completed request whose buffer a READ still targets (an orphan): taking the
+        // outcome keeps the slot until the buffer is taken.
+        let (k, buf) = open(&mut t, 4, 20);
+        let slot = t.claim(buf, RequestId(20)).unwrap();
+        assert!(t.finish(slot, outcome(0)).is_none());
+        assert!(t.take(&k).is_some());
+        assert_eq!(t.open_slots(), 1);
+        assert!(t.mem(buf).is_some());
+        let reused = t.insert_buf(UserMem::Plain(Vec::new()));
+        assert_ne!(reused.0 as u32, slot, "a held buffer's slot is not reused");
+        assert!(t.take_mem(buf).is_some());
+        assert_eq!(t.buffers(), 1);
+    }
+
+    #[test]
     fn many_slots_span_chunks() {
         let (mut t, flags) = table();
-        let slots: Vec<RequestKey> = (0..1000).map(|_| t.open()).collect();
+        let slots: Vec<RequestKey> = (0..1000).map(|i| open(&mut t, 0, i + 1).0).collect();
         for s in slots.iter().step_by(3) {
             t.finish(s.index, outcome(0));
         }

@@ -50,6 +50,7 @@ fn a_receive_whose_eager_message_arrived_completes_as_it_is_made() {
             length: 3,
             tag: 5,
             conn: Some(ConnId(1)),
+            buf: Some(UserBufId(9)),
         }))
     );
     assert_eq!(e.poll_action(), None);

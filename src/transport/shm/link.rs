@@ -112,7 +112,7 @@ impl Outbox {
     /// Sends a record of `kind` made of `pieces`: into the ring now when nothing waits and
     /// it has room (`Ok(true)`), else queued behind what waits (`Ok(false)`; `shared` retries
     /// it on every progress call).
-    // (Once per message: inlined, as the request tables' operations are; see
+    // (Once per message: inlined, as the request table's operations are; see
     // `worker::requests`.)
     #[inline(always)]
     fn send(self: &Arc<Self>, shared: &Shared, kind: u8, pieces: &[&[u8]]) -> Result<bool, String> {

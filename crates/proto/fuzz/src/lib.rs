@@ -337,6 +337,7 @@ impl Harness {
                 length: len,
                 tag,
                 conn: Some(CONN),
+                buf: Some(buf),
             });
         }
         self.check_model();

@@ -233,6 +233,7 @@ impl Delivery {
             length: u64::from(self.len),
             tag: self.tag,
             conn: Some(self.conn),
+            buf: Some(self.dst),
         }
     }
 }

@@ -109,6 +109,7 @@ impl Engine {
             length: len,
             tag: u.tag,
             conn: Some(u.conn),
+            buf: None,
         })
     }
 
@@ -279,6 +280,7 @@ impl Engine {
             length: len,
             tag: u.tag,
             conn: Some(u.conn),
+            buf: Some(buf),
         }));
     }
 }

@@ -449,15 +449,21 @@ impl Engine {
             length,
             tag,
             conn,
+            // (Filled in by `report`.)
+            buf: None,
         };
         report(&mut self.reqs, &mut self.actions, done);
     }
 }
 
-/// Frees the slot of the request `done` completes and queues its completion: the one way a
-/// request ends (a function of the two fields, for callers that hold other parts of the
-/// engine borrowed).
-fn report(reqs: &mut Requests<Req>, actions: &mut VecDeque<Action>, done: Completion) {
+/// Frees the slot of the request `done` completes and queues its completion, with the
+/// request's buffer: the one way a request ends (a function of the two fields, for callers
+/// that hold other parts of the engine borrowed).
+fn report(reqs: &mut Requests<Req>, actions: &mut VecDeque<Action>, mut done: Completion) {
+    done.buf = reqs.get(done.request).map(|r| match r {
+        Req::Send(s) => s.buf,
+        Req::Recv(r) => r.buf,
+    });
     reqs.discard(done.request);
     actions.push_back(Action::Complete(done));
 }

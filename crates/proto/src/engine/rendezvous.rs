@@ -38,6 +38,8 @@ impl Engine {
                 length: body.len,
                 tag,
                 conn: Some(conn),
+                // (Filled in as it is reported.)
+                buf: None,
             };
             self.complete_after_ats(conn, sreq, wst, done);
             return;
@@ -134,6 +136,8 @@ impl Engine {
             length,
             tag,
             conn: Some(conn),
+            // (Filled in as it is reported.)
+            buf: None,
         };
         self.complete_after_ats(conn, sreq, wst, done);
     }

@@ -179,6 +179,7 @@ impl Engine {
                         length: len,
                         tag,
                         conn: Some(conn_id),
+                        buf: Some(buf),
                     }));
                 }
                 SendPhase::RtsQueued {

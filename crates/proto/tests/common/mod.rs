@@ -16,6 +16,8 @@ pub struct Peer {
     recv_bufs: HashMap<RecvBufId, Vec<u8>>,
     pub completions: BTreeMap<RequestId, Completion>,
     pub completion_order: Vec<RequestId>,
+    /// The buffer each request was made with, which its completion must name.
+    made_with: HashMap<RequestId, UserBufId>,
     pub closed: Vec<(ConnId, CloseReason)>,
     next_buf: u64,
     /// request -> exposed region base
@@ -91,6 +93,7 @@ impl Sim {
                     recv_bufs: HashMap::new(),
                     completions: BTreeMap::new(),
                     completion_order: Vec::new(),
+                    made_with: HashMap::new(),
                     closed: Vec::new(),
                     next_buf: 1,
                     exposed: HashMap::new(),
@@ -156,6 +159,7 @@ impl Sim {
             .engine
             .tag_send(conn(j), tag, buf, len)
             .unwrap();
+        self.peers[i].made_with.insert(r, buf);
         self.pump(i);
         if r.is_immediate() {
             // Sent as it was made: the driver completes it once the frame is out.
@@ -167,6 +171,7 @@ impl Sim {
                 length: len,
                 tag,
                 conn: Some(conn(j)),
+                buf: Some(buf),
             };
             assert!(
                 p.completions.insert(r, c).is_none(),
@@ -181,6 +186,7 @@ impl Sim {
     pub fn recv(&mut self, i: usize, tag: Tag, mask: Tag, cap: usize) -> (RequestId, UserBufId) {
         let buf = self.alloc(i, vec![0xEE; cap]);
         let r = self.peers[i].engine.tag_recv(tag, mask, buf, cap as u64);
+        self.peers[i].made_with.insert(r, buf);
         self.pump(i);
         (r, buf)
     }
@@ -313,6 +319,12 @@ impl Sim {
                 }
                 Action::Complete(c) => {
                     let p = &mut self.peers[i];
+                    // (Requests a test made without `send` or `recv` are not recorded.)
+                    let made_with = p.made_with.get(&c.request).copied().or(c.buf);
+                    assert!(
+                        c.buf.is_some() && c.buf == made_with,
+                        "a completion names its request's buffer: {c:?}"
+                    );
                     assert!(
                         p.completions.insert(c.request, c).is_none(),
                         "request completed twice"
