@@ -59,8 +59,10 @@ impl Protocol {
     /// A frame arrived on `conn`: the engine reads it, an eager message for a posted receive
     /// is copied into the receive's buffer here (no action of the engine reads a frame: see
     /// [`Engine::handle_frame_delivering`]), the actions it queued run, and its buffer goes
-    /// back to its link. Frames on closing connections (which the engine has forgotten) go
-    /// straight back.
+    /// back to its link. Frames on closing connections go straight back: the engine forgot
+    /// the connection before it started closing (every way a connection starts closing
+    /// follows the engine's `fail_conn`), and drops what arrives on a connection it does not
+    /// know.
     fn deliver(&mut self, conn: ConnId, frame: RecvFrame, len: usize, out: &mut AfterUnlock) {
         self.deliver_bytes(conn, &frame[..len.min(frame.len())], out);
         super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
@@ -69,9 +71,7 @@ impl Protocol {
     /// [`Protocol::deliver`] of a frame's bytes, which stay the caller's (shared memory's
     /// frames, which share one buffer: see [`crate::transport::shm::ShmFrames`]).
     pub(super) fn deliver_bytes(&mut self, conn: ConnId, bytes: &[u8], out: &mut AfterUnlock) {
-        if self.conns.get(&conn).map_or(true, |cs| cs.is_closing()) {
-            return;
-        }
+        // (Not looked up in `conns` first: see `deliver`.)
         if let Some(d) = self.engine.handle_frame_delivering(conn, bytes) {
             let data = bytes.get(d.payload());
             self.deliver_eager(d, data, out);

@@ -59,7 +59,7 @@ pub struct Completion {
     /// The connection involved (`None` for a receive that never matched).
     pub conn: Option<ConnId>,
     /// The request's buffer, as the driver named it when it made the request (`None` for a
-    /// receive [`Engine::tag_recv_now`] completed, which names none): the driver finds its
+    /// receive [`Engine::tag_recv_now`](crate::Engine::tag_recv_now) completed, which names none): the driver finds its
     /// own record of the request by it, with no table of request ids.
     pub buf: Option<UserBufId>,
 }
