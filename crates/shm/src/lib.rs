@@ -12,6 +12,8 @@
 //!   [`Consumer`]). No system call per frame.
 //! * [`Doorbell`]: an eventfd a consumer sleeps on while it has said it may sleep
 //!   ([`Consumer::may_sleep`]); producers ring it only then ([`Producer::consumer_waiting`]).
+//!   A consumer that never sleeps says so once ([`Consumer::never_sleeps`]), and its
+//!   producer stops asking.
 //! * [`fdpass`]: handing the segment and doorbells to the peer over a Unix socket, and the
 //!   peer's pid and uid from the kernel. The socket's hang-up tells a peer died.
 //! * [`HostIdentity`]: whether a peer shares this host: boot id, user and namespaces,

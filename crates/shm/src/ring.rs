@@ -6,7 +6,7 @@
 //! |-------:|------------|-------|
 //! | 0 | nobody | reserved (zero) |
 //! | 64 | consumer | `tail`: bytes consumed since the start (`u64`) |
-//! | 128 | consumer | `waiting`: 1 while the consumer may sleep on its doorbell |
+//! | 128 | consumer | `waiting`: 1 while the consumer may sleep on its doorbell; [`NEVER_SLEEPS`] from the start if it never does |
 //! | 192 | producer | the data area: records |
 //!
 //! A record is an 8-byte header — `len` in its low 32 bits, the record's `kind` (a byte the
@@ -51,6 +51,11 @@ const TAIL: usize = 64;
 const WAITING: usize = 128;
 /// Bytes of a record's header.
 const RECORD_HEADER: u64 = 8;
+/// The `waiting` of a consumer that never sleeps on its doorbell (it busy-polls), set before
+/// its first poll and never changed: its producer need not look at `waiting` again, nor
+/// fence before looking (see [`Producer::consumer_waiting`]). A consumer that says so and
+/// sleeps all the same misses its wake-ups: only its own loss.
+pub const NEVER_SLEEPS: u64 = 2;
 /// The top bit of a record header: set in every published record (a header of kind 0 and
 /// length 0 is not zero, the word that says nothing waits).
 pub const PUBLISHED: u64 = 1 << 63;
@@ -152,6 +157,8 @@ impl Place {
 /// The writing end of a ring.
 pub struct Producer {
     place: Place,
+    /// The consumer said it never sleeps ([`NEVER_SLEEPS`]).
+    never_rings: bool,
     /// Bytes published (private: `head` in shared memory is only written from here).
     head: u64,
     /// The consumer's `tail` when last read.
@@ -174,6 +181,7 @@ impl Producer {
         let head = place.start(TAIL)?;
         Ok(Producer {
             place,
+            never_rings: false,
             head,
             tail: head,
         })
@@ -219,16 +227,23 @@ impl Producer {
         // The bytes after the header word, then the zero past the record, then the header.
         let area = self.place.area();
         let at = (self.head / 8) as usize;
-        let mut w = Words {
-            area,
-            at: at + 1,
-            acc: 0,
-            fill: 0,
-        };
-        for p in pieces {
-            w.put(p);
+        let words = (padded(len as u64) / 8) as usize;
+        if !area
+            .run(at + 1, words)
+            .is_some_and(|run| put_run(run, pieces))
+        {
+            // (It wraps round the area's end, or a piece but the last is not whole words.)
+            let mut w = Words {
+                area,
+                at: at + 1,
+                acc: 0,
+                fill: 0,
+            };
+            for p in pieces {
+                w.put(p);
+            }
+            w.finish();
         }
-        w.finish();
         area.word(at + (need / 8) as usize)
             .store(0, Ordering::Relaxed);
         area.word(at).store(
@@ -256,10 +271,21 @@ impl Producer {
 
     /// Whether the consumer said it may sleep, so that what was just pushed needs its
     /// doorbell rung. (A full fence first: the push's `head` and this read of `waiting` are
-    /// not reordered, pairing with [`Consumer::may_sleep`].)
-    pub fn consumer_waiting(&self) -> bool {
+    /// not reordered, pairing with [`Consumer::may_sleep`].) Once the consumer was seen to
+    /// say it never sleeps ([`NEVER_SLEEPS`]), false at once: no fence, no read of its line.
+    pub fn consumer_waiting(&mut self) -> bool {
+        if self.never_rings {
+            return false;
+        }
         fence(Ordering::SeqCst);
-        self.place.field(WAITING).load(Ordering::Relaxed) != 0
+        match self.place.field(WAITING).load(Ordering::Relaxed) {
+            0 => false,
+            NEVER_SLEEPS => {
+                self.never_rings = true;
+                false
+            }
+            _ => true,
+        }
     }
 
     /// Whether everything pushed was consumed (reads the consumer's `tail`).
@@ -308,6 +334,19 @@ impl Consumer {
     /// of its own. On `Ok(Some(kind))` the record is `out[before..]`; otherwise `out` is as
     /// it was (`Ok(None)`) or unspecified past its old length ([`Error::Corrupt`]).
     pub fn pop_kind_append(&mut self, out: &mut Vec<u8>) -> Result<Option<u8>> {
+        let before = out.len();
+        let popped = self.pop_kind_at(out, before)?;
+        out.truncate(popped.map_or(before, |(_, len)| before + len));
+        Ok(popped.map(|(kind, _)| kind))
+    }
+
+    /// [`Consumer::pop_kind`] writing the record's bytes at `out[offset..]`: `Ok(Some((kind,
+    /// len)))`, the record being `out[offset..offset + len]`. `out` grows (zeroed) only where it is
+    /// shorter than the record's padded end, and keeps its length otherwise: the bytes past
+    /// the record are unspecified. So a buffer reused for record after record is written
+    /// only, never zeroed or truncated first. Otherwise as [`Consumer::pop_kind_append`].
+    #[inline]
+    pub fn pop_kind_at(&mut self, out: &mut Vec<u8>, offset: usize) -> Result<Option<(u8, usize)>> {
         let area = self.place.area();
         let at = (self.tail / 8) as usize;
         let header = area.word(at).load(Ordering::Acquire);
@@ -334,26 +373,27 @@ impl Consumer {
                 self.tail
             )));
         }
-        let before = out.len();
         let n = (padded(len) / 8) as usize;
-        out.resize(before + n * 8, 0);
+        let end = offset.saturating_add(n * 8);
+        if out.len() < end {
+            out.resize(end, 0);
+        }
         match area.run(at + 1, n) {
             // (The record does not wrap: one slice, no index to mask or check per word.)
             Some(words) => {
-                for (d, w) in out[before..].chunks_exact_mut(8).zip(words) {
+                for (d, w) in out[offset..end].chunks_exact_mut(8).zip(words) {
                     d.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
                 }
             }
             None => {
-                for (i, d) in out[before..].chunks_exact_mut(8).enumerate() {
+                for (i, d) in out[offset..end].chunks_exact_mut(8).enumerate() {
                     d.copy_from_slice(&area.word(at + 1 + i).load(Ordering::Relaxed).to_ne_bytes());
                 }
             }
         }
-        out.truncate(before + len as usize);
         self.tail += size;
         self.place.field(TAIL).store(self.tail, Ordering::Release);
-        Ok(Some(kind))
+        Ok(Some((kind, len as usize)))
     }
 
     /// Whether no record waits (one load of the header word at `tail`; a corrupt header
@@ -364,6 +404,15 @@ impl Consumer {
             .word((self.tail / 8) as usize)
             .load(Ordering::Relaxed)
             == 0
+    }
+
+    /// Says that this consumer never sleeps on its doorbell ([`NEVER_SLEEPS`]): its producer
+    /// then stops fencing and reading `waiting` after each push. Before the first poll, and
+    /// never followed by [`Consumer::may_sleep`].
+    pub fn never_sleeps(&self) {
+        self.place
+            .field(WAITING)
+            .store(NEVER_SLEEPS, Ordering::Release);
     }
 
     /// Says whether this consumer may sleep (`true`) before it checks the ring one last time
@@ -402,6 +451,40 @@ impl<'a> Area<'a> {
 
 /// Writes a record's bytes into a ring's data area from word `at` on, a word at a time:
 /// bytes gather in `acc` (its low `fill` bytes, in memory order) until a word is full.
+/// Writes `pieces` one after another into `run`, the words of a record that does not wrap
+/// (as many as the pieces fill, the last padded with zeros), when every piece but the last
+/// is whole words long (a frame's header is): the common case, a word per store with no
+/// index masked or carried bytes gathered. False when they are not (or do not fit the run),
+/// and then what it wrote is to be written over.
+#[inline]
+fn put_run(run: &[AtomicU64], pieces: &[&[u8]]) -> bool {
+    let mut dst = run.iter();
+    let n = pieces.len();
+    for (i, piece) in pieces.iter().enumerate() {
+        let mut bytes: &[u8] = piece;
+        while let Some((word, rest)) = bytes.split_first_chunk::<8>() {
+            let Some(d) = dst.next() else {
+                return false;
+            };
+            d.store(u64::from_ne_bytes(*word), Ordering::Relaxed);
+            bytes = rest;
+        }
+        if bytes.is_empty() {
+            continue;
+        }
+        if i + 1 != n {
+            return false;
+        }
+        let mut last = [0u8; 8];
+        last[..bytes.len()].copy_from_slice(bytes);
+        let Some(d) = dst.next() else {
+            return false;
+        };
+        d.store(u64::from_ne_bytes(last), Ordering::Relaxed);
+    }
+    true
+}
+
 struct Words<'a> {
     area: Area<'a>,
     at: usize,

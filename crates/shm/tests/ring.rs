@@ -116,6 +116,15 @@ fn a_channel_handed_over_a_unix_socket_carries_frames_both_ways() {
     assert!(!bell.drain().expect("drained"));
     my_rx.may_sleep(false);
     assert_eq!(pop(&mut my_rx).as_deref(), Some(&b"wake"[..]));
+    // A consumer that never sleeps (a busy-polling worker) says so once: its producer stops
+    // asking, and never rings.
+    their_rx.never_sleeps();
+    assert!(my_tx.push(&[b"busy"]).expect("push"));
+    assert!(!my_tx.consumer_waiting());
+    // (Even a consumer that broke its word and sleeps is not rung: only its loss.)
+    their_rx.may_sleep(true);
+    assert!(!my_tx.consumer_waiting());
+    assert_eq!(pop(&mut their_rx).as_deref(), Some(&b"busy"[..]));
 }
 
 #[test]

@@ -33,7 +33,10 @@ const PER_RING: usize = 16;
 /// lock, and clears it.
 #[derive(Default)]
 pub(crate) struct ShmFrames {
+    /// The frames, in `bytes[..used]`. (Its length is the most it ever held: written over
+    /// call after call, never zeroed or truncated; see [`Consumer::pop_kind_at`].)
     bytes: Vec<u8>,
+    used: usize,
     /// Each frame's connection and end in `bytes` (it starts where the one before ends).
     frames: Vec<(ConnId, usize)>,
 }
@@ -58,8 +61,9 @@ impl ShmFrames {
     /// Forgets the frames (delivered), keeping the buffer unless a burst made it large.
     pub(crate) fn clear(&mut self) {
         self.frames.clear();
-        self.bytes.clear();
-        if self.bytes.capacity() > 4 * FRAME_BUDGET {
+        self.used = 0;
+        if self.bytes.len() > 4 * FRAME_BUDGET {
+            self.bytes.truncate(FRAME_BUDGET);
             self.bytes.shrink_to(FRAME_BUDGET);
         }
     }
@@ -106,6 +110,9 @@ pub(crate) struct Shared {
     /// Set while the worker may sleep: the rings' `waiting` flags are up. (Changed under
     /// `changes`' lock, so that a ring added meanwhile gets the flag.)
     armed: AtomicBool,
+    /// The worker busy-polls (never sleeps, never arms): its rings say so to their producers
+    /// once, which then neither fence nor look at `waiting` after a push.
+    busy: bool,
     /// READs the links finished: (key, whether the data landed).
     done: Mutex<Vec<(u64, bool)>>,
     done_count: AtomicUsize,
@@ -132,8 +139,9 @@ impl ShmIface {
         self.shared.get()
     }
 
-    /// The shared part, made (its doorbell registered with `registry`) if it was not.
-    pub(crate) fn on(&self, registry: &Registry) -> Result<&Arc<Shared>> {
+    /// The shared part, made (its doorbell registered with `registry`) if it was not, for a
+    /// worker that busy-polls (`busy`: see [`Shared::busy`]) or sleeps.
+    pub(crate) fn on(&self, registry: &Registry, busy: bool) -> Result<&Arc<Shared>> {
         if let Some(s) = self.shared.get() {
             return Ok(s);
         }
@@ -154,6 +162,7 @@ impl ShmIface {
             changes: Mutex::new(RingChanges::default()),
             changed: AtomicBool::new(false),
             armed: AtomicBool::new(false),
+            busy,
             done: Mutex::new(Vec::new()),
             done_count: AtomicUsize::new(0),
             blocked: Mutex::new(Vec::new()),
@@ -213,7 +222,9 @@ impl Shared {
     /// progress call on).
     pub(crate) fn add_rx(&self, ring: Consumer, sink: RecordSink) {
         let mut changes = self.changes.lock();
-        if self.armed.load(Ordering::Acquire) {
+        if self.busy {
+            ring.never_sleeps();
+        } else if self.armed.load(Ordering::Acquire) {
             ring.may_sleep(true);
         }
         changes.added.push(Rx {
@@ -321,7 +332,7 @@ impl Shared {
             // (Counted round from `first` without a division per ring.)
             let mut i = if *first < n { *first } else { 0 };
             for _ in 0..n {
-                if frames.bytes.len() >= FRAME_BUDGET {
+                if frames.used >= FRAME_BUDGET {
                     // The rest wait for the next call, which starts with them.
                     *first = i;
                     break;
@@ -389,22 +400,20 @@ impl Shared {
 
     /// Takes the record that waits in `r`: a frame to `frames`, a GET or DATA to the link.
     fn take_record(&self, r: &mut Rx, frames: &mut ShmFrames) -> std::result::Result<(), String> {
-        let start = frames.bytes.len();
-        let kind = r.ring.pop_kind_append(&mut frames.bytes);
-        let handled = match kind {
-            Ok(Some(KIND_FRAME)) => {
-                frames.frames.push((r.conn, frames.bytes.len()));
-                return Ok(());
+        let start = frames.used;
+        match r.ring.pop_kind_at(&mut frames.bytes, start) {
+            Ok(Some((KIND_FRAME, len))) => {
+                frames.used = start + len;
+                frames.frames.push((r.conn, frames.used));
+                Ok(())
             }
             // (Seen waiting a moment ago: only a peer rewinding its head makes it vanish.)
             Ok(None) => Err("a record published, then withdrawn".into()),
-            Ok(Some(KIND_GET)) => r.sink.get(self, &frames.bytes[start..]),
-            Ok(Some(KIND_DATA)) => r.sink.data(self, &frames.bytes[start..]),
-            Ok(Some(kind)) => Err(format!("a record of unknown kind {kind}")),
+            Ok(Some((KIND_GET, len))) => r.sink.get(self, &frames.bytes[start..start + len]),
+            Ok(Some((KIND_DATA, len))) => r.sink.data(self, &frames.bytes[start..start + len]),
+            Ok(Some((kind, _))) => Err(format!("a record of unknown kind {kind}")),
             Err(e) => Err(e.to_string()),
-        };
-        frames.bytes.truncate(start);
-        handled
+        }
     }
 
     /// The name of the worker's Unix socket for handed-over segments, made if there is none.

@@ -50,7 +50,7 @@ pub(crate) struct Outbox {
 
 impl Outbox {
     /// Rings the peer's doorbell if it said it may sleep.
-    fn wake_peer(&self, tx: &Producer) {
+    fn wake_peer(&self, tx: &mut Producer) {
         if tx.consumer_waiting() {
             if let Err(e) = self.peer_bell.ring() {
                 log::warn!("{:?}: ringing the peer's doorbell: {e}", self.conn);
@@ -102,7 +102,7 @@ impl Outbox {
         }
         // (Only for what went in: a retry that found the ring still full rings nobody.)
         if pushed {
-            self.wake_peer(&tx);
+            self.wake_peer(&mut tx);
         }
         let left = !waiting.is_empty();
         self.has_waiting.store(left, Ordering::Release);
@@ -126,7 +126,7 @@ impl Outbox {
             let mut tx = self.tx.lock();
             match tx.push_kind(kind, pieces) {
                 Ok(true) => {
-                    self.wake_peer(&tx);
+                    self.wake_peer(&mut tx);
                     return Ok(true);
                 }
                 Ok(false) => {}
@@ -149,7 +149,7 @@ impl Outbox {
         if !self.has_waiting.load(Ordering::Acquire) {
             let mut tx = self.tx.lock();
             let done = s.push(&mut tx);
-            self.wake_peer(&tx);
+            self.wake_peer(&mut tx);
             match done {
                 Ok(true) => return,
                 Ok(false) => {}
