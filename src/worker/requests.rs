@@ -32,7 +32,7 @@ const CHUNKS: usize = 27;
 /// readable without a lock: chunks that double in size, each made once (under the protocol
 /// lock, when the table first grows into it) and never moved or freed while the worker
 /// lives, so a flag's place never changes.
-pub(crate) struct DoneFlags([OnceLock<Box<[AtomicU64]>>; CHUNKS]);
+pub(crate) struct DoneFlags([OnceLock<Arc<[AtomicU64]>>; CHUNKS]);
 
 impl Default for DoneFlags {
     fn default() -> Self {
@@ -56,12 +56,11 @@ impl DoneFlags {
         self.0.get(k)?.get()?.get(at)
     }
 
-    /// The flag at `at` in chunk `k`, the chunk made if it was not.
-    #[inline(always)]
-    fn make(&self, (k, at): (usize, usize)) -> &AtomicU64 {
-        let chunk =
-            self.0[k].get_or_init(|| (0..FIRST_CHUNK << k).map(|_| AtomicU64::new(0)).collect());
-        &chunk[at]
+    /// Chunk `k`, made if it was not.
+    fn chunk(&self, k: usize) -> Arc<[AtomicU64]> {
+        self.0[k]
+            .get_or_init(|| (0..FIRST_CHUNK << k).map(|_| AtomicU64::new(0)).collect())
+            .clone()
     }
 }
 
@@ -100,8 +99,11 @@ struct Entry {
     mem: Option<UserMem>,
     /// A send's connection.
     conn: Option<Arc<Conn>>,
-    /// Where its done flag is ([`DoneFlags::place`] of its index, worked out once).
+    /// Its done flag: chunk `flag.0` of the [`DoneFlags`], held (the flags never move), at
+    /// `flag.1` ([`DoneFlags::place`] of its index, worked out once, when the slot was
+    /// made).
     flag: (u32, u32),
+    chunk: Arc<[AtomicU64]>,
 }
 
 impl Entry {
@@ -149,6 +151,7 @@ impl RequestTable {
             Some(i) => i,
             None => {
                 let i = self.entries.len() as u32;
+                let (k, at) = DoneFlags::place(i);
                 self.entries.push(Entry {
                     generation: 0,
                     id: None,
@@ -157,7 +160,9 @@ impl RequestTable {
                     open: false,
                     mem: None,
                     conn: None,
-                    flag: (0, 0),
+                    // (Under 27 and 2^32: see `place`.)
+                    flag: (k as u32, at as u32),
+                    chunk: self.flags.chunk(k),
                 });
                 i
             }
@@ -200,17 +205,13 @@ impl RequestTable {
         // (No order to keep with the sleepers here, unlike `finish`: a handle that looks at
         // this flag gets its generation from this call, after the store. A plain store, not
         // the `xchg` a sequentially consistent one costs.)
-        let (chunk, at) = DoneFlags::place(index);
-        self.flags
-            .make((chunk, at))
-            .store(e.generation << 1, Ordering::Release);
-        // (Under 27 and 2^32: see `place`.)
-        e.flag = (chunk as u32, at as u32);
+        if let Some(flag) = e.chunk.get(e.flag.1 as usize) {
+            flag.store(e.generation << 1, Ordering::Release);
+        }
         RequestKey {
             index,
-            // (Under 27 and 2^32: see `place`.)
-            chunk: chunk as u32,
-            at: at as u32,
+            chunk: e.flag.0,
+            at: e.flag.1,
             generation: e.generation,
         }
     }
@@ -316,8 +317,7 @@ impl RequestTable {
             return Some(outcome);
         }
         e.outcome = Some(outcome);
-        // (Made when the request was opened.)
-        if let Some(flag) = self.flags.get((e.flag.0 as usize, e.flag.1 as usize)) {
+        if let Some(flag) = e.chunk.get(e.flag.1 as usize) {
             flag.store((e.generation << 1) | 1, Ordering::SeqCst);
         }
         None
