@@ -227,23 +227,16 @@ impl Producer {
         // The bytes after the header word, then the zero past the record, then the header.
         let area = self.place.area();
         let at = (self.head / 8) as usize;
-        let words = (padded(len as u64) / 8) as usize;
-        if !area
-            .run(at + 1, words)
-            .is_some_and(|run| put_run(run, pieces))
-        {
-            // (It wraps round the area's end, or a piece but the last is not whole words.)
-            let mut w = Words {
-                area,
-                at: at + 1,
-                acc: 0,
-                fill: 0,
-            };
-            for p in pieces {
-                w.put(p);
-            }
-            w.finish();
+        let mut w = Words {
+            area,
+            at: at + 1,
+            acc: 0,
+            fill: 0,
+        };
+        for p in pieces {
+            w.put(p);
         }
+        w.finish();
         area.word(at + (need / 8) as usize)
             .store(0, Ordering::Relaxed);
         area.word(at).store(
@@ -451,40 +444,6 @@ impl<'a> Area<'a> {
 
 /// Writes a record's bytes into a ring's data area from word `at` on, a word at a time:
 /// bytes gather in `acc` (its low `fill` bytes, in memory order) until a word is full.
-/// Writes `pieces` one after another into `run`, the words of a record that does not wrap
-/// (as many as the pieces fill, the last padded with zeros), when every piece but the last
-/// is whole words long (a frame's header is): the common case, a word per store with no
-/// index masked or carried bytes gathered. False when they are not (or do not fit the run),
-/// and then what it wrote is to be written over.
-#[inline]
-fn put_run(run: &[AtomicU64], pieces: &[&[u8]]) -> bool {
-    let mut dst = run.iter();
-    let n = pieces.len();
-    for (i, piece) in pieces.iter().enumerate() {
-        let mut bytes: &[u8] = piece;
-        while let Some((word, rest)) = bytes.split_first_chunk::<8>() {
-            let Some(d) = dst.next() else {
-                return false;
-            };
-            d.store(u64::from_ne_bytes(*word), Ordering::Relaxed);
-            bytes = rest;
-        }
-        if bytes.is_empty() {
-            continue;
-        }
-        if i + 1 != n {
-            return false;
-        }
-        let mut last = [0u8; 8];
-        last[..bytes.len()].copy_from_slice(bytes);
-        let Some(d) = dst.next() else {
-            return false;
-        };
-        d.store(u64::from_ne_bytes(last), Ordering::Relaxed);
-    }
-    true
-}
-
 struct Words<'a> {
     area: Area<'a>,
     at: usize,
@@ -514,11 +473,11 @@ impl Words<'_> {
             self.fill = 0;
             self.store(self.acc);
         }
-        let mut words = bytes.chunks_exact(8);
-        for c in &mut words {
-            self.store(u64::from_ne_bytes(c.try_into().expect("8 bytes")));
+        while let Some((word, rest)) = bytes.split_first_chunk::<8>() {
+            self.store(u64::from_ne_bytes(*word));
+            bytes = rest;
         }
-        let rest = words.remainder();
+        let rest = bytes;
         if rest.is_empty() {
             // (A frame header, a payload of whole words: nothing over, and no copy of it.)
             return;
