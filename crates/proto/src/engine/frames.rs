@@ -32,45 +32,26 @@ impl Engine {
     /// else the frame causes is queued as by `handle_frame`, and its actions name no receive
     /// buffer, so they may run before or after the delivery.
     pub fn handle_frame_delivering(&mut self, conn_id: ConnId, bytes: &[u8]) -> Option<Delivery> {
-        // (`arrive`'s cases here, not through it: the delivery is moved once, not through
-        // each layer's result.)
-        match self.process_frame(conn_id, bytes) {
-            Ok(Processed::Matched(m, flush)) => {
-                if flush {
-                    self.flush(conn_id);
-                }
-                Some(m)
-            }
-            other => {
-                self.after_frame(conn_id, other);
-                None
-            }
+        let (m, flush) = self.arrive(conn_id, bytes)?;
+        if flush {
+            self.flush(conn_id);
         }
+        Some(m)
     }
 
     /// Processes a frame; returns the eager message that completed a posted receive, if it
     /// was one, and whether to flush the connection once it is delivered.
     fn arrive(&mut self, conn_id: ConnId, bytes: &[u8]) -> Option<(Delivery, bool)> {
         match self.process_frame(conn_id, bytes) {
-            Ok(Processed::Matched(m, flush)) => Some((m, flush)),
-            other => {
-                self.after_frame(conn_id, other);
-                None
-            }
-        }
-    }
-
-    /// What a frame that matched no posted receive leaves to do: a flush, or the connection
-    /// failed.
-    fn after_frame(&mut self, conn_id: ConnId, processed: Result<Processed, CloseReason>) {
-        match processed {
-            Ok(Processed::Matched(..)) | Ok(Processed::Quiet) => {}
+            Ok(Processed::Matched(m, flush)) => return Some((m, flush)),
             Ok(Processed::Flush) => self.flush(conn_id),
+            Ok(Processed::Quiet) => {}
             Err(reason) => {
                 warn!("connection {conn_id:?} closed: {reason:?}");
                 self.fail_conn(conn_id, Some(reason));
             }
         }
+        None
     }
 
     /// Checks, decodes and dispatches a frame: what the caller does next.
