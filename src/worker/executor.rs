@@ -303,8 +303,10 @@ impl Protocol {
         c: rdmx_proto::Completion,
         out: &mut AfterUnlock,
     ) {
-        // (Its slot is in the buffer's id: see `worker::requests`.)
-        let slot = buf.0 as u32;
+        let Some(slot) = self.requests.slot(buf) else {
+            log::error!("{:?} completed with its buffer {buf:?} gone", c.request);
+            return;
+        };
         let vec = match self.requests.mem(buf) {
             Some(mem) if mem.in_flight() => {
                 // A READ into it was never reported (connection died): the worker keeps it

@@ -180,7 +180,7 @@ impl RequestTable {
 
     /// The slot of `buf`, if it is in use under that id.
     #[inline(always)]
-    fn slot(&self, buf: UserBufId) -> Option<u32> {
+    pub(crate) fn slot(&self, buf: UserBufId) -> Option<u32> {
         let index = buf.0 as u32;
         let e = self.entries.get(index as usize)?;
         (!e.unused() && buf_id(index, e.generation) == buf).then_some(index)
