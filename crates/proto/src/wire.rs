@@ -261,6 +261,8 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
 }
 
 /// Decodes only the fixed header (no payload-length check). Never panics.
+// (Inline, as `decode` is, which calls it for every frame.)
+#[inline]
 pub fn decode_header(bytes: &[u8]) -> Result<Header, DecodeError> {
     if bytes.len() < HEADER_LEN {
         return Err(DecodeError::Short(bytes.len()));
@@ -291,8 +293,8 @@ pub fn decode_header(bytes: &[u8]) -> Result<Header, DecodeError> {
 }
 
 /// Decodes one frame from untrusted bytes. Never panics.
-// (Inline: the engine decodes every frame it is given, and as a call the `Frame` comes back
-// through memory, once per message.)
+// (Inline, with `decode_header`: the engine decodes every frame it is given, and as a call
+// the `Frame` comes back through memory, once per message.)
 #[inline]
 pub fn decode(bytes: &[u8]) -> Result<Frame<'_>, DecodeError> {
     let header = decode_header(bytes)?;
