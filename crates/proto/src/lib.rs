@@ -141,10 +141,12 @@ pub struct ConnId(pub u64);
 pub struct RequestId(pub u64);
 
 impl RequestId {
-    /// The index of the engine's slot that holds the request: small and dense among the
-    /// requests alive at once (a slot is reused, under another id, once its request ends),
-    /// so a driver can keep per-request state in an array indexed by it, checking the whole
-    /// id. `None` for an id no slot holds: a send that completed as it was made.
+    /// The index of the engine's slot that holds the send: small and dense among the sends
+    /// alive at once (a slot is reused, under another id, once its send ends), so a driver
+    /// can keep per-send state in an array indexed by it, checking the whole id. `None` for
+    /// an id no slot holds: a send that completed as it was made, and every receive (the
+    /// engine keeps a posted receive in its queue of posted receives only, and a receive's
+    /// id is never reused). A driver finds a receive by its buffer's [`UserBufId`].
     pub fn index(self) -> Option<usize> {
         requests::index_of(self)
     }

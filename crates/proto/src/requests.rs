@@ -1,4 +1,4 @@
-//! The engine's requests, in a slab: a [`RequestId`] is a slot index and the slot's
+//! The engine's sends, in a slab: a [`RequestId`] is a slot index and the slot's
 //! generation (`(generation - 1) << 32 | (index + 1)`: the first requests are 1, 2, 3 …),
 //! so finding a request is an array index and a
 //! comparison, not a hash lookup, and a freed slot is reused without an allocation. An id
@@ -6,7 +6,8 @@
 //!
 //! Written here rather than taken from `slab` or `slotmap`: the ids must stay 1, 2, 3 … for
 //! the first requests (peers and the fuzz corpus name requests by them), bit 63 is kept for
-//! ids that name no slot ([`IMMEDIATE`]), and drivers index arrays by an id's slot
+//! ids that name no slot ([`IMMEDIATE`], and [`RECEIVE`] for receives, which are kept
+//! elsewhere: see [`receive_id`]), and drivers index arrays by an id's slot
 //! ([`RequestId::index`]). `insert` and `discard`, once per request, are inlined: as calls
 //! (the compiler's choice otherwise) their register saves and moves were a measurable part
 //! of a small message's cost under callgrind.
@@ -16,6 +17,24 @@ use crate::RequestId;
 /// Ids with this bit set name requests that completed as they were made and were never
 /// stored (an eager send that went out at once); no slab id has it.
 pub(crate) const IMMEDIATE: u64 = 1 << 63;
+
+/// Ids with this bit set (and not [`IMMEDIATE`]) name receives: no slab slot holds a
+/// receive. A posted receive is only an entry of the posted queue until a message matches
+/// it, so the common small message needs no slot at all; a receive being filled by a
+/// rendezvous is kept in a map by its id. See [`receive_id`].
+pub(crate) const RECEIVE: u64 = 1 << 62;
+
+/// The id of a receive made when the slab's counter of requests made stood at `made`
+/// ([`Requests::stamp`]): the low bits are that stamp, so receives and sends sort together
+/// in the order they were made ([`made_of`]).
+pub(crate) fn receive_id(made: u64) -> RequestId {
+    RequestId(RECEIVE | (made & !(IMMEDIATE | RECEIVE)))
+}
+
+/// When the receive `id` was made (see [`receive_id`]).
+pub(crate) fn made_of(id: RequestId) -> u64 {
+    id.0 & !(IMMEDIATE | RECEIVE)
+}
 
 const MAX_GENERATION: u32 = 1 << 31;
 
@@ -64,7 +83,7 @@ fn encode(index: usize, generation: u32) -> RequestId {
 /// The slot index an id names, if any (see [`RequestId::index`]).
 pub(crate) fn index_of(id: RequestId) -> Option<usize> {
     let low = id.0 & u64::from(u32::MAX);
-    (id.0 & IMMEDIATE == 0 && low != 0).then(|| (low - 1) as usize)
+    (id.0 & (IMMEDIATE | RECEIVE) == 0 && low != 0).then(|| (low - 1) as usize)
 }
 
 /// The slot index and generation an id names (`usize::MAX` for an id that names none).
@@ -108,6 +127,15 @@ impl<T> Requests<T> {
         encode(index as usize, self.slots[index as usize].generation)
     }
 
+    /// Takes a stamp of the order requests are made in, for a request kept elsewhere (a
+    /// receive: [`receive_id`]).
+    #[inline(always)]
+    pub(crate) fn stamp(&mut self) -> u64 {
+        let made = self.next_made;
+        self.next_made += 1;
+        made
+    }
+
     pub(crate) fn get(&self, id: RequestId) -> Option<&T> {
         let (index, generation) = split(id);
         self.slots
@@ -149,17 +177,22 @@ impl<T> Requests<T> {
         self.len
     }
 
-    /// The ids of the requests `keep` selects, in the order they were made.
-    pub(crate) fn ids_in_order(&self, mut keep: impl FnMut(&T) -> bool) -> Vec<RequestId> {
-        let mut found: Vec<(u64, RequestId)> = self
-            .slots
+    /// The ids of the requests `keep` selects, with when each was made (unsorted).
+    pub(crate) fn ids_made(&self, mut keep: impl FnMut(&T) -> bool) -> Vec<(u64, RequestId)> {
+        self.slots
             .iter()
             .enumerate()
             .filter_map(|(i, s)| {
                 let v = s.value.as_ref()?;
                 keep(v).then(|| (s.made, encode(i, s.generation)))
             })
-            .collect();
+            .collect()
+    }
+
+    /// The ids of the requests `keep` selects, in the order they were made.
+    #[cfg(test)]
+    pub(crate) fn ids_in_order(&self, keep: impl FnMut(&T) -> bool) -> Vec<RequestId> {
+        let mut found = self.ids_made(keep);
         found.sort_unstable_by_key(|&(made, _)| made);
         found.into_iter().map(|(_, id)| id).collect()
     }
@@ -190,6 +223,29 @@ mod tests {
         // Made order, whatever the slots' order.
         assert_eq!(r.ids_in_order(|_| true), vec![b, c]);
         assert_eq!(r.ids_in_order(|v| *v == "c"), vec![c]);
+    }
+
+    #[test]
+    fn receive_ids_name_no_slot_and_sort_with_sends_in_made_order() {
+        let mut r = Requests::default();
+        let a = r.insert("send a");
+        let recv = receive_id(r.stamp());
+        let b = r.insert("send b");
+        assert_eq!(recv.index(), None, "no slot holds a receive");
+        assert!(!recv.is_immediate());
+        assert_eq!(r.get(recv), None);
+        r.discard(recv);
+        assert_eq!(r.len(), 2, "a receive's id frees no send");
+        let mut made = r.ids_made(|_| true);
+        made.push((made_of(recv), recv));
+        made.sort_unstable_by_key(|&(m, _)| m);
+        let order: Vec<RequestId> = made.into_iter().map(|(_, id)| id).collect();
+        assert_eq!(order, vec![a, recv, b]);
+        assert_ne!(
+            receive_id(r.stamp()),
+            recv,
+            "a receive's id is never reused"
+        );
     }
 
     #[test]

@@ -661,14 +661,12 @@ fn a_rendezvous_receive_completes_once_its_ats_has_left() {
         !e.cancel(r),
         "matched and read: not cancellable while its ATS waits"
     );
-    // Its slot stays taken until its completion is reported (drivers track requests by
-    // slot: a new request in that slot would take the old one's place).
+    // It stays pending until its completion is reported, and a new receive never takes
+    // its id (drivers track requests by id).
+    let pending = e.pending_requests();
     let next = e.tag_recv(4, !0, UserBufId(5), 8);
-    assert_ne!(
-        next.index(),
-        r.index(),
-        "the waiting receive's slot was handed out again"
-    );
+    assert_ne!(next, r, "the waiting receive's id was handed out again");
+    assert_eq!(e.pending_requests(), pending + 1);
     assert!(e.cancel(next));
     while e.poll_action().is_some() {}
     // The peer grants credits: the ATS leaves, then the receive completes.

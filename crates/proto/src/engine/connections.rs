@@ -101,7 +101,7 @@ impl Engine {
             .collect();
         self.draining.retain(|d| d.0 > now);
         for r in expired {
-            if let Some(Req::Recv(rr)) = self.reqs.get(r) {
+            if let Some(rr) = self.recvs.get(&r) {
                 let (tag, conn) = (rr.tag, rr.reading.as_ref().map(|x| x.conn));
                 warn!("request {r:?}: READs not reported within the drain timeout");
                 self.complete(r, RequestKind::Recv, Status::ConnectionClosed, 0, tag, conn);
@@ -141,51 +141,48 @@ impl Engine {
         for ctrl in conn.ctrl_q.drain(..) {
             let Ctrl::Ats { then, .. } = ctrl;
             if let Some(done) = then {
-                report(&mut self.reqs, &mut self.actions, done);
+                report(&mut self.reqs, &mut self.recvs, &mut self.actions, done);
             }
         }
         // In the order they were made, whatever the table's order.
-        let ids = self.reqs.ids_in_order(|r| match r {
-            Req::Send(s) => s.conn == conn_id,
-            Req::Recv(rr) => rr.reading.as_ref().is_some_and(|x| x.conn == conn_id),
-        });
-        for id in ids {
-            match self.reqs.get_mut(id) {
-                Some(Req::Send(s)) => {
-                    let (tag, len, buf) = (s.tag, s.len, s.buf);
-                    if !matches!(s.phase, SendPhase::EagerQueued) {
-                        self.actions
-                            .push_back(Action::ReleaseSendBuffer { request: id, buf });
-                    }
-                    self.complete(
-                        id,
-                        RequestKind::Send,
-                        Status::ConnectionClosed,
-                        len,
-                        tag,
-                        Some(conn_id),
-                    );
+        for id in self.requests_on(conn_id) {
+            if let Some(s) = self.reqs.get_mut(id) {
+                let (tag, len, buf) = (s.tag, s.len, s.buf);
+                if !matches!(s.phase, SendPhase::EagerQueued) {
+                    self.actions
+                        .push_back(Action::ReleaseSendBuffer { request: id, buf });
                 }
-                Some(Req::Recv(rr)) => {
-                    let tag = rr.tag;
-                    let rd = rr.reading.as_mut().expect("filtered on reading");
-                    rd.conn_dead = true;
-                    rd.failed = Some(Status::ConnectionClosed);
-                    if rd.outstanding.is_empty() {
-                        self.complete(
-                            id,
-                            RequestKind::Recv,
-                            Status::ConnectionClosed,
-                            0,
-                            tag,
-                            Some(conn_id),
-                        );
-                    } else {
-                        self.draining
-                            .push((self.now.saturating_add(self.cfg.drain_timeout_ns), id));
-                    }
-                }
-                None => {}
+                self.complete(
+                    id,
+                    RequestKind::Send,
+                    Status::ConnectionClosed,
+                    len,
+                    tag,
+                    Some(conn_id),
+                );
+                continue;
+            }
+            let Some(rr) = self.recvs.get_mut(&id) else {
+                continue;
+            };
+            let tag = rr.tag;
+            let Some(rd) = rr.reading.as_mut() else {
+                continue;
+            };
+            rd.conn_dead = true;
+            rd.failed = Some(Status::ConnectionClosed);
+            if rd.outstanding.is_empty() {
+                self.complete(
+                    id,
+                    RequestKind::Recv,
+                    Status::ConnectionClosed,
+                    0,
+                    tag,
+                    Some(conn_id),
+                );
+            } else {
+                self.draining
+                    .push((self.now.saturating_add(self.cfg.drain_timeout_ns), id));
             }
         }
         if let Some(reason) = reason {

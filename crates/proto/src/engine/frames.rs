@@ -113,27 +113,15 @@ impl Engine {
         match body {
             Body::Eager(payload) => {
                 if let Some(p) = self.take_posted_match(h.tag) {
-                    let Some(Req::Recv(r)) = self.reqs.get(p.req) else {
-                        return Ok(flush);
-                    };
                     let len = payload.len() as u64;
-                    if len > r.cap {
-                        self.complete(
-                            p.req,
-                            RequestKind::Recv,
-                            Status::Truncated,
-                            len,
-                            h.tag,
-                            Some(conn_id),
-                        );
+                    if len > p.cap {
+                        self.complete_posted(p, Status::Truncated, len, h.tag, Some(conn_id));
                         return Ok(flush);
                     }
-                    let dst = r.buf;
-                    self.reqs.discard(p.req);
                     // (The frame fits its receive buffer, whose size is a u32: checked above.)
                     let delivery = Delivery {
                         request: p.req,
-                        dst,
+                        dst: p.buf,
                         tag: h.tag,
                         conn: conn_id,
                         offset: HEADER_LEN as u32,
@@ -147,7 +135,7 @@ impl Engine {
             }
             Body::Rts(body) => {
                 if let Some(p) = self.take_posted_match(h.tag) {
-                    self.start_rndv(p.req, conn_id, h.tag, h.sreq, body);
+                    self.start_rndv(p, conn_id, h.tag, h.sreq, body);
                 } else {
                     self.push_unexpected(conn_id, h.tag, UnexpKind::Rts { sreq: h.sreq, body });
                 }
@@ -155,9 +143,7 @@ impl Engine {
             Body::Ats => {
                 let req = RequestId(h.sreq);
                 match self.reqs.get(req) {
-                    Some(Req::Send(s))
-                        if s.conn == conn_id && matches!(s.phase, SendPhase::AwaitAts) =>
-                    {
+                    Some(s) if s.conn == conn_id && matches!(s.phase, SendPhase::AwaitAts) => {
                         let (tag, len, sbuf) = (s.tag, s.len, s.buf);
                         let status = match h.status {
                             WireStatus::Ok => Status::Ok,

@@ -53,15 +53,17 @@ impl Engine {
             self.deliver_eager(id, buf, capacity, u);
             return id;
         }
-        let id = self.new_req(Req::Recv(RecvReq {
+        let id = self.new_recv_id();
+        let p = Posted {
+            req: id,
+            tag,
+            mask,
             buf,
             cap: capacity,
-            tag: 0,
-            reading: None,
-        }));
+        };
         match found {
-            Some(u) => self.deliver_unexpected(id, u),
-            None => self.posted.push_back(Posted { req: id, tag, mask }),
+            Some(u) => self.deliver_unexpected(p, u),
+            None => self.posted.push_back(p),
         }
         id
     }
@@ -165,13 +167,15 @@ impl Engine {
                 self.unexpected.remove(pos)?
             }
         };
-        let id = self.new_req(Req::Recv(RecvReq {
+        let id = self.new_recv_id();
+        let p = Posted {
+            req: id,
+            tag: u.tag,
+            mask: !0,
             buf,
             cap: capacity,
-            tag: 0,
-            reading: None,
-        }));
-        self.deliver_unexpected(id, u);
+        };
+        self.deliver_unexpected(p, u);
         Some(id)
     }
 
@@ -184,21 +188,23 @@ impl Engine {
     /// peer may match it at any time: `cancel` returns false and the send completes as it
     /// would have. Returns whether the request was cancelled.
     pub fn cancel(&mut self, request: RequestId) -> bool {
-        match self.reqs.get(request) {
-            Some(Req::Recv(r)) if r.reading.is_none() => {
-                if let Some(pos) = self.posted.iter().position(|p| p.req == request) {
-                    self.posted.remove(pos);
-                    self.complete(request, RequestKind::Recv, Status::Cancelled, 0, 0, None);
-                    return true;
-                }
-                false
+        if request.0 & RECEIVE != 0 {
+            // Only while it is posted: once matched, it is filled (or done).
+            let Some(pos) = self.posted.iter().position(|p| p.req == request) else {
+                return false;
+            };
+            if let Some(p) = self.posted.remove(pos) {
+                self.complete_posted(p, Status::Cancelled, 0, 0, None);
             }
+            return true;
+        }
+        match self.reqs.get(request) {
             // Its RTS is out: the peer may match it, so withdrawing it would leave a trap.
-            Some(Req::Send(SendReq {
+            Some(SendReq {
                 phase: SendPhase::AwaitAts,
                 ..
-            })) => false,
-            Some(Req::Send(s)) => {
+            }) => false,
+            Some(s) => {
                 let (tag, len, conn, buf) = (s.tag, s.len, s.conn, s.buf);
                 if !matches!(s.phase, SendPhase::EagerQueued) {
                     self.actions
@@ -219,40 +225,46 @@ impl Engine {
         }
     }
 
-    /// Hands the unexpected message `u` to the receive `req`, stored in the request table.
+    /// Hands the unexpected message `u` to the receive `p` (in no queue).
     /// A rendezvous message whose connection is gone completes the receive with
     /// [`Status::ConnectionClosed`]: its data can no longer be read, and the receive that
     /// matched it stands in its place, before the connection's later messages.
-    pub(super) fn deliver_unexpected(&mut self, req: RequestId, u: Unexpected) {
+    pub(super) fn deliver_unexpected(&mut self, p: Posted, u: Unexpected) {
         if matches!(u.kind, UnexpKind::Rts { .. }) && !self.conns.contains_key(&u.conn) {
             let len = u.len();
-            self.complete(
-                req,
-                RequestKind::Recv,
-                Status::ConnectionClosed,
-                len,
-                u.tag,
-                Some(u.conn),
-            );
+            self.complete_posted(p, Status::ConnectionClosed, len, u.tag, Some(u.conn));
             return;
         }
         match u.kind {
-            UnexpKind::Eager(_) => {
-                let Some(Req::Recv(r)) = self.reqs.get(req) else {
-                    return;
-                };
-                let (buf, cap) = (r.buf, r.cap);
-                self.reqs.discard(req);
-                self.deliver_eager(req, buf, cap, u);
-            }
+            UnexpKind::Eager(_) => self.deliver_eager(p.req, p.buf, p.cap, u),
             UnexpKind::Rts { sreq, body } => {
-                self.start_rndv(req, u.conn, u.tag, sreq, body);
+                self.start_rndv(p, u.conn, u.tag, sreq, body);
                 self.flush(u.conn);
             }
         }
     }
 
-    /// Completes the receive `req` (no longer, or never, in the request table) with the
+    /// Completes the posted receive `p` (in no queue) without data.
+    pub(super) fn complete_posted(
+        &mut self,
+        p: Posted,
+        status: Status,
+        length: u64,
+        tag: Tag,
+        conn: Option<ConnId>,
+    ) {
+        self.actions.push_back(Action::Complete(Completion {
+            request: p.req,
+            kind: RequestKind::Recv,
+            status,
+            length,
+            tag,
+            conn,
+            buf: Some(p.buf),
+        }));
+    }
+
+    /// Completes the receive `req` (in no queue or map) with the
     /// unexpected eager message `u`: its bytes are copied into `buf` if they fit in
     /// `capacity`.
     fn deliver_eager(&mut self, req: RequestId, buf: UserBufId, capacity: u64, u: Unexpected) {

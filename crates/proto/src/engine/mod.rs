@@ -27,7 +27,7 @@ use rustc_hash::FxHashMap as HashMap;
 use log::{debug, warn};
 
 use crate::config::Config;
-use crate::requests::{Requests, IMMEDIATE};
+use crate::requests::{made_of, receive_id, Requests, IMMEDIATE, RECEIVE};
 use crate::wire::{
     self, Body, FrameBuf, Handshake, Header, Opcode, RtsBody, WireStatus, HANDSHAKE_MAGIC,
     HEADER_LEN, MAX_CTRL_FRAME, VERSION,
@@ -125,28 +125,26 @@ struct Reading {
     conn_dead: bool,
 }
 
+/// A receive a rendezvous matched, kept (in `Engine::recvs`) while its data is read and
+/// until its completion is reported.
 #[derive(Debug)]
 struct RecvReq {
     buf: UserBufId,
-    cap: u64,
-    /// Sender tag once matched.
+    /// Sender tag.
     tag: Tag,
-    /// Boxed: a rendezvous is rare among small messages, and the request slab's slots are
-    /// as large as its largest request.
+    /// `None` once nothing is read any more (the ATS waits to leave).
     reading: Option<Box<Reading>>,
 }
 
-#[derive(Debug)]
-enum Req {
-    Send(SendReq),
-    Recv(RecvReq),
-}
-
+/// A posted receive no message matched yet: all the engine keeps of it (no request slot,
+/// see `requests::RECEIVE`).
 #[derive(Debug)]
 struct Posted {
     req: RequestId,
     tag: Tag,
     mask: Tag,
+    buf: UserBufId,
+    cap: u64,
 }
 
 #[derive(Debug)]
@@ -246,7 +244,10 @@ pub struct Engine {
     next_msg: u64,
     conns: HashMap<ConnId, Conn>,
     credits: CreditPool,
-    reqs: Requests<Req>,
+    /// Sends, in a slab (see `requests`).
+    reqs: Requests<SendReq>,
+    /// Receives a rendezvous matched (a posted receive is only in `posted`).
+    recvs: HashMap<RequestId, RecvReq>,
     /// The next id of a request that completed as it was made (see `requests::IMMEDIATE`).
     next_immediate: u64,
     posted: VecDeque<Posted>,
@@ -278,6 +279,7 @@ impl Engine {
             next_msg: 1,
             conns: HashMap::default(),
             reqs: Requests::default(),
+            recvs: HashMap::default(),
             next_immediate: 0,
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
@@ -361,7 +363,7 @@ impl Engine {
 
     /// Number of user requests not yet completed.
     pub fn pending_requests(&self) -> usize {
-        self.reqs.len()
+        self.reqs.len() + self.recvs.len() + self.posted.len()
     }
 
     /// How many messages have ever been queued as unexpected: grows with each arrival that
@@ -429,8 +431,14 @@ impl Engine {
     // (Once per message: inlined, as the request tables' operations are; see
     // `worker::requests`.)
     #[inline(always)]
-    fn new_req(&mut self, r: Req) -> RequestId {
-        self.reqs.insert(r)
+    fn new_send(&mut self, s: SendReq) -> RequestId {
+        self.reqs.insert(s)
+    }
+
+    /// The id of a new receive (in no slot: see `requests::RECEIVE`).
+    #[inline(always)]
+    fn new_recv_id(&mut self) -> RequestId {
+        receive_id(self.reqs.stamp())
     }
 
     fn complete(
@@ -452,18 +460,41 @@ impl Engine {
             // (Filled in by `report`.)
             buf: None,
         };
-        report(&mut self.reqs, &mut self.actions, done);
+        report(&mut self.reqs, &mut self.recvs, &mut self.actions, done);
+    }
+
+    /// The requests on `conn` that a failure ends (sends, and receives reading from it), in
+    /// the order they were made.
+    fn requests_on(&self, conn: ConnId) -> Vec<RequestId> {
+        let mut ids = self.reqs.ids_made(|s| s.conn == conn);
+        ids.extend(
+            self.recvs
+                .iter()
+                .filter(|(_, r)| r.reading.as_ref().is_some_and(|x| x.conn == conn))
+                .map(|(&id, _)| (made_of(id), id)),
+        );
+        ids.sort_unstable_by_key(|&(made, _)| made);
+        ids.into_iter().map(|(_, id)| id).collect()
     }
 }
 
-/// Frees the slot of the request `done` completes and queues its completion, with the
-/// request's buffer: the one way a request ends (a function of the two fields, for callers
-/// that hold other parts of the engine borrowed).
-fn report(reqs: &mut Requests<Req>, actions: &mut VecDeque<Action>, mut done: Completion) {
-    done.buf = reqs.get(done.request).map(|r| match r {
-        Req::Send(s) => s.buf,
-        Req::Recv(r) => r.buf,
-    });
-    reqs.discard(done.request);
+/// Forgets the request `done` completes and queues its completion, with the request's
+/// buffer (unless the completion names it already): the one way a request ends (a
+/// function of the fields, for callers that hold other parts of the engine borrowed).
+fn report(
+    reqs: &mut Requests<SendReq>,
+    recvs: &mut HashMap<RequestId, RecvReq>,
+    actions: &mut VecDeque<Action>,
+    mut done: Completion,
+) {
+    let buf = match done.kind {
+        RequestKind::Send => {
+            let buf = reqs.get(done.request).map(|s| s.buf);
+            reqs.discard(done.request);
+            buf
+        }
+        RequestKind::Recv => recvs.remove(&done.request).map(|r| r.buf),
+    };
+    done.buf = done.buf.or(buf);
     actions.push_back(Action::Complete(done));
 }

@@ -9,7 +9,7 @@ const MAX_SPARE_READ_LISTS: usize = 64;
 impl Engine {
     pub(super) fn start_rndv(
         &mut self,
-        req: RequestId,
+        p: Posted,
         conn: ConnId,
         tag: Tag,
         sreq: u64,
@@ -21,12 +21,14 @@ impl Engine {
             .conns
             .get(&conn)
             .map_or(self.cfg.rndv_chunk_size, |c| c.rndv_chunk);
-        let Some(Req::Recv(r)) = self.reqs.get_mut(req) else {
-            return;
-        };
-        r.tag = tag;
-        if body.len > r.cap || body.len == 0 {
-            let (status, wst) = if body.len > r.cap {
+        let req = p.req;
+        let r = self.recvs.entry(req).or_insert(RecvReq {
+            buf: p.buf,
+            tag,
+            reading: None,
+        });
+        if body.len > p.cap || body.len == 0 {
+            let (status, wst) = if body.len > p.cap {
                 (Status::Truncated, WireStatus::Truncated)
             } else {
                 (Status::Ok, WireStatus::Ok)
@@ -64,7 +66,7 @@ impl Engine {
 
     pub(super) fn issue_reads(&mut self, req: RequestId) {
         let max = self.cfg.max_reads_in_flight as usize;
-        let Some(Req::Recv(r)) = self.reqs.get_mut(req) else {
+        let Some(r) = self.recvs.get_mut(&req) else {
             return;
         };
         let buf = r.buf;
@@ -91,7 +93,7 @@ impl Engine {
     /// An RDMA READ issued by [`Action::RdmaRead`] finished (`ok == false`: it failed,
     /// including flush errors).
     pub fn handle_read_complete(&mut self, request: RequestId, dst_offset: u64, ok: bool) {
-        let Some(Req::Recv(r)) = self.reqs.get_mut(request) else {
+        let Some(r) = self.recvs.get_mut(&request) else {
             debug!("read completion for unknown request {request:?}");
             return;
         };
@@ -152,10 +154,9 @@ impl Engine {
         status: WireStatus,
         done: Completion,
     ) {
-        // The receive keeps its slot (matched, so not cancellable, and no longer reading)
-        // until the ATS leaves: the driver tracks requests by slot, so a slot freed before
-        // its completion is reported could be handed to a new request first.
-        if let Some(Req::Recv(r)) = self.reqs.get_mut(done.request) {
+        // The receive stays (matched, so not cancellable, and no longer reading) until the
+        // ATS leaves: it is pending until its completion is reported.
+        if let Some(r) = self.recvs.get_mut(&done.request) {
             r.reading = None;
         }
         match self.conns.get_mut(&conn) {
@@ -168,7 +169,7 @@ impl Engine {
                 });
                 self.flush(conn);
             }
-            None => report(&mut self.reqs, &mut self.actions, done),
+            None => report(&mut self.reqs, &mut self.recvs, &mut self.actions, done),
         }
     }
 }

@@ -34,13 +34,13 @@ impl Engine {
         } else {
             SendPhase::RtsQueued { remote: None }
         };
-        let id = self.new_req(Req::Send(SendReq {
+        let id = self.new_send(SendReq {
             conn,
             tag,
             buf,
             len,
             phase,
-        }));
+        });
         if !eager {
             self.actions.push_back(Action::ExposeSendBuffer {
                 request: id,
@@ -94,7 +94,7 @@ impl Engine {
 
     /// The driver exposed a rendezvous send buffer.
     pub fn handle_send_buffer_exposed(&mut self, request: RequestId, remote: RemoteBuf) {
-        if let Some(Req::Send(s)) = self.reqs.get_mut(request) {
+        if let Some(s) = self.reqs.get_mut(request) {
             if let SendPhase::RtsQueued { remote: r @ None } = &mut s.phase {
                 *r = Some(remote);
                 let conn = s.conn;
@@ -106,7 +106,7 @@ impl Engine {
     /// The driver could not expose a rendezvous send buffer: the send fails with
     /// [`Status::ExposeFailed`].
     pub fn handle_send_buffer_expose_failed(&mut self, request: RequestId) {
-        if let Some(Req::Send(s)) = self.reqs.get(request) {
+        if let Some(s) = self.reqs.get(request) {
             if matches!(s.phase, SendPhase::RtsQueued { remote: None }) {
                 let (tag, len, conn) = (s.tag, s.len, s.conn);
                 self.complete(
@@ -145,12 +145,12 @@ impl Engine {
                 h.status = status;
                 c.emit(conn_id, h, None, None, actions, pool);
                 if let Some(done) = then {
-                    report(&mut self.reqs, actions, done);
+                    report(&mut self.reqs, &mut self.recvs, actions, done);
                 }
                 continue;
             }
             let Some(&id) = c.data_q.front() else { break };
-            let Some(Req::Send(s)) = self.reqs.get_mut(id) else {
+            let Some(s) = self.reqs.get_mut(id) else {
                 // Cancelled or failed while queued.
                 c.data_q.pop_front();
                 continue;
