@@ -206,9 +206,10 @@ impl TransportLink for MemoryLink {
     fn queue_frame(
         &self,
         _: &mut LockedIfaces,
-        frame: &[u8],
+        frame: &rdmx_proto::wire::FrameBuf,
         payload: &[u8],
     ) -> Result<Queued, String> {
+        let frame = frame.as_bytes();
         let mut bytes = Vec::with_capacity(frame.len() + payload.len());
         bytes.extend_from_slice(frame);
         bytes.extend_from_slice(payload);

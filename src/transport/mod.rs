@@ -214,7 +214,7 @@ pub(crate) trait TransportLink: Send + Sync {
     fn queue_frame(
         &self,
         st: &mut LockedIfaces,
-        frame: &[u8],
+        frame: &rdmx_proto::wire::FrameBuf,
         payload: &[u8],
     ) -> Result<Queued, String>;
 

@@ -137,9 +137,7 @@ impl Driver {
         let Some((_, frame)) = st.engine.tag_send_now(cs.id, tag, len) else {
             return Err(data);
         };
-        let queued = cs
-            .link
-            .queue_frame(&mut st.ifaces, frame.as_bytes(), data.bytes());
+        let queued = cs.link.queue_frame(&mut st.ifaces, &frame, data.bytes());
         let done = Outcome {
             status: Status::Ok,
             length: len,

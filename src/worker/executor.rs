@@ -42,7 +42,7 @@ impl Protocol {
                 conn,
                 frame,
                 payload,
-            } => self.send_frame(conn, frame.as_bytes(), payload, out),
+            } => self.send_frame(conn, &frame, payload, out),
             Action::ExposeSendBuffer { request, buf, len } => {
                 let exposed = self.expose(buf, len, out);
                 match exposed {
@@ -119,7 +119,7 @@ impl Protocol {
     pub(super) fn send_frame(
         &mut self,
         conn: ConnId,
-        frame: &[u8],
+        frame: &rdmx_proto::wire::FrameBuf,
         payload: Option<rdmx_proto::PayloadRef>,
         out: &mut AfterUnlock,
     ) {

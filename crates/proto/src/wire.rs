@@ -198,6 +198,23 @@ impl Header {
         out[24..32].copy_from_slice(&self.sreq.to_le_bytes());
         out[32..40].copy_from_slice(&self.rreq.to_le_bytes());
     }
+
+    /// [`Header::write`] as 8-byte words, into the first [`HEADER_WORDS`] of `out`: each
+    /// the little-endian reading of its bytes, stored in native order (see [`FrameBuf`]).
+    #[inline]
+    fn write_words(&self, out: &mut [u64; MAX_CTRL_FRAME / 8]) {
+        out[0] = (u64::from(MAGIC)
+            | u64::from(VERSION) << 16
+            | (self.opcode as u64) << 24
+            | u64::from(self.flags) << 32
+            | (self.status as u64) << 40
+            | u64::from(self.credits) << 48)
+            .to_le();
+        out[1] = (u64::from(self.seq) | u64::from(self.payload_len) << 32).to_le();
+        out[2] = self.tag.to_le();
+        out[3] = self.sreq.to_le();
+        out[4] = self.rreq.to_le();
+    }
 }
 
 /// Body of an RTS frame: where and how large the sender's exposed buffer is.
@@ -212,11 +229,10 @@ pub struct RtsBody {
 }
 
 impl RtsBody {
-    fn write(&self, out: &mut [u8]) {
-        out[0..8].copy_from_slice(&self.addr.to_le_bytes());
-        out[8..12].copy_from_slice(&self.rkey.to_le_bytes());
-        out[12..16].copy_from_slice(&0u32.to_le_bytes());
-        out[16..24].copy_from_slice(&self.len.to_le_bytes());
+    /// The body's 8-byte words, read little-endian: address, key (and 4 reserved zero
+    /// bytes), length.
+    fn words(&self) -> [u64; RTS_BODY_LEN / 8] {
+        [self.addr, u64::from(self.rkey), self.len]
     }
 }
 
@@ -356,11 +372,21 @@ pub fn decode(bytes: &[u8]) -> Result<Frame<'_>, DecodeError> {
 /// An encoded control frame (header plus optional RTS body) held inline, without allocation.
 ///
 /// For EAGER frames this holds only the header; the driver appends the user's payload.
+///
+/// Held as whole words, each the little-endian reading of 8 bytes of the encoding (so that
+/// their bytes in memory are the encoding on a little-endian host; on a big-endian one each
+/// word is byte-swapped first): a transport that stores words, as shared memory's rings do,
+/// takes [`FrameBuf::words`] without assembling them from bytes, and one that sends bytes
+/// takes [`FrameBuf::as_bytes`]. Every frame is a whole number of words long (a header,
+/// or a header and an RTS body).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct FrameBuf {
-    buf: [u8; MAX_CTRL_FRAME],
+    words: [u64; MAX_CTRL_FRAME / 8],
     len: u8,
 }
+
+/// Words of a frame header.
+pub const HEADER_WORDS: usize = HEADER_LEN / 8;
 
 impl FrameBuf {
     /// Encodes `header` followed by an optional RTS body.
@@ -369,15 +395,17 @@ impl FrameBuf {
     /// payload the driver will append).
     #[inline]
     pub fn encode(header: &Header, rts: Option<&RtsBody>) -> Self {
-        let mut buf = [0u8; MAX_CTRL_FRAME];
-        header.write(&mut buf);
+        let mut words = [0u64; MAX_CTRL_FRAME / 8];
+        header.write_words(&mut words);
         let mut len = HEADER_LEN;
         if let Some(r) = rts {
-            r.write(&mut buf[HEADER_LEN..]);
+            for (w, v) in words[HEADER_WORDS..].iter_mut().zip(r.words()) {
+                *w = v.to_le();
+            }
             len += RTS_BODY_LEN;
         }
         FrameBuf {
-            buf,
+            words,
             len: len as u8,
         }
     }
@@ -385,7 +413,14 @@ impl FrameBuf {
     /// The encoded bytes.
     #[inline]
     pub fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len as usize]
+        &zerocopy::IntoBytes::as_bytes(&self.words)[..self.len as usize]
+    }
+
+    /// The encoded bytes as words ([`FrameBuf::as_bytes`] read 8 at a time, in native
+    /// order: their bytes in memory are the encoding).
+    #[inline]
+    pub fn words(&self) -> &[u64] {
+        &self.words[..self.len as usize / 8]
     }
 
     /// The decoded header (always valid: it was produced by [`FrameBuf::encode`]).
@@ -466,6 +501,40 @@ impl Handshake {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frames_words_are_its_encoding() {
+        let mut h = Header::new(Opcode::Rts);
+        h.flags = FLAG_CREDIT_WANTED;
+        h.credits = 0x0a0b;
+        h.seq = 0x0c0d_0e0f;
+        h.payload_len = RTS_BODY_LEN as u32;
+        h.tag = 0x1112_1314_1516_1718;
+        h.sreq = 0x2122_2324_2526_2728;
+        h.rreq = 0x3132_3334_3536_3738;
+        let body = RtsBody {
+            addr: 0x4142_4344_4546_4748,
+            rkey: 0x5152_5354,
+            len: 0x0102_0304,
+        };
+        let f = FrameBuf::encode(&h, Some(&body));
+        let mut want = [0u8; MAX_CTRL_FRAME];
+        h.write(&mut want);
+        want[40..48].copy_from_slice(&body.addr.to_le_bytes());
+        want[48..52].copy_from_slice(&body.rkey.to_le_bytes());
+        want[56..64].copy_from_slice(&body.len.to_le_bytes());
+        assert_eq!(f.as_bytes(), &want[..HEADER_LEN + RTS_BODY_LEN]);
+        assert_eq!(f.words().len() * 8, f.as_bytes().len());
+        for (w, b) in f.words().iter().zip(f.as_bytes().chunks(8)) {
+            assert_eq!(&w.to_ne_bytes()[..], b);
+        }
+        let d = decode(f.as_bytes()).unwrap();
+        assert_eq!(d.header, h);
+        assert_eq!(d.body, Body::Rts(body));
+        let plain = FrameBuf::encode(&Header::new(Opcode::Credit), None);
+        assert_eq!(plain.as_bytes().len(), HEADER_LEN);
+        assert_eq!(plain.words().len(), HEADER_WORDS);
+    }
 
     fn rts(addr: u64, len: u64) -> Vec<u8> {
         let mut h = Header::new(Opcode::Rts);

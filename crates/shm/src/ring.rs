@@ -201,7 +201,16 @@ impl Producer {
 
     /// [`Producer::push`] of a record of `kind`.
     pub fn push_kind(&mut self, kind: u8, pieces: &[&[u8]]) -> Result<bool> {
-        let len: usize = pieces.iter().map(|p| p.len()).sum();
+        self.push_words_then(kind, &[], pieces)
+    }
+
+    /// [`Producer::push_kind`] of a record that starts with whole words, `head` (each
+    /// stored as it is: its bytes in the record are its bytes in memory), followed by
+    /// `pieces`: a frame whose header is already words goes into the ring without being
+    /// taken apart into bytes and put together again.
+    #[inline]
+    pub fn push_words_then(&mut self, kind: u8, head: &[u64], pieces: &[&[u8]]) -> Result<bool> {
+        let len: usize = head.len() * 8 + pieces.iter().map(|p| p.len()).sum::<usize>();
         if len > self.max_frame() {
             return Err(Error::TooLong {
                 len,
@@ -233,6 +242,10 @@ impl Producer {
             acc: 0,
             fill: 0,
         };
+        // (At the record's start: no bytes are over from a piece yet.)
+        for &word in head {
+            w.store(word);
+        }
         for p in pieces {
             w.put(p);
         }
@@ -458,6 +471,7 @@ impl Words<'_> {
         self.at += 1;
     }
 
+    #[inline]
     fn put(&mut self, mut bytes: &[u8]) {
         if self.fill > 0 {
             // (Rare: only a piece that is not a multiple of 8 long leaves bytes over.)

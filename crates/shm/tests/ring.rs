@@ -273,6 +273,24 @@ fn records_carry_their_kind() {
 }
 
 #[test]
+fn a_record_may_start_with_whole_words_across_the_wrap() {
+    // A frame header handed over as words, then a payload of any length: the record's
+    // bytes are the words' bytes in memory, then the payload's, wherever the ring wraps.
+    let (_seg, mut p, mut c) = pair(CAP);
+    let head = [0x0102_0304_0506_0708u64, u64::MAX, 0];
+    let mut want: Vec<u8> = head.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    want.extend_from_slice(b"payload");
+    let mut out = Vec::new();
+    for _ in 0..3 * CAP / want.len() {
+        assert!(p
+            .push_words_then(1, &head, &[b"pay", b"load"])
+            .expect("push"));
+        assert_eq!(c.pop_kind(&mut out).expect("intact"), Some(1));
+        assert_eq!(out, want);
+    }
+}
+
+#[test]
 fn records_popped_one_after_another_share_one_buffer() {
     let (_seg, mut p, mut c) = pair(CAP);
     let mut out = b"kept".to_vec();

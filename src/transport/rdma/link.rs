@@ -275,9 +275,10 @@ impl TransportLink for RdmaLink {
     fn queue_frame(
         &self,
         st: &mut LockedIfaces,
-        frame: &[u8],
+        frame: &rdmx_proto::wire::FrameBuf,
         payload: &[u8],
     ) -> Result<Queued, String> {
+        let frame = frame.as_bytes();
         let total = frame.len() + payload.len();
         let item = if total <= self.max_inline().min(INLINE_MAX) {
             let mut queue = self.queue.lock();

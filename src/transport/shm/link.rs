@@ -115,7 +115,13 @@ impl Outbox {
     // (Once per message: inlined, as the request table's operations are; see
     // `worker::requests`.)
     #[inline(always)]
-    fn send(self: &Arc<Self>, shared: &Shared, kind: u8, pieces: &[&[u8]]) -> Result<bool, String> {
+    fn send(
+        self: &Arc<Self>,
+        shared: &Shared,
+        kind: u8,
+        head: &[u64],
+        pieces: &[&[u8]],
+    ) -> Result<bool, String> {
         if let Some(why) = self.broken.get() {
             return Err(why.clone());
         }
@@ -124,7 +130,7 @@ impl Outbox {
         }
         if !self.has_waiting.load(Ordering::Acquire) {
             let mut tx = self.tx.lock();
-            match tx.push_kind(kind, pieces) {
+            match tx.push_words_then(kind, head, pieces) {
                 Ok(true) => {
                     self.wake_peer(&mut tx);
                     return Ok(true);
@@ -137,7 +143,11 @@ impl Outbox {
                 }
             }
         }
-        self.enqueue(shared, Pending::Record(kind, pieces.concat()));
+        let mut bytes: Vec<u8> = head.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        for p in pieces {
+            bytes.extend_from_slice(p);
+        }
+        self.enqueue(shared, Pending::Record(kind, bytes));
         Ok(false)
     }
 
@@ -482,13 +492,13 @@ impl TransportLink for ShmLink {
     fn queue_frame(
         &self,
         _: &mut LockedIfaces,
-        frame: &[u8],
+        frame: &rdmx_proto::wire::FrameBuf,
         payload: &[u8],
     ) -> Result<Queued, String> {
         match self
             .sink
             .out
-            .send(&self.shared, KIND_FRAME, &[frame, payload])?
+            .send(&self.shared, KIND_FRAME, frame.words(), &[payload])?
         {
             true => Ok(Queued::Posted),
             false => Ok(Queued::ForFlush),
@@ -558,7 +568,7 @@ impl TransportLink for ShmLink {
         };
         self.sink
             .out
-            .send(&self.shared, KIND_GET, &[&get.encode()])?;
+            .send(&self.shared, KIND_GET, &[], &[&get.encode()])?;
         Ok(())
     }
 

@@ -90,10 +90,10 @@ impl TransportLink for TcpLink {
     fn queue_frame(
         &self,
         _: &mut LockedIfaces,
-        frame: &[u8],
+        frame: &rdmx_proto::wire::FrameBuf,
         payload: &[u8],
     ) -> Result<Queued, String> {
-        self.link.queue_frame(frame, payload);
+        self.link.queue_frame(frame.as_bytes(), payload);
         Ok(Queued::ForFlush)
     }
 
