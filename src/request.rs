@@ -87,21 +87,57 @@ pub struct Request {
 
 /// Where a request's outcome is.
 enum State {
-    /// In the worker's request table, under `slot`.
-    Pending { slot: RequestKey, worker: Worker },
+    /// In the worker's request table.
+    Pending(Pending),
     /// Completed as it was made (a send whose frame was queued at once, or one refused at
     /// once): the outcome travels in the handle, and no table slot, lock or reference to the
-    /// worker is needed to wait for it (`None` once taken).
-    Done(Option<Outcome>),
+    /// worker is needed to wait for it.
+    Done(Outcome),
+}
+
+/// A request in the worker's request table, under `slot`. Dropping it gives the slot up
+/// (cancelling a receive still pending); [`Request::wait`] takes the worker out first
+/// (`None` then), and the drop does nothing. (So the handle itself needs no `Drop`, and
+/// `wait` takes its parts apart without copying them: only this part knows it is let go.)
+struct Pending {
+    slot: RequestKey,
+    worker: Option<Worker>,
+    /// A receive (cancelled when its handle is dropped before it completes).
+    recv: bool,
+}
+
+impl Pending {
+    /// Whether it completed (no lock taken).
+    #[inline]
+    fn is_done(&self) -> bool {
+        self.worker
+            .as_ref()
+            .map_or(true, |w| self.slot.is_done(&w.driver.done_flags))
+    }
+}
+
+impl Drop for Pending {
+    // (Once per request: inlined, see `worker::requests`.)
+    #[inline(always)]
+    fn drop(&mut self) {
+        let Some(worker) = &self.worker else {
+            return;
+        };
+        if self.recv && !self.slot.is_done(&worker.driver.done_flags) {
+            worker.driver.cancel(&self.slot);
+        }
+        worker.driver.abandon(&self.slot);
+    }
 }
 
 impl Request {
     pub(crate) fn new(worker: &Worker, slot: RequestKey, what: Describe) -> Request {
         Request {
-            state: State::Pending {
+            state: State::Pending(Pending {
                 slot,
-                worker: worker.clone(),
-            },
+                worker: Some(worker.clone()),
+                recv: what.kind == RequestKind::Recv,
+            }),
             what,
         }
     }
@@ -109,7 +145,7 @@ impl Request {
     /// A request that completed as it was made.
     pub(crate) fn done(outcome: Outcome, what: Describe) -> Request {
         Request {
-            state: State::Done(Some(outcome)),
+            state: State::Done(outcome),
             what,
         }
     }
@@ -117,7 +153,7 @@ impl Request {
     /// Whether the request has completed, without progressing the worker.
     pub fn is_done(&self) -> bool {
         match &self.state {
-            State::Pending { slot, worker } => slot.is_done(&worker.driver.done_flags),
+            State::Pending(p) => p.is_done(),
             State::Done(_) => true,
         }
     }
@@ -125,11 +161,11 @@ impl Request {
     /// Progresses the worker once, then says whether the request has completed.
     pub fn test(&self) -> bool {
         match &self.state {
-            State::Pending { slot, worker } => {
-                if !slot.is_done(&worker.driver.done_flags) {
+            State::Pending(p) => {
+                if let (false, Some(worker)) = (p.is_done(), &p.worker) {
                     worker.progress();
                 }
-                slot.is_done(&worker.driver.done_flags)
+                p.is_done()
             }
             State::Done(_) => true,
         }
@@ -139,12 +175,16 @@ impl Request {
     /// true when complete. After `true`, [`Request::wait`] returns at once.
     pub fn wait_for(&self, timeout: Duration) -> bool {
         match &self.state {
-            State::Pending { slot, worker } => worker.driver.wait_until(
+            State::Pending(Pending {
+                slot,
+                worker: Some(worker),
+                ..
+            }) => worker.driver.wait_until(
                 WaitFor::Request(slot.index),
                 || slot.is_done(&worker.driver.done_flags),
                 Some(Instant::now() + timeout),
             ),
-            State::Done(_) => true,
+            _ => true,
         }
     }
 
@@ -152,17 +192,44 @@ impl Request {
     ///
     /// A request that ended badly is an [`Error::Request`] with its [`Status`]
     /// and the buffer (see [`Error::take_buffer`]).
-    pub fn wait(mut self) -> Result<Done> {
-        if let State::Pending { slot, worker } = &self.state {
-            if !slot.is_done(&worker.driver.done_flags) {
-                worker.driver.wait_until(
-                    WaitFor::Request(slot.index),
-                    || slot.is_done(&worker.driver.done_flags),
-                    None,
-                );
+    pub fn wait(self) -> Result<Done> {
+        let Request { state, what } = self;
+        let outcome = match state {
+            State::Pending(mut p) => {
+                let Some(worker) = p.worker.take() else {
+                    return Err(Error::Invalid(
+                        "the request's result was already taken".into(),
+                    ));
+                };
+                let slot = &p.slot;
+                if !slot.is_done(&worker.driver.done_flags) {
+                    worker.driver.wait_until(
+                        WaitFor::Request(slot.index),
+                        || slot.is_done(&worker.driver.done_flags),
+                        None,
+                    );
+                }
+                worker.driver.take_outcome(slot).ok_or_else(|| {
+                    Error::Invalid("the request's result was already taken".into())
+                })?
             }
+            State::Done(outcome) => outcome,
+        };
+        match outcome.status {
+            Status::Ok => Ok(Done {
+                buf: outcome.buf,
+                tag: outcome.tag,
+                length: outcome.length as usize,
+                conn: outcome.conn,
+            }),
+            status => Err(Error::Request {
+                status,
+                what: what.describe(),
+                buffer: outcome.buf,
+                length: outcome.length as usize,
+                tag: outcome.tag,
+            }),
         }
-        self.take()
     }
 
     /// Asks for the request to be cancelled; returns whether the cancellation took. A
@@ -179,49 +246,13 @@ impl Request {
     ///   connection dies). An eager send that went out at once is complete already.
     pub fn cancel(&self) -> bool {
         match &self.state {
-            State::Pending { slot, worker } => {
-                !slot.is_done(&worker.driver.done_flags) && worker.driver.cancel(slot)
-            }
-            State::Done(_) => false,
+            State::Pending(Pending {
+                slot,
+                worker: Some(worker),
+                ..
+            }) => !slot.is_done(&worker.driver.done_flags) && worker.driver.cancel(slot),
+            _ => false,
         }
-    }
-
-    /// The outcome, taken out of the request (which is left done, holding nothing).
-    fn take(&mut self) -> Result<Done> {
-        let outcome = match std::mem::replace(&mut self.state, State::Done(None)) {
-            State::Pending { slot, worker } => worker.driver.take_outcome(&slot),
-            State::Done(outcome) => outcome,
-        }
-        .ok_or_else(|| Error::Invalid("the request's result was already taken".into()))?;
-        match outcome.status {
-            Status::Ok => Ok(Done {
-                buf: outcome.buf,
-                tag: outcome.tag,
-                length: outcome.length as usize,
-                conn: outcome.conn,
-            }),
-            status => Err(Error::Request {
-                status,
-                what: self.what.describe(),
-                buffer: outcome.buf,
-                length: outcome.length as usize,
-                tag: outcome.tag,
-            }),
-        }
-    }
-}
-
-impl Drop for Request {
-    // (Once per request: inlined, see `worker::requests`.)
-    #[inline(always)]
-    fn drop(&mut self) {
-        let State::Pending { slot, worker } = &self.state else {
-            return;
-        };
-        if !slot.is_done(&worker.driver.done_flags) && self.what.kind == RequestKind::Recv {
-            self.cancel();
-        }
-        worker.driver.abandon(slot);
     }
 }
 
