@@ -1,6 +1,5 @@
 //! Nonblocking requests: a tag send or receive in flight, completed by progress.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rdmx_proto::{ConnId, RequestKind, Status, Tag};
@@ -11,6 +10,8 @@ use crate::worker::{RequestKey, WaitFor, Worker};
 /// What a request ended with.
 pub(crate) struct Outcome {
     pub(crate) status: Status,
+    /// A send's or a receive's.
+    pub(crate) kind: RequestKind,
     pub(crate) length: u64,
     pub(crate) tag: Tag,
     pub(crate) buf: Vec<u8>,
@@ -24,6 +25,7 @@ impl Outcome {
     pub(crate) fn of(c: &rdmx_proto::Completion, buf: Vec<u8>) -> Outcome {
         Outcome {
             status: c.status,
+            kind: c.kind,
             length: c.length,
             tag: c.tag,
             buf,
@@ -32,19 +34,25 @@ impl Outcome {
     }
 }
 
-/// What a request's handle says of it when it reports errors.
+/// What a request's handle says of it when it reports errors: a send or a receive, and the
+/// tag it was made with.
+#[derive(Clone, Copy)]
 pub(crate) struct Describe {
     pub(crate) kind: RequestKind,
     pub(crate) tag: Tag,
-    pub(crate) peer: Option<SocketAddr>,
 }
 
 impl Describe {
-    fn describe(&self) -> String {
-        match (self.kind, self.peer) {
-            (RequestKind::Send, Some(p)) => format!("tag_send (tag {:#x}) to {p}", self.tag),
-            (RequestKind::Send, None) => format!("tag_send (tag {:#x})", self.tag),
-            (RequestKind::Recv, _) => format!("tag_recv (tag {:#x})", self.tag),
+    /// Says what the request was, naming the endpoint it went to or came from when known
+    /// (as [`crate::Ep::id`] names it).
+    fn describe(&self, conn: Option<ConnId>) -> String {
+        let call = match self.kind {
+            RequestKind::Send => "tag_send",
+            RequestKind::Recv => "tag_recv",
+        };
+        match conn {
+            Some(c) => format!("{call} (tag {:#x}) on endpoint {}", self.tag, c.0),
+            None => format!("{call} (tag {:#x})", self.tag),
         }
     }
 }
@@ -82,7 +90,6 @@ pub struct Done {
 #[must_use = "a request does nothing visible unless waited for; dropping it cancels a receive"]
 pub struct Request {
     state: State,
-    what: Describe,
 }
 
 /// Where a request's outcome is.
@@ -102,8 +109,8 @@ enum State {
 struct Pending {
     slot: RequestKey,
     worker: Option<Worker>,
-    /// A receive (cancelled when its handle is dropped before it completes).
-    recv: bool,
+    /// What it is (a receive is cancelled when its handle is dropped before it completes).
+    what: Describe,
 }
 
 impl Pending {
@@ -123,7 +130,7 @@ impl Drop for Pending {
         let Some(worker) = &self.worker else {
             return;
         };
-        if self.recv && !self.slot.is_done(&worker.driver.done_flags) {
+        if self.what.kind == RequestKind::Recv && !self.slot.is_done(&worker.driver.done_flags) {
             worker.driver.cancel(&self.slot);
         }
         worker.driver.abandon(&self.slot);
@@ -136,17 +143,15 @@ impl Request {
             state: State::Pending(Pending {
                 slot,
                 worker: Some(worker.clone()),
-                recv: what.kind == RequestKind::Recv,
+                what,
             }),
-            what,
         }
     }
 
     /// A request that completed as it was made.
-    pub(crate) fn done(outcome: Outcome, what: Describe) -> Request {
+    pub(crate) fn done(outcome: Outcome) -> Request {
         Request {
             state: State::Done(outcome),
-            what,
         }
     }
 
@@ -193,8 +198,7 @@ impl Request {
     /// A request that ended badly is an [`Error::Request`] with its [`Status`]
     /// and the buffer (see [`Error::take_buffer`]).
     pub fn wait(self) -> Result<Done> {
-        let Request { state, what } = self;
-        let outcome = match state {
+        let (outcome, what) = match self.state {
             State::Pending(mut p) => {
                 let Some(worker) = p.worker.take() else {
                     return Err(Error::Invalid(
@@ -209,11 +213,18 @@ impl Request {
                         None,
                     );
                 }
-                worker.driver.take_outcome(slot).ok_or_else(|| {
+                let outcome = worker.driver.take_outcome(slot).ok_or_else(|| {
                     Error::Invalid("the request's result was already taken".into())
-                })?
+                })?;
+                (outcome, p.what)
             }
-            State::Done(outcome) => outcome,
+            State::Done(outcome) => {
+                let what = Describe {
+                    kind: outcome.kind,
+                    tag: outcome.tag,
+                };
+                (outcome, what)
+            }
         };
         match outcome.status {
             Status::Ok => Ok(Done {
@@ -224,7 +235,7 @@ impl Request {
             }),
             status => Err(Error::Request {
                 status,
-                what: what.describe(),
+                what: what.describe(outcome.conn),
                 buffer: outcome.buf,
                 length: outcome.length as usize,
                 tag: outcome.tag,
@@ -258,9 +269,42 @@ impl Request {
 
 impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match &self.state {
+            State::Pending(p) => p.what.describe(None),
+            State::Done(o) => Describe {
+                kind: o.kind,
+                tag: o.tag,
+            }
+            .describe(o.conn),
+        };
         f.debug_struct("Request")
-            .field("what", &self.what.describe())
+            .field("what", &what)
             .field("done", &self.is_done())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request handle is moved by value (into and out of a user's queue of requests, out
+    /// of `tag_recv`): it stays within a cache line.
+    #[test]
+    fn a_request_handle_fits_a_cache_line() {
+        assert!(std::mem::size_of::<Request>() <= 64);
+    }
+
+    #[test]
+    fn a_failed_request_names_its_endpoint() {
+        let what = Describe {
+            kind: RequestKind::Send,
+            tag: 0x2a,
+        };
+        assert_eq!(
+            what.describe(Some(ConnId(7))),
+            "tag_send (tag 0x2a) on endpoint 7"
+        );
+        assert_eq!(what.describe(None), "tag_send (tag 0x2a)");
     }
 }

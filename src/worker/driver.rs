@@ -78,10 +78,9 @@ impl Driver {
         let what = Describe {
             kind: RequestKind::Send,
             tag,
-            peer: cs.peer,
         };
         match self.send_now(cs, tag, data) {
-            Ok(outcome) => Request::done(outcome, what),
+            Ok(outcome) => Request::done(outcome),
             Err(data) => self.send_later(cs, tag, data).into_request(worker, what),
         }
     }
@@ -100,6 +99,7 @@ impl Driver {
                     st.run_actions(out);
                     Made::Done(Outcome {
                         status: Status::Ok,
+                        kind: RequestKind::Send,
                         length: len,
                         tag,
                         buf: st.take_buf(bufid),
@@ -114,6 +114,7 @@ impl Driver {
                     log::debug!("tag_send on {:?}: {e}", cs.id);
                     Made::Done(Outcome {
                         status: Status::ConnectionClosed,
+                        kind: RequestKind::Send,
                         length: len,
                         tag,
                         buf: st.take_buf(bufid),
@@ -140,6 +141,7 @@ impl Driver {
         let queued = cs.link.queue_frame(&mut st.ifaces, &frame, data.bytes());
         let done = Outcome {
             status: Status::Ok,
+            kind: RequestKind::Send,
             length: len,
             tag,
             buf: data.into_returned(),
@@ -329,7 +331,7 @@ impl Made {
     pub(super) fn into_request(self, worker: &Worker, what: Describe) -> Request {
         match self {
             Made::Pending(slot) => Request::new(worker, slot, what),
-            Made::Done(outcome) => Request::done(outcome, what),
+            Made::Done(outcome) => Request::done(outcome),
         }
     }
 }

@@ -246,6 +246,7 @@ impl Protocol {
         }
         let outcome = Outcome {
             status: Status::Ok,
+            kind: RequestKind::Recv,
             length: u64::from(d.len),
             tag: d.tag,
             buf,

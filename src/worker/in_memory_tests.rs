@@ -308,7 +308,6 @@ fn a_send_that_finds_credits_on_its_second_try_completes() {
         Describe {
             kind: RequestKind::Send,
             tag: 9,
-            peer: cs.peer,
         },
     );
     let recv = b.tag_recv(9, TAG_MASK_ALL, vec![0; 16]);

@@ -414,7 +414,6 @@ impl Worker {
         let what = Describe {
             kind: RequestKind::Recv,
             tag,
-            peer: None,
         };
         let sh = &self.driver;
         let mut guard = sh.state.lock();
@@ -425,7 +424,7 @@ impl Worker {
             // the request table (the common case of a receiver that fell behind its sender).
             drop(guard);
             let outcome = Outcome::of(&c, buf);
-            return Request::done(outcome, what);
+            return Request::done(outcome);
         }
         let cap = buf.len() as u64;
         let bufid = st.new_buf(UserMem::Plain(buf));
@@ -442,6 +441,7 @@ impl Worker {
                     log::error!("receive {id:?} done at once reported no completion");
                     Outcome {
                         status: Status::ConnectionClosed,
+                        kind: RequestKind::Recv,
                         length: 0,
                         tag,
                         buf,
@@ -599,6 +599,7 @@ impl Worker {
                 // Its connection is gone: refused at once, like a send on a closed endpoint.
                 None => Made::Done(Outcome {
                     status: Status::ConnectionClosed,
+                    kind: RequestKind::Recv,
                     length: 0,
                     tag: info.tag,
                     buf: st.take_buf(bufid),
@@ -609,7 +610,6 @@ impl Worker {
         let what = Describe {
             kind: RequestKind::Recv,
             tag: info.tag,
-            peer: None,
         };
         made.into_request(self, what)
     }

@@ -372,6 +372,7 @@ mod tests {
     fn outcome(len: u64) -> Outcome {
         Outcome {
             status: Status::Ok,
+            kind: rdmx_proto::RequestKind::Recv,
             length: len,
             tag: 1,
             buf: vec![0; len as usize],
