@@ -132,8 +132,9 @@ struct RecvReq {
     buf: UserBufId,
     /// Sender tag.
     tag: Tag,
-    /// `None` once nothing is read any more (the ATS waits to leave).
-    reading: Option<Box<Reading>>,
+    /// `None` once nothing is read any more (the ATS waits to leave). (Not boxed: only
+    /// receives a rendezvous matched are kept, so no small message pays for its size.)
+    reading: Option<Reading>,
 }
 
 /// A posted receive no message matched yet: all the engine keeps of it (no request slot,

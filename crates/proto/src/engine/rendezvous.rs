@@ -46,7 +46,7 @@ impl Engine {
             self.complete_after_ats(conn, sreq, wst, done);
             return;
         }
-        r.reading = Some(Box::new(Reading {
+        r.reading = Some(Reading {
             conn,
             remote: RemoteBuf {
                 addr: body.addr,
@@ -60,7 +60,7 @@ impl Engine {
             outstanding: self.spare_reads.pop().unwrap_or_default(),
             failed: None,
             conn_dead: false,
-        }));
+        });
         self.issue_reads(req);
     }
 
