@@ -185,18 +185,10 @@ impl Header {
     /// If `out` is shorter than [`HEADER_LEN`] (a caller bug, never input-dependent).
     #[inline]
     pub fn write(&self, out: &mut [u8]) {
-        let out = &mut out[..HEADER_LEN];
-        out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
-        out[2] = VERSION;
-        out[3] = self.opcode as u8;
-        out[4] = self.flags;
-        out[5] = self.status as u8;
-        out[6..8].copy_from_slice(&self.credits.to_le_bytes());
-        out[8..12].copy_from_slice(&self.seq.to_le_bytes());
-        out[12..16].copy_from_slice(&self.payload_len.to_le_bytes());
-        out[16..24].copy_from_slice(&self.tag.to_le_bytes());
-        out[24..32].copy_from_slice(&self.sreq.to_le_bytes());
-        out[32..40].copy_from_slice(&self.rreq.to_le_bytes());
+        // (One encoder: the words a `FrameBuf` holds, as bytes.)
+        let mut words = [0u64; MAX_CTRL_FRAME / 8];
+        self.write_words(&mut words);
+        out[..HEADER_LEN].copy_from_slice(&zerocopy::IntoBytes::as_bytes(&words)[..HEADER_LEN]);
     }
 
     /// [`Header::write`] as 8-byte words, into the first [`HEADER_WORDS`] of `out`: each
