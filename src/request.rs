@@ -43,6 +43,14 @@ pub(crate) struct Describe {
 }
 
 impl Describe {
+    /// What a request done at once was, from its outcome.
+    fn of(outcome: &Outcome) -> Describe {
+        Describe {
+            kind: outcome.kind,
+            tag: outcome.tag,
+        }
+    }
+
     /// Says what the request was, naming the endpoint it went to or came from when known
     /// (as [`crate::Ep::id`] names it).
     fn describe(&self, conn: Option<ConnId>) -> String {
@@ -114,6 +122,13 @@ struct Pending {
 }
 
 impl Pending {
+    /// [`Request::cancel`] of a request in the table.
+    fn cancel(&self) -> bool {
+        self.worker.as_ref().is_some_and(|w| {
+            !self.slot.is_done(&w.driver.done_flags) && w.driver.cancel(&self.slot)
+        })
+    }
+
     /// Whether it completed (no lock taken).
     #[inline]
     fn is_done(&self) -> bool {
@@ -130,8 +145,8 @@ impl Drop for Pending {
         let Some(worker) = &self.worker else {
             return;
         };
-        if self.what.kind == RequestKind::Recv && !self.slot.is_done(&worker.driver.done_flags) {
-            worker.driver.cancel(&self.slot);
+        if self.what.kind == RequestKind::Recv {
+            self.cancel();
         }
         worker.driver.abandon(&self.slot);
     }
@@ -219,10 +234,7 @@ impl Request {
                 (outcome, p.what)
             }
             State::Done(outcome) => {
-                let what = Describe {
-                    kind: outcome.kind,
-                    tag: outcome.tag,
-                };
+                let what = Describe::of(&outcome);
                 (outcome, what)
             }
         };
@@ -257,12 +269,8 @@ impl Request {
     ///   connection dies). An eager send that went out at once is complete already.
     pub fn cancel(&self) -> bool {
         match &self.state {
-            State::Pending(Pending {
-                slot,
-                worker: Some(worker),
-                ..
-            }) => !slot.is_done(&worker.driver.done_flags) && worker.driver.cancel(slot),
-            _ => false,
+            State::Pending(p) => p.cancel(),
+            State::Done(_) => false,
         }
     }
 }
@@ -271,11 +279,7 @@ impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let what = match &self.state {
             State::Pending(p) => p.what.describe(None),
-            State::Done(o) => Describe {
-                kind: o.kind,
-                tag: o.tag,
-            }
-            .describe(o.conn),
+            State::Done(o) => Describe::of(o).describe(o.conn),
         };
         f.debug_struct("Request")
             .field("what", &what)
