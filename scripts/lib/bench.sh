@@ -81,7 +81,35 @@ pair() {
       return 0
     fi
     kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
-    echo "bench: $1 failed (attempt $try): $(tail -1 "$outf.err" "$outf" 2>/dev/null | tail -1)" >&2
+    echo "bench: $(program "$@") failed (attempt $try, $(exit_status $rc)): $(tail -qn 1 "$outf.err" "$outf" 2>/dev/null | tail -n 1)" >&2
+    # (The next attempt writes over OUT: the failed one's output is kept beside it.)
+    cp "$outf" "$outf.attempt$try" 2>/dev/null
+    if [ "$rc" -gt 128 ]; then
+      # Killed by a signal: the kernel's line on it names the faulting library, where this
+      # machine lets us read the kernel log (the guests do).
+      dmesg 2>/dev/null | grep -E 'segfault|general protection|trap' | tail -2 | sed 's/^/bench:   kernel: /' >&2
+    fi
   done
   return 1
+}
+
+# The program a command line runs, past `timeout DURATION`, `env` and NAME=value words.
+program() {
+  while [ $# -gt 0 ]; do
+    case $1 in
+      timeout) shift 2 ;;
+      env | *=*) shift ;;
+      *) basename "$1"; return ;;
+    esac
+  done
+}
+
+# What exit status RC says: a code, or the signal that killed the command (through
+# `timeout`, which dies of its command's signal).
+exit_status() {
+  if [ "$1" -gt 128 ]; then
+    echo "killed by signal $(($1 - 128))$(kill -l $(($1 - 128)) 2>/dev/null | sed 's/^/ SIG/')"
+  else
+    echo "exit status $1"
+  fi
 }
