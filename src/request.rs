@@ -212,9 +212,8 @@ impl Request {
     ///
     /// A request that ended badly is an [`Error::Request`] with its [`Status`]
     /// and the buffer (see [`Error::take_buffer`]).
-    // (Inlined into the caller, with `Driver::take_outcome`, as `Worker::tag_recv` is: once
-    // per request, and as calls their results went through memory twice. Shared-memory round
-    // trip 3853 -> 3749 instructions with `take_outcome`, see `Worker::tag_recv`.)
+    // (Inlined into the caller, with `Driver::take_outcome`, for the reason and with the
+    // figures given at `Worker::tag_recv` and `Driver::take_outcome`.)
     #[inline(always)]
     pub fn wait(self) -> Result<Done> {
         let (outcome, what) = match self.state {

@@ -82,8 +82,9 @@ pair() {
     fi
     kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
     echo "bench: $(program "$@") failed (attempt $try, $(exit_status $rc)): $(tail -qn 1 "$outf.err" "$outf" 2>/dev/null | tail -n 1)" >&2
-    # (The next attempt writes over OUT: the failed one's output is kept beside it.)
+    # (The next attempt writes over OUT and OUT.err: the failed one's are kept beside them.)
     cp "$outf" "$outf.attempt$try" 2>/dev/null
+    cp "$outf.err" "$outf.err.attempt$try" 2>/dev/null
     if [ "$rc" -gt 128 ]; then
       # Killed by a signal: the kernel's line on it names the faulting library, where this
       # machine lets us read the kernel log (the guests do).
