@@ -779,3 +779,47 @@ fn a_connection_reads_rendezvous_in_its_own_chunks() {
         );
     }
 }
+
+/// The engine remembers the connection it looked up last (see `engine::conn_table`): once
+/// that connection is gone and another has taken its slot, frames still arriving under the
+/// old id are dropped as from an unknown connection, never charged to the new one, and
+/// the new one's own frames are its own (its sequence numbers start again at 0).
+#[test]
+fn a_gone_connections_frames_never_reach_the_one_in_its_place() {
+    let cfg = small_cfg();
+    let peer = Engine::new(cfg.clone()).local_handshake();
+    let mut e = Engine::new(cfg);
+    e.handle_connection_up(ConnId(1), &peer).unwrap();
+    e.handle_connection_up(ConnId(2), &peer).unwrap();
+    while e.poll_action().is_some() {}
+    let r1 = e.tag_recv(3, !0, UserBufId(1), 8);
+    let d = e.handle_frame_delivering(ConnId(1), &eager_frame(0, 3, &[1]));
+    assert_eq!(d.map(|d| (d.request, d.conn)), Some((r1, ConnId(1))));
+    // Connection 1, the one looked up last, goes; connection 3 comes into its slot.
+    e.handle_connection_down(ConnId(1));
+    while e.poll_action().is_some() {}
+    e.handle_connection_up(ConnId(3), &peer).unwrap();
+    while e.poll_action().is_some() {}
+    let before = e.conn_stats(ConnId(3)).unwrap();
+    let r = e.tag_recv(3, !0, UserBufId(2), 8);
+    assert!(
+        e.handle_frame_delivering(ConnId(1), &eager_frame(1, 3, &[2]))
+            .is_none(),
+        "a frame on the gone connection was delivered"
+    );
+    assert!(e.conn_stats(ConnId(1)).is_none());
+    assert_eq!(
+        e.conn_stats(ConnId(3)).unwrap(),
+        before,
+        "connection 3 was charged"
+    );
+    // Both remaining connections still find their own state, looked up in turn.
+    for (seq, c) in [(0, 3), (0, 2), (1, 3), (1, 2)] {
+        let d = e.handle_frame_delivering(ConnId(c), &eager_frame(seq, 3, &[c as u8]));
+        assert_eq!(d.map(|d| d.conn), Some(ConnId(c)), "frame {seq} on {c}");
+        if seq == 0 && c == 3 {
+            assert_eq!(d.map(|d| d.request), Some(r));
+        }
+        let _ = e.tag_recv(3, !0, UserBufId(10 + seq as u64 * 4 + c), 8);
+    }
+}
