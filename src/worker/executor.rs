@@ -230,19 +230,12 @@ impl Protocol {
             return;
         };
         let Some(mut buf) = self.requests.take_plain(slot) else {
-            if !data.is_some_and(|data| self.write_user(d.dst, 0, data)) {
-                log::error!("eager delivery of {} bytes into {:?} failed", d.len, d.dst);
-            }
-            self.complete_claimed(slot, d.dst, d.completion(), out);
+            self.deliver_eager_into_other(slot, d, data, out);
             return;
         };
         let copied = data.is_some_and(|data| write_into(&mut buf, data));
         if !copied {
-            log::error!(
-                "eager delivery of {} bytes into {:?} out of range",
-                d.len,
-                d.dst
-            );
+            out_of_range(&d);
         }
         let outcome = Outcome {
             status: Status::Ok,
@@ -256,6 +249,24 @@ impl Protocol {
         if self.requests.finish(slot, outcome).is_none() {
             out.completed.push(slot);
         }
+    }
+
+    /// [`Protocol::deliver_eager`] into a buffer that is not plain memory (registered or
+    /// lent): written in place. (Out of line, as a cold call: small messages go into plain
+    /// buffers.)
+    #[cold]
+    #[inline(never)]
+    fn deliver_eager_into_other(
+        &mut self,
+        slot: u32,
+        d: rdmx_proto::Delivery,
+        data: Option<&[u8]>,
+        out: &mut AfterUnlock,
+    ) {
+        if !data.is_some_and(|data| self.write_user(d.dst, 0, data)) {
+            log::error!("eager delivery of {} bytes into {:?} failed", d.len, d.dst);
+        }
+        self.complete_claimed(slot, d.dst, d.completion(), out);
     }
 
     pub(super) fn complete(&mut self, c: rdmx_proto::Completion, out: &mut AfterUnlock) {
@@ -330,16 +341,26 @@ impl Protocol {
     }
 }
 
-/// Copies `data` to the start of `buf`; false when it does not fit.
+/// Copies `data` to the start of `buf`; false when it does not fit. A payload of 8 to 16
+/// bytes is copied as two words that may overlap, inline: as a call to `memcpy`, an 8 B
+/// message's copy cost 18 instructions (callgrind).
 #[inline]
 fn write_into(buf: &mut [u8], data: &[u8]) -> bool {
-    match buf.get_mut(..data.len()) {
-        Some(dst) => {
-            dst.copy_from_slice(data);
-            true
-        }
-        None => false,
+    let Some(dst) = buf.get_mut(..data.len()) else {
+        return false;
+    };
+    let n = data.len();
+    if (8..=16).contains(&n) {
+        let mut lo = [0u8; 8];
+        let mut hi = [0u8; 8];
+        lo.copy_from_slice(&data[..8]);
+        hi.copy_from_slice(&data[n - 8..]);
+        dst[..8].copy_from_slice(&lo);
+        dst[n - 8..].copy_from_slice(&hi);
+        return true;
     }
+    dst.copy_from_slice(data);
+    true
 }
 
 /// What is left to do once a frame was queued or posted on `cs` (`queued`, from
@@ -377,5 +398,47 @@ pub(super) fn give_back(
     match link {
         Some(cs) => cs.link.give_back(frame, deferred),
         None => deferred.return_frame(frame),
+    }
+}
+
+/// Logs an eager delivery whose payload did not fit its buffer (the engine checked it
+/// would: never expected). Out of line, as a cold call.
+#[cold]
+#[inline(never)]
+fn out_of_range(d: &rdmx_proto::Delivery) {
+    log::error!(
+        "eager delivery of {} bytes into {:?} out of range",
+        d.len,
+        d.dst
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_into;
+
+    /// Every length, including those copied as two overlapping words (8 to 16), lands at
+    /// the start of the buffer and touches nothing past it; a payload longer than the
+    /// buffer is refused and writes nothing.
+    #[test]
+    fn a_payload_is_copied_exactly() {
+        for n in 0..=24usize {
+            let data: Vec<u8> = (0..n as u8).map(|b| b.wrapping_mul(7) ^ 0x5a).collect();
+            let mut buf = vec![0xee; 20];
+            let fits = write_into(&mut buf, &data);
+            assert_eq!(fits, n <= 20, "length {n}");
+            if fits {
+                assert_eq!(&buf[..n], &data[..], "length {n}");
+                assert!(
+                    buf[n..].iter().all(|&b| b == 0xee),
+                    "length {n}: wrote past it"
+                );
+            } else {
+                assert!(
+                    buf.iter().all(|&b| b == 0xee),
+                    "length {n}: wrote a refused payload"
+                );
+            }
+        }
     }
 }

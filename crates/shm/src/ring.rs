@@ -243,8 +243,20 @@ impl Producer {
             fill: 0,
         };
         // (At the record's start: no bytes are over from a piece yet.)
-        for &word in head {
-            w.store(word);
+        match area.run(at + 1, head.len()) {
+            // (The words do not wrap: one slice, no index to mask or check per word. The
+            // push of an 8 B message's frame: 114 -> 110 instructions, callgrind.)
+            Some(dst) => {
+                for (d, &word) in dst.iter().zip(head) {
+                    d.store(word, Ordering::Relaxed);
+                }
+                w.at += head.len();
+            }
+            None => {
+                for &word in head {
+                    w.store(word);
+                }
+            }
         }
         for p in pieces {
             w.put(p);
@@ -360,24 +372,16 @@ impl Consumer {
             return Ok(None);
         }
         if header & PUBLISHED == 0 || header & RESERVED != 0 {
-            return Err(Error::Corrupt(format!(
-                "a record header is not published or has reserved bits set ({header:#x})"
-            )));
+            return Err(bad_header(header));
         }
         let len = header & 0xffff_ffff;
         let kind = (header >> 32) as u8;
         if len > self.place.max_payload() as u64 {
-            return Err(Error::Corrupt(format!(
-                "a record of {len} bytes, longer than the ring holds ({})",
-                self.place.max_payload()
-            )));
+            return Err(too_long_record(len, self.place.max_payload()));
         }
         let size = RECORD_HEADER + padded(len);
         if self.tail + size > MAX_INDEX {
-            return Err(Error::Corrupt(format!(
-                "the ring's index reached {} (it started near the end of its range)",
-                self.tail
-            )));
+            return Err(index_exhausted(self.tail));
         }
         let n = (padded(len) / 8) as usize;
         let end = offset.saturating_add(n * 8);
@@ -430,6 +434,33 @@ impl Consumer {
             .store(u64::from(sleeping), Ordering::Relaxed);
         fence(Ordering::SeqCst);
     }
+}
+
+// What a consumer finds wrong with a record: made out of line, as cold calls, so that their
+// formatting is not inlined into the pop of every record.
+
+#[cold]
+#[inline(never)]
+fn bad_header(header: u64) -> Error {
+    Error::Corrupt(format!(
+        "a record header is not published or has reserved bits set ({header:#x})"
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn too_long_record(len: u64, max: usize) -> Error {
+    Error::Corrupt(format!(
+        "a record of {len} bytes, longer than the ring holds ({max})"
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn index_exhausted(index: u64) -> Error {
+    Error::Corrupt(format!(
+        "the ring's index reached {index} (it started near the end of its range)"
+    ))
 }
 
 /// A ring's data area: its words, and the mask that wraps a word number into it.

@@ -389,12 +389,7 @@ impl Shared {
         match self.take_record(r, frames) {
             Ok(()) => Ok(()),
             Err(e) => {
-                log::warn!("{:?}: {e}", r.conn);
-                out.push(LinkEvent::Down {
-                    conn: r.conn,
-                    reason: format!("protocol error: {e}"),
-                    reads_lost: true,
-                });
+                broken_ring(r.conn, e, out);
                 Err(())
             }
         }
@@ -413,7 +408,7 @@ impl Shared {
             Ok(None) => Err("a record published, then withdrawn".into()),
             Ok(Some((KIND_GET, len))) => r.sink.get(self, &frames.bytes[start..start + len]),
             Ok(Some((KIND_DATA, len))) => r.sink.data(self, &frames.bytes[start..start + len]),
-            Ok(Some((kind, _))) => Err(format!("a record of unknown kind {kind}")),
+            Ok(Some((kind, _))) => Err(unknown_kind(kind)),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -485,4 +480,23 @@ impl Shared {
     pub(crate) fn bell_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.bell.fd()
     }
+}
+
+/// Reports the ring of `conn` broken for `e`: the connection goes down. (Out of line, as a
+/// cold call: the pop of every record inlines none of its formatting.)
+#[cold]
+#[inline(never)]
+fn broken_ring(conn: ConnId, e: String, out: &mut Vec<LinkEvent>) {
+    log::warn!("{conn:?}: {e}");
+    out.push(LinkEvent::Down {
+        conn,
+        reason: format!("protocol error: {e}"),
+        reads_lost: true,
+    });
+}
+
+#[cold]
+#[inline(never)]
+fn unknown_kind(kind: u8) -> String {
+    format!("a record of unknown kind {kind}")
 }

@@ -143,12 +143,20 @@ impl Outbox {
                 }
             }
         }
+        self.send_later(shared, kind, head, pieces);
+        Ok(false)
+    }
+
+    /// [`Outbox::send`] of a record that waits for room: its bytes copied, and queued behind
+    /// what waits. (Out of line, as a cold call: `send` is inlined into every send.)
+    #[cold]
+    #[inline(never)]
+    fn send_later(self: &Arc<Self>, shared: &Shared, kind: u8, head: &[u64], pieces: &[&[u8]]) {
         let mut bytes: Vec<u8> = head.iter().flat_map(|w| w.to_ne_bytes()).collect();
         for p in pieces {
             bytes.extend_from_slice(p);
         }
         self.enqueue(shared, Pending::Record(kind, bytes));
-        Ok(false)
     }
 
     /// Answers a GET: what the ring has room for now, the rest as room appears.

@@ -69,32 +69,19 @@ impl Engine {
         let recv_buf_size = c.recv_buf_size as usize;
         c.rx_unreturned += 1;
         if c.rx_unreturned > c.window {
-            return Err(perr(format!(
-                "peer overran its credits ({} frames unreturned, {} granted)",
-                c.rx_unreturned, c.window
-            )));
+            return Err(overran(c.rx_unreturned, c.window));
         }
         if bytes.len() > recv_buf_size {
-            return Err(perr(format!(
-                "{}-byte frame exceeds the {recv_buf_size}-byte receive buffer",
-                bytes.len()
-            )));
+            return Err(too_long(bytes.len(), recv_buf_size));
         }
-        let wire::Frame { header: h, body } =
-            wire::decode(bytes).map_err(|e| perr(e.to_string()))?;
+        let wire::Frame { header: h, body } = wire::decode(bytes).map_err(malformed)?;
         if h.seq != c.rx_seq {
-            return Err(perr(format!(
-                "sequence {} where {} was expected",
-                h.seq, c.rx_seq
-            )));
+            return Err(out_of_sequence(h.seq, c.rx_seq));
         }
         c.rx_seq = c.rx_seq.wrapping_add(1);
         let new_credits = c.tx_credits + u32::from(h.credits);
         if new_credits > u32::from(c.peer.max_credits) {
-            return Err(perr(format!(
-                "peer granted {} credits, more than the {} it advertised",
-                new_credits, c.peer.max_credits
-            )));
+            return Err(overgranted(new_credits, c.peer.max_credits));
         }
         c.tx_credits = new_credits;
         if !matches!(body, Body::Credit) {
@@ -173,6 +160,46 @@ impl Engine {
         }
         Ok(Processed::Flush)
     }
+}
+
+// Why [`Engine::process_frame`] closes a connection: made out of line, as cold calls, so
+// that their formatting is not inlined into the path of every frame, where it took
+// registers the path needs.
+
+#[cold]
+#[inline(never)]
+fn overran(unreturned: u32, window: u32) -> CloseReason {
+    perr(format!(
+        "peer overran its credits ({unreturned} frames unreturned, {window} granted)"
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn too_long(len: usize, recv_buf_size: usize) -> CloseReason {
+    perr(format!(
+        "{len}-byte frame exceeds the {recv_buf_size}-byte receive buffer"
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn malformed(e: wire::DecodeError) -> CloseReason {
+    perr(e.to_string())
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_sequence(seq: u32, expected: u32) -> CloseReason {
+    perr(format!("sequence {seq} where {expected} was expected"))
+}
+
+#[cold]
+#[inline(never)]
+fn overgranted(credits: u32, max: u16) -> CloseReason {
+    perr(format!(
+        "peer granted {credits} credits, more than the {max} it advertised"
+    ))
 }
 
 /// What [`Engine::process_frame`] leaves its caller to do.
