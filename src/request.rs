@@ -234,7 +234,11 @@ impl Request {
                 let outcome = worker.driver.take_outcome(slot).ok_or_else(|| {
                     Error::Invalid("the request's result was already taken".into())
                 })?;
-                (outcome, p.what)
+                let what = p.what;
+                // (Its worker taken, the handle owns nothing more: its drop would only find
+                // that out, in a call of its own per request.)
+                std::mem::forget(p);
+                (outcome, what)
             }
             State::Done(outcome) => {
                 let what = Describe::of(&outcome);

@@ -374,11 +374,16 @@ pub(super) fn frame_queued(
     match queued {
         Ok(Queued::ForFlush) => out.flush(cs),
         Ok(Queued::Posted) => {}
-        Err(e) => {
-            log::error!("{:?}: {e}", cs.id);
-            engine.handle_send_complete(cs.id, false);
-        }
+        Err(e) => queue_failed(engine, cs, e),
     }
+}
+
+/// A frame `cs`'s link refused: the connection fails. (Out of line, as a cold call.)
+#[cold]
+#[inline(never)]
+fn queue_failed(engine: &mut Engine, cs: &Arc<Conn>, e: String) {
+    log::error!("{:?}: {e}", cs.id);
+    engine.handle_send_complete(cs.id, false);
 }
 
 /// Gives a received frame's buffer back to where it came from: the link of `conn`, or
