@@ -780,10 +780,11 @@ fn a_connection_reads_rendezvous_in_its_own_chunks() {
     }
 }
 
-/// The engine remembers the connection it looked up last (see `engine::conn_table`): once
-/// that connection is gone and another has taken its slot, frames still arriving under the
-/// old id are dropped as from an unknown connection, never charged to the new one, and
-/// the new one's own frames are its own (its sequence numbers start again at 0).
+/// Once a connection is gone (the one whose frame came last) and another has come up,
+/// frames still arriving under the old id are dropped as from an unknown connection, never
+/// charged to the new one, and the new one's own frames are its own (its sequence numbers
+/// start again at 0). (Written for a connection table that remembered its last lookup and
+/// reused slots, which a mistake there would break; kept for any table that does.)
 #[test]
 fn a_gone_connections_frames_never_reach_the_one_in_its_place() {
     let cfg = small_cfg();
@@ -795,7 +796,7 @@ fn a_gone_connections_frames_never_reach_the_one_in_its_place() {
     let r1 = e.tag_recv(3, !0, UserBufId(1), 8);
     let d = e.handle_frame_delivering(ConnId(1), &eager_frame(0, 3, &[1]));
     assert_eq!(d.map(|d| (d.request, d.conn)), Some((r1, ConnId(1))));
-    // Connection 1, the one looked up last, goes; connection 3 comes into its slot.
+    // Connection 1, the one a frame came on last, goes; connection 3 comes up.
     e.handle_connection_down(ConnId(1));
     while e.poll_action().is_some() {}
     e.handle_connection_up(ConnId(3), &peer).unwrap();
