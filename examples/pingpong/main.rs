@@ -26,10 +26,11 @@ use std::io::{IsTerminal, Write};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Parser;
 use rdmx::{Context, Ep, Request, Transport, Worker, TAG_MASK_ALL};
+use rdmx_bench::clock::Clock;
 use rdmx_bench::plan::{Plan, SweepArgs};
 use rdmx_bench::schema::{
     self, histogram, record, record_n, Histogram, PingpongDoc, PingpongRow, MB,
@@ -349,6 +350,8 @@ fn client(ctx: &Context, worker: &Worker, ep: &Ep, args: &Args, plan: &Plan) -> 
     ep.send_obj(SETUP, plan)
         .map_err(|e| format!("sending the plan: {e}"))?;
     let table = !args.sweep.json && !args.result;
+    // (Read once per message or round trip, as ucx_perftest and perftest read theirs.)
+    let clock = Clock::new();
     if table {
         let source = ctx
             .config()
@@ -381,10 +384,16 @@ fn client(ctx: &Context, worker: &Worker, ep: &Ep, args: &Args, plan: &Plan) -> 
             doc.eager_threshold.unwrap_or_default()
         );
         println!(
-            "# times in µs {time}; MB = 2^20 bytes\n{}",
+            "# times in µs {time}, clock {}; MB = 2^20 bytes\n{}",
+            clock.source(),
             schema::table_columns()
         );
     }
+    let run = Run {
+        worker,
+        ep,
+        clock: &clock,
+    };
     let progress = !args.no_progress && (args.progress || std::io::stderr().is_terminal());
     for (index, &size) in plan.sizes.iter().enumerate() {
         let protocol = if size <= eager_limit { "eager" } else { "rndv" };
@@ -398,8 +407,8 @@ fn client(ctx: &Context, worker: &Worker, ep: &Ep, args: &Args, plan: &Plan) -> 
         }
         let counts = plan.counts_for(size);
         let row = match plan.window {
-            None => latency(worker, ep, size, protocol, counts, args.run_clock)?,
-            Some(w) => bandwidth(worker, ep, size, protocol, counts, w, args.own_buffers)?,
+            None => latency(&run, size, protocol, counts, args.run_clock)?,
+            Some(w) => bandwidth(&run, size, protocol, counts, w, args.own_buffers)?,
         };
         if table {
             println!("{}", schema::table_row(&row));
@@ -433,9 +442,16 @@ fn result_line(r: &PingpongRow, bandwidth: bool) -> String {
     }
 }
 
+/// What the client's measurements run on: its worker, the endpoint to the server, and the
+/// clock they read.
+struct Run<'a> {
+    worker: &'a Worker,
+    ep: &'a Ep,
+    clock: &'a Clock,
+}
+
 fn latency(
-    worker: &Worker,
-    ep: &Ep,
+    &Run { worker, ep, clock }: &Run,
     size: u64,
     protocol: &str,
     (warm, timed): (u64, u64),
@@ -447,19 +463,19 @@ fn latency(
     let mut rtt = histogram();
     // One clock read per round trip (as ib_send_lat): each ends where the next begins. With
     // `run_clock`, one when the timed round trips begin and one when they end.
-    let mut t0 = Instant::now();
+    let mut t0 = clock.now();
     for i in 0..total {
         if run_clock && i == warm {
-            t0 = Instant::now();
+            t0 = clock.now();
         }
         // Send, then post the receive for the echo, as ucx_perftest's tag_lat initiator does:
         // the echo is a round trip away, so it still finds the receive posted.
         sbuf = wait(ep.tag_send(DATA, sbuf), "send")?.buf;
         let got = wait(worker.tag_recv(DATA, TAG_MASK_ALL, rbuf), "receive")?;
         if !run_clock {
-            let t1 = Instant::now();
+            let t1 = clock.now();
             if i >= warm {
-                record(&mut rtt, t1 - t0);
+                record(&mut rtt, clock.between(t0, t1));
             }
             t0 = t1;
         }
@@ -467,7 +483,7 @@ fn latency(
         rbuf = got.buf;
     }
     if run_clock && timed > 0 {
-        let ns = t0.elapsed().as_nanos() / u128::from(timed);
+        let ns = clock.since(t0).as_nanos() / u128::from(timed);
         let each = Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX));
         record_n(&mut rtt, each, timed);
     }
@@ -493,8 +509,7 @@ enum Source {
 /// acknowledgement. Each wait for the oldest send records the time since the previous one
 /// in `gaps`.
 fn send_window(
-    worker: &Worker,
-    ep: &Ep,
+    &Run { worker, ep, clock }: &Run,
     src: &mut Source,
     window: usize,
     count: u64,
@@ -502,7 +517,7 @@ fn send_window(
 ) -> Result<()> {
     let ack = worker.tag_recv(ACK, TAG_MASK_ALL, Vec::new());
     let mut sends = VecDeque::with_capacity(window);
-    let mut last = Instant::now();
+    let mut last = clock.now();
     for _ in 0..count {
         if sends.len() == window {
             let oldest: Request = sends.pop_front().ok_or("an empty send window")?;
@@ -510,8 +525,8 @@ fn send_window(
             if let Source::Own(bufs) = src {
                 bufs.push(buf);
             }
-            let now = Instant::now();
-            record(gaps, now - last);
+            let now = clock.now();
+            record(gaps, clock.between(last, now));
             last = now;
         }
         sends.push_back(match src {
@@ -530,8 +545,7 @@ fn send_window(
 }
 
 fn bandwidth(
-    worker: &Worker,
-    ep: &Ep,
+    run: &Run,
     size: u64,
     protocol: &str,
     (warm, timed): (u64, u64),
@@ -549,12 +563,12 @@ fn bandwidth(
     };
     let window = w as usize;
     if warm > 0 {
-        send_window(worker, ep, &mut src, window, warm, &mut histogram())?;
+        send_window(run, &mut src, window, warm, &mut histogram())?;
     }
     let mut gaps = histogram();
-    let t0 = Instant::now();
-    send_window(worker, ep, &mut src, window, timed, &mut gaps)?;
-    let elapsed = t0.elapsed();
+    let t0 = run.clock.now();
+    send_window(run, &mut src, window, timed, &mut gaps)?;
+    let elapsed = run.clock.since(t0);
     if gaps.is_empty() {
         // A single window: no send waited for another; its mean is all there is.
         record(&mut gaps, elapsed / timed.max(1) as u32);

@@ -14,6 +14,7 @@
 
 pub mod atomics;
 pub mod cli;
+pub mod clock;
 pub mod error;
 pub mod inputs;
 pub mod plan;

@@ -19,6 +19,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use crate::clock::Clock;
 use crate::plan::Plan;
 use crate::schema::{histogram, record, PingpongDoc, PingpongRow, MODE_BANDWIDTH, MODE_LATENCY};
 use crate::sizes::format_size;
@@ -179,6 +180,8 @@ pub fn run_client(addr: &str, plan: &Plan) -> Result<PingpongDoc> {
         let io = |e| Error::net(format!("size {size}"), e);
         let mut buf = vec![0x5Au8; size as usize];
         let mut h = histogram();
+        // (The clock rdmx's pingpong reads, read as often.)
+        let clock = Clock::new();
         if plan.window.is_some() {
             let ack = |s: &mut Polled<'_>| -> Result<()> {
                 let mut b = [0u8];
@@ -193,12 +196,12 @@ pub fn run_client(addr: &str, plan: &Plan) -> Result<PingpongDoc> {
                 }
                 ack(&mut s)?;
             }
-            let start = Instant::now();
+            let start = clock.now();
             let mut last = start;
             for _ in 0..counts.1 {
                 s.write_all(&buf).map_err(io)?;
-                let now = Instant::now();
-                record(&mut h, now - last);
+                let now = clock.now();
+                record(&mut h, clock.between(last, now));
                 last = now;
             }
             ack(&mut s)?;
@@ -207,15 +210,15 @@ pub fn run_client(addr: &str, plan: &Plan) -> Result<PingpongDoc> {
                 "stream",
                 counts,
                 &h,
-                start.elapsed(),
+                clock.since(start),
             ));
         } else {
             for i in 0..counts.0 + counts.1 {
-                let t = Instant::now();
+                let t = clock.now();
                 s.write_all(&buf).map_err(io)?;
                 s.read_exact(&mut buf).map_err(io)?;
                 if i >= counts.0 {
-                    record(&mut h, t.elapsed());
+                    record(&mut h, clock.since(t));
                 }
             }
             results.push(PingpongRow::latency(size, "stream", counts, &h));
