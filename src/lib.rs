@@ -240,6 +240,7 @@ mod config;
 mod context;
 mod ep;
 mod error;
+mod hot_lock;
 mod message;
 mod readiness;
 mod request;

@@ -298,14 +298,14 @@ impl Driver {
             self.forget_reaped(&mut out.reaped);
         }
         if out.news || !out.completed.is_empty() {
-            // Pairs with a sleeper's registering, then checking its request's done flag
-            // (`Sleepers::sleep`): the flags were stored with release ordering only
-            // (`RequestTable::finish`), so one full fence for all of them orders them before
-            // the look at the sleepers, and either the sleeper sees its flag or this sees
-            // the sleeper.
-            if !out.completed.is_empty() {
-                std::sync::atomic::fence(Ordering::SeqCst);
-            }
+            // Pairs with a sleeper's registering, then checking its condition
+            // (`Sleepers::sleep`): the done flags were stored with release ordering only
+            // (`RequestTable::finish`), and news (a connection closing, a send's work done)
+            // by stores the lock's release does not order before a later load (the state
+            // lock's unlock is a plain store: see `crate::hot_lock`). One full fence for all
+            // of them orders them before the look at the sleepers, and either the sleeper
+            // sees its condition or this sees the sleeper.
+            std::sync::atomic::fence(Ordering::SeqCst);
             if self.sleepers.any() {
                 self.sleepers.wake(&out.completed, out.news);
             }

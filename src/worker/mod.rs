@@ -46,6 +46,7 @@ use crate::config::{Config, WaitMode};
 use crate::context::Context;
 use crate::ep::{Ep, Listener};
 use crate::error::{rejected, Error, Result};
+use crate::hot_lock::HotLock;
 use crate::message::Message;
 use crate::readiness::{Interest, Ready, Registry, Waker};
 use crate::request::{Describe, Outcome, Request};
@@ -159,7 +160,7 @@ pub(crate) struct Driver {
     fd_links: AtomicUsize,
     /// Open links.
     links: AtomicUsize,
-    state: Mutex<Protocol>,
+    state: HotLock<Protocol>,
     /// The request table's done flags, which request handles read without a lock.
     pub(crate) done_flags: Arc<DoneFlags>,
     /// The transports' worker-wide parts used without the protocol lock.
@@ -167,7 +168,7 @@ pub(crate) struct Driver {
     /// The connections by id, readable without the protocol lock (readiness names them).
     conn_list: RwLock<HashMap<u64, Arc<Conn>>>,
     /// Held by the thread progressing; its buffers are reused call after call.
-    progress_lock: Mutex<Scratch>,
+    progress_lock: HotLock<Scratch>,
     waiter: Mutex<()>,
     registry: Registry,
     waker: Waker,
@@ -276,7 +277,7 @@ impl Worker {
             transports: ctx.transports().to_vec(),
             fd_links: AtomicUsize::new(0),
             links: AtomicUsize::new(0),
-            state: Mutex::new(Protocol {
+            state: HotLock::new(Protocol {
                 engine,
                 orphans: HashSet::default(),
                 requests: RequestTable::new(done_flags.clone()),
@@ -293,7 +294,7 @@ impl Worker {
             done_flags,
             ifaces,
             conn_list: RwLock::new(HashMap::default()),
-            progress_lock: Mutex::new(Scratch {
+            progress_lock: HotLock::new(Scratch {
                 ready: Vec::with_capacity(64),
                 failed_posts: Vec::new(),
                 events: Vec::new(),

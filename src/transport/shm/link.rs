@@ -17,6 +17,7 @@ use rdmx_shm::{Consumer, Doorbell, Producer};
 use super::copy::{Copying, DataHeader, Get, Serving, KIND_FRAME, KIND_GET};
 use super::iface::Shared;
 use super::setup::DataPath;
+use crate::hot_lock::HotLock;
 use crate::transport::tcp::{Answer, Exposures};
 use crate::transport::{
     Deferred, LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, RecvFrame, Transport,
@@ -35,7 +36,7 @@ enum Pending {
 /// A link's way out: its send ring and what waits for room in it.
 pub(crate) struct Outbox {
     conn: ConnId,
-    tx: Mutex<Producer>,
+    tx: HotLock<Producer>,
     /// Records waiting for room, in order (nothing goes into the ring while one waits).
     waiting: Mutex<VecDeque<Pending>>,
     has_waiting: AtomicBool,
@@ -362,7 +363,7 @@ impl ShmLink {
                 conn: id,
                 out: Arc::new(Outbox {
                     conn: id,
-                    tx: Mutex::new(tx),
+                    tx: HotLock::new(tx),
                     waiting: Mutex::new(VecDeque::new()),
                     has_waiting: AtomicBool::new(false),
                     peer_bell,
