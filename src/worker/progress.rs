@@ -26,8 +26,10 @@ impl Driver {
             transport,
             after: out,
         } = &mut *scratch;
-        let polled = self.ifaces.poll(transport);
+        // (The clock first: read while nothing has arrived yet, it is off the path from an
+        // arrival to its waiter.)
         let now = self.now_ns();
+        let polled = self.ifaces.poll(transport);
         let housekeeping = self.cm_check_due(now);
         let srq_low = housekeeping && self.ifaces.srq_low();
         let fd_links = self.fd_links.load(Ordering::Acquire);
