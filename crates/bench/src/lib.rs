@@ -7,7 +7,9 @@
 //! * [`socket`]: `rdmx-bench socket-pingpong`, the raw-socket TCP baseline;
 //! * [`inputs`]: parsers of perftest, qperf and ucx_perftest outputs;
 //! * `report` (feature `report`): `rdmx-bench report DIR`, BENCHMARKS.md and the SVG plots;
-//! * [`atomics`]: atomic read-modify-write instructions per round trip, from callgrind.
+//! * [`atomics`]: atomic read-modify-write instructions per round trip, from callgrind;
+//! * [`line_rtt`]: the host's core-to-core latency (a cache line's round trip);
+//! * [`clock`]: the clock benchmarks read per message.
 //!
 //! Bad input never panics: every parse failure is an [`Error`] naming the file (and line) and
 //! what was wrong.
@@ -17,6 +19,7 @@ pub mod cli;
 pub mod clock;
 pub mod error;
 pub mod inputs;
+pub mod line_rtt;
 pub mod plan;
 #[cfg(feature = "report")]
 pub mod report;

@@ -10,7 +10,7 @@ use rdmx_bench::plan::{default_warmup, iterations, SizeList, SweepArgs};
 use rdmx_bench::report::{self, ReportOptions};
 use rdmx_bench::schema::{table_columns, table_row, table_title};
 use rdmx_bench::sizes::{parse_size, parse_sizes};
-use rdmx_bench::{atomics, cli, socket, Error, Result};
+use rdmx_bench::{atomics, cli, line_rtt, socket, Error, Result};
 
 /// rdmx benchmark tools.
 #[derive(Parser)]
@@ -35,6 +35,13 @@ enum Command {
     /// Atomic read-modify-write instructions per round trip from two callgrind runs; prints
     /// `TOTAL PROGRAM` (all objects, and PROGRAM's own code)
     Atomics(atomics::AtomicsOptions),
+    /// Print the round trip of a cache line between two threads, in ns: the host's
+    /// core-to-core latency, which every shared-memory figure moves with
+    LineRtt {
+        /// Round trips to time
+        #[arg(long, default_value_t = 2_000_000)]
+        trips: u64,
+    },
     /// Print the sizes of a size list (e.g. 1:16M or 1,4K,64K), one byte count per line
     Sizes {
         /// The size list
@@ -130,6 +137,10 @@ fn run(command: Command) -> Result<()> {
             let long = atomics::read_callgrind(&o.long)?;
             let per = atomics::per_trip(&o.program, &short, &long, o.trips)?;
             out = format!("{:.1} {:.1}\n", per.total, per.program);
+        }
+        Command::LineRtt { trips } => {
+            let r = line_rtt::measure(trips);
+            out = format!("{:.1}\n", r.per_trip.as_secs_f64() * 1e9);
         }
         Command::Sizes { list } => list.iter().for_each(|s| out += &format!("{s}\n")),
         Command::Iters { size, host } => {
