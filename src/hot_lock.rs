@@ -13,7 +13,12 @@
 //! between looks, so a holder that was preempted gets to run.
 //!
 //! Nothing that may block (a wait, a sleep, a blocking system call) is done while one is
-//! held: a waiter would spin (yielding) for as long.
+//! held: a waiter would spin (yielding) for as long. The state and a ring are held for a
+//! frame's or a send's work; the progress scratch for a whole progress call, which may
+//! include a shared-memory READ's copy (a rendezvous message's data, by CMA, after the state
+//! is released), but a thread that finds it taken does not wait for it (it tries it, and
+//! another thread is making the progress), except event mode's arming before a sleep, which
+//! yields until the copy is done.
 
 /// A short-held lock on a hot path (see the module's documentation).
 pub(crate) type HotLock<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
