@@ -48,7 +48,8 @@ impl Clock {
         }
     }
 
-    /// What it reads: `tsc` or `os`.
+    /// What it reads: `tsc` (through `quanta`, which itself reads the OS clock where CPUID
+    /// says the TSC is not invariant) or `os`.
     pub fn source(&self) -> &'static str {
         if self.tsc.is_some() {
             "tsc"

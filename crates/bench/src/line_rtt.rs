@@ -81,7 +81,7 @@ pub fn measure(trips: u64) -> LineRtt {
         }
         let elapsed = clock.since(t0);
         LineRtt {
-            per_trip: elapsed / u32::try_from(trips.max(1)).unwrap_or(u32::MAX),
+            per_trip: Duration::from_secs_f64(elapsed.as_secs_f64() / trips.max(1) as f64),
             answered: peer.join().map_or(0, |n| n - warm),
         }
     })
