@@ -174,14 +174,14 @@ pub fn run_client(addr: &str, plan: &Plan) -> Result<PingpongDoc> {
     }
     let mut s = polled(&mut s)?;
     let mut results = Vec::with_capacity(plan.sizes.len());
+    // (The clock rdmx's pingpong reads, read as often.)
+    let clock = Clock::new();
     for &size in &plan.sizes {
         let counts = plan.counts_for(size);
         log::info!("socket-pingpong: {} x {counts:?}", format_size(size));
         let io = |e| Error::net(format!("size {size}"), e);
         let mut buf = vec![0x5Au8; size as usize];
         let mut h = histogram();
-        // (The clock rdmx's pingpong reads, read as often.)
-        let clock = Clock::new();
         if plan.window.is_some() {
             let ack = |s: &mut Polled<'_>| -> Result<()> {
                 let mut b = [0u8];
