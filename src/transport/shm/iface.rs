@@ -488,11 +488,18 @@ impl Shared {
 #[inline(never)]
 fn broken_ring(conn: ConnId, e: String, out: &mut Vec<LinkEvent>) {
     log::warn!("{conn:?}: {e}");
-    out.push(LinkEvent::Down {
+    out.push(ring_down(conn, &e));
+}
+
+/// The event of `conn` going down because the peer broke a ring of it (its receive ring
+/// here, its send ring in the link's `take_failures`) for the reason `why`.
+#[cold]
+pub(super) fn ring_down(conn: ConnId, why: &str) -> LinkEvent {
+    LinkEvent::Down {
         conn,
-        reason: format!("protocol error: {e}"),
+        reason: format!("protocol error: {why}"),
         reads_lost: true,
-    });
+    }
 }
 
 #[cold]

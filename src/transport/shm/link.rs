@@ -641,11 +641,7 @@ impl TransportLink for ShmLink {
     fn take_failures(&self, _: &mut LockedIfaces, out: &mut Vec<LinkEvent>) {
         if let Some(why) = self.sink.out.broken.get() {
             if !self.down_reported.swap(true, Ordering::AcqRel) {
-                out.push(LinkEvent::Down {
-                    conn: self.sink.conn,
-                    reason: format!("protocol error: {why}"),
-                    reads_lost: true,
-                });
+                out.push(super::iface::ring_down(self.sink.conn, why));
             }
         }
     }
