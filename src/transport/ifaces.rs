@@ -7,11 +7,11 @@
 #[cfg(feature = "rdma")]
 use smallvec::SmallVec;
 
-use rdmx_proto::UserBufId;
+use rdmx_proto::{ConnId, UserBufId};
 
 #[cfg(feature = "rdma")]
 use super::rdma;
-use super::shm::{ShmFrames, ShmRings};
+use super::shm::ShmRings;
 use super::{shm, tcp, LinkEvent, RecvFrame};
 use crate::config::Config;
 use crate::error::Result;
@@ -69,16 +69,21 @@ impl Ifaces {
         };
         #[cfg(not(feature = "rdma"))]
         let n = 0;
-        // (Taken from the end too: reversed.)
-        let m = self.shm.poll(
-            &mut scratch.shm_rings,
-            &mut scratch.shm_frames,
-            &mut scratch.shm,
-        );
-        if m > 0 {
+        let m = self.shm.poll(&mut scratch.shm_rings, &mut scratch.shm);
+        n + m
+    }
+
+    /// Under the protocol lock, after [`Ifaces::poll`]: hands `frame` every frame waiting
+    /// in the shared-memory rings the poll found ready (see [`shm::ShmIface::deliver`]),
+    /// and leaves their other events to [`LockedIfaces::next_completion`].
+    #[inline]
+    pub(crate) fn deliver_shm(&self, scratch: &mut PollScratch, frame: impl FnMut(ConnId, &[u8])) {
+        self.shm
+            .deliver(&mut scratch.shm_rings, &mut scratch.shm, frame);
+        // (Taken from the end, as the RDMA completions are: reversed.)
+        if !scratch.shm.is_empty() {
             scratch.shm.reverse();
         }
-        n + m
     }
 
     /// Before sleeping on the registry: asks for a wake-up on the next completion (RDMA)
@@ -260,10 +265,9 @@ pub(crate) struct PollScratch {
     /// TCP: the one buffer every link of the worker reads through (64 KiB once a link was
     /// read): links keep no receive buffer of their own.
     pub(crate) tcp_rbuf: Vec<u8>,
-    /// Shared memory: the receive rings, polled by whoever holds this scratch.
+    /// Shared memory: the receive rings, polled by whoever holds this scratch (their
+    /// frames are delivered before the other events: [`Ifaces::deliver_shm`]).
     pub(crate) shm_rings: ShmRings,
-    /// Shared memory: the frames found on the rings, delivered before the other events.
-    pub(crate) shm_frames: ShmFrames,
     /// Shared memory: the other events (finished READs, rings found corrupt), in reverse
     /// order, like `wcs`.
     pub(crate) shm: Vec<LinkEvent>,
@@ -277,7 +281,6 @@ impl PollScratch {
             tcp: Vec::new(),
             tcp_rbuf: Vec::new(),
             shm_rings: ShmRings::default(),
-            shm_frames: ShmFrames::default(),
             shm: Vec::new(),
         }
     }

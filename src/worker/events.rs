@@ -69,7 +69,8 @@ impl Protocol {
     }
 
     /// [`Protocol::deliver`] of a frame's bytes, which stay the caller's (shared memory's
-    /// frames, which share one buffer: see [`crate::transport::shm::ShmFrames`]).
+    /// frames, copied out of their ring into one buffer: see
+    /// [`crate::transport::ifaces::Ifaces::deliver_shm`]).
     pub(super) fn deliver_bytes(&mut self, conn: ConnId, bytes: &[u8], out: &mut AfterUnlock) {
         // (Not looked up in `conns` first: see `deliver`.)
         if let Some(d) = self.engine.handle_frame_delivering(conn, bytes) {

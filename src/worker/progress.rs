@@ -78,14 +78,11 @@ impl Driver {
         }
         {
             let mut st = self.state.lock();
-            // Shared memory's frames first: what else its rings said (a ring found corrupt)
-            // comes after them, as it came after them in the ring.
-            if !transport.shm_frames.is_empty() {
-                for (conn, frame) in transport.shm_frames.iter() {
-                    st.deliver_bytes(conn, frame, out);
-                }
-                transport.shm_frames.clear();
-            }
+            // Shared memory's frames first, each straight from its ring: what else its
+            // rings said (a ring found corrupt) comes after them, as it came after them in
+            // the ring.
+            self.ifaces
+                .deliver_shm(transport, |conn, frame| st.deliver_bytes(conn, frame, out));
             let recv_buf_size = st.engine.config().recv_buf_size;
             while let Some(ev) =
                 st.ifaces

@@ -47,7 +47,7 @@ mod segment;
 pub use doorbell::Doorbell;
 pub use error::Error;
 pub use host::{HostIdentity, IDENTITY_LEN};
-pub use ring::{Consumer, Producer};
+pub use ring::{Consumer, Producer, RecordBuf};
 pub use segment::Segment;
 
 /// `Result` with this crate's [`Error`].

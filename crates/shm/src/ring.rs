@@ -28,7 +28,8 @@
 //! released, and the consumer acquired that header before it looks here.
 //!
 //! The consumer frees space with a release store of `tail`, which the producer reads (only
-//! when it runs out of the room it knew of). Each field has one writer, so no
+//! when it runs out of the room it knew of); it may free a run of records with one store
+//! ([`Consumer::take_words`], then [`Consumer::free`]). Each field has one writer, so no
 //! read-modify-write is needed.
 //!
 //! Each side keeps its own index privately and validates what it reads of the other: a
@@ -170,6 +171,26 @@ pub struct Consumer {
     place: Place,
     /// Bytes consumed (private: `tail` in shared memory is only written from here).
     tail: u64,
+    /// The `tail` last stored in shared memory: the producer may reuse the ring up to it.
+    /// Behind `tail` while records taken by [`Consumer::take_words`] wait for
+    /// [`Consumer::free`].
+    freed: u64,
+}
+
+/// A record's words, copied out of a ring by [`Consumer::take_words`]: private memory,
+/// reused record after record (it only grows, to the longest record taken).
+#[derive(Default)]
+pub struct RecordBuf {
+    words: Vec<u64>,
+}
+
+impl RecordBuf {
+    /// The first `len` bytes of the last record taken (its length, as `take_words` said).
+    #[inline]
+    pub fn bytes(&self, len: usize) -> &[u8] {
+        let bytes: &[u8] = zerocopy::IntoBytes::as_bytes(&self.words[..]);
+        &bytes[..len.min(bytes.len())]
+    }
 }
 
 impl Producer {
@@ -319,7 +340,11 @@ impl Consumer {
     pub fn new(seg: Arc<Segment>, base: usize, capacity: usize) -> Result<Consumer> {
         let place = Place::new(seg, base, capacity)?;
         let tail = place.start(TAIL)?;
-        Ok(Consumer { place, tail })
+        Ok(Consumer {
+            place,
+            tail,
+            freed: tail,
+        })
     }
 
     /// The longest frame the ring carries.
@@ -328,7 +353,8 @@ impl Consumer {
     }
 
     /// Takes the next record: its bytes replace `out`'s and `Ok(true)`; `Ok(false)` when the
-    /// ring is empty. [`Error::Corrupt`] if the peer broke the ring's rules (`out` is then
+    /// ring is empty. Either way it frees the space of what it took (and of every record
+    /// [`Consumer::take_words`] took before it). [`Error::Corrupt`] if the peer broke the ring's rules (`out` is then
     /// unspecified, and the ring must not be used again).
     pub fn pop(&mut self, out: &mut Vec<u8>) -> Result<bool> {
         match self.pop_kind(out)? {
@@ -369,6 +395,8 @@ impl Consumer {
         let at = (self.tail / 8) as usize;
         let header = area.word(at).load(Ordering::Acquire);
         if header == 0 {
+            // (Records taken by `take_words` before it are freed all the same.)
+            self.free();
             return Ok(None);
         }
         if header & PUBLISHED == 0 || header & RESERVED != 0 {
@@ -402,8 +430,73 @@ impl Consumer {
             }
         }
         self.tail += size;
-        self.place.field(TAIL).store(self.tail, Ordering::Release);
+        self.free();
         Ok(Some((kind, len as usize)))
+    }
+
+    /// Takes the next record, as [`Consumer::pop_kind`] does, into `out`'s words
+    /// ([`RecordBuf::bytes`] of the length returned), but leaves its space to the producer
+    /// only at the next [`Consumer::free`]: a run of records taken one after another frees
+    /// their space with one store, not one each. `Ok(Some((kind, len)))`, `Ok(None)` when
+    /// the ring is empty, [`Error::Corrupt`] as for `pop_kind` (then `out` is unspecified).
+    #[inline]
+    pub fn take_words(&mut self, out: &mut RecordBuf) -> Result<Option<(u8, usize)>> {
+        let area = self.place.area();
+        let at = (self.tail / 8) as usize;
+        let header = area.word(at).load(Ordering::Acquire);
+        if header == 0 {
+            return Ok(None);
+        }
+        if header & PUBLISHED == 0 || header & RESERVED != 0 {
+            return Err(bad_header(header));
+        }
+        let len = header & 0xffff_ffff;
+        let kind = (header >> 32) as u8;
+        if len > self.place.max_payload() as u64 {
+            return Err(too_long_record(len, self.place.max_payload()));
+        }
+        let size = RECORD_HEADER + padded(len);
+        if self.tail + size > MAX_INDEX {
+            return Err(index_exhausted(self.tail));
+        }
+        let n = (padded(len) / 8) as usize;
+        if out.words.len() < n {
+            out.words.resize(n, 0);
+        }
+        let dst = &mut out.words[..n];
+        match area.run(at + 1, n) {
+            // (The record does not wrap: one slice, no index to mask or check per word;
+            // four words a turn, as a compiler unrolls a plain copy but not one of atomics.)
+            Some(words) => {
+                let (mut d4, mut w4) = (dst.chunks_exact_mut(4), words.chunks_exact(4));
+                for (d, w) in (&mut d4).zip(&mut w4) {
+                    d[0] = w[0].load(Ordering::Relaxed);
+                    d[1] = w[1].load(Ordering::Relaxed);
+                    d[2] = w[2].load(Ordering::Relaxed);
+                    d[3] = w[3].load(Ordering::Relaxed);
+                }
+                for (d, w) in d4.into_remainder().iter_mut().zip(w4.remainder()) {
+                    *d = w.load(Ordering::Relaxed);
+                }
+            }
+            None => {
+                for (i, d) in dst.iter_mut().enumerate() {
+                    *d = area.word(at + 1 + i).load(Ordering::Relaxed);
+                }
+            }
+        }
+        self.tail += size;
+        Ok(Some((kind, len as usize)))
+    }
+
+    /// Gives the producer the space of every record taken so far (one release store of
+    /// `tail`, none when nothing was taken since the last).
+    #[inline]
+    pub fn free(&mut self) {
+        if self.freed != self.tail {
+            self.freed = self.tail;
+            self.place.field(TAIL).store(self.tail, Ordering::Release);
+        }
     }
 
     /// Whether no record waits (one load of the header word at `tail`; a corrupt header

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use rdmx_shm::channel::{self, Side};
 use rdmx_shm::ring::{ring_len, PUBLISHED, RING_HEADER_LEN};
-use rdmx_shm::{fdpass, Consumer, Doorbell, Error, Producer, Segment};
+use rdmx_shm::{fdpass, Consumer, Doorbell, Error, Producer, RecordBuf, Segment};
 
 const CAP: usize = 256;
 
@@ -38,6 +38,48 @@ fn frames_arrive_in_order_and_intact_across_the_wrap() {
         assert_eq!(pop(&mut c).as_deref(), Some(&frame[..]), "round {round}");
     }
     assert!(p.drained().expect("drained"));
+}
+
+/// The next record by [`Consumer::take_words`], as bytes (its space not yet freed).
+fn take(c: &mut Consumer, buf: &mut RecordBuf) -> Option<Vec<u8>> {
+    let (kind, len) = c.take_words(buf).expect("an intact ring")?;
+    assert_eq!(kind, 0);
+    Some(buf.bytes(len).to_vec())
+}
+
+#[test]
+fn records_taken_as_words_free_their_space_only_when_freed() {
+    let (_seg, mut p, mut c) = pair(CAP);
+    let mut buf = RecordBuf::default();
+    assert_eq!(take(&mut c, &mut buf), None);
+    for lap in 0..20u8 {
+        // 7 records of 24 bytes fill the ring (see the test below); lengths that are not
+        // whole words, across the wrap.
+        let frames: Vec<Vec<u8>> = (0..7u8)
+            .map(|i| vec![lap ^ i; 17 + usize::from(i % 3) * 3])
+            .collect();
+        for f in &frames {
+            assert!(p.push(&[f]).expect("room"), "lap {lap}");
+        }
+        assert!(!p.push(&[&[9; 17]]).expect("full"));
+        for f in &frames[..4] {
+            assert_eq!(take(&mut c, &mut buf).as_ref(), Some(f), "lap {lap}");
+        }
+        // Taken, not freed: the producer still finds no room.
+        assert!(!p.push(&[&[9; 17]]).expect("still full"));
+        c.free();
+        c.free();
+        for f in &frames[4..] {
+            assert_eq!(take(&mut c, &mut buf).as_ref(), Some(f), "lap {lap}");
+        }
+        assert_eq!(take(&mut c, &mut buf), None);
+        assert!(
+            !p.drained().expect("drained"),
+            "nothing freed since the fourth"
+        );
+        c.free();
+        assert!(p.drained().expect("drained"));
+    }
 }
 
 #[test]
@@ -333,12 +375,17 @@ fn a_tail_out_of_range_is_corruption_for_the_producer() {
 enum Op {
     Push(Vec<u8>),
     Pop,
+    /// A record taken as words, its space kept until a `Free` (or a `Pop`, which frees).
+    Take,
+    Free,
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         proptest::collection::vec(any::<u8>(), 0..100).prop_map(Op::Push),
         Just(Op::Pop),
+        Just(Op::Take),
+        Just(Op::Free),
     ]
 }
 
@@ -350,13 +397,17 @@ proptest! {
     #[test]
     fn a_ring_is_a_fifo(ops in proptest::collection::vec(op(), 1..200)) {
         let (_seg, mut p, mut c) = pair(CAP);
+        let mut buf = RecordBuf::default();
         let mut model: VecDeque<Vec<u8>> = VecDeque::new();
-        let used = |m: &VecDeque<Vec<u8>>| m.iter().map(|f| 8 + f.len().div_ceil(8) * 8).sum::<usize>();
+        // Bytes of records taken and not yet freed.
+        let mut held = 0;
+        let size = |f: &Vec<u8>| 8 + f.len().div_ceil(8) * 8;
+        let used = |m: &VecDeque<Vec<u8>>| m.iter().map(size).sum::<usize>();
         for op in ops {
             match op {
                 Op::Push(f) => {
                     // (A word past the last record stays free.)
-                    let fits = used(&model) + 8 + f.len().div_ceil(8) * 8 + 8 <= CAP;
+                    let fits = held + used(&model) + size(&f) + 8 <= CAP;
                     // In pieces, as frames go (a header, then the payload): cut where the
                     // frame's first byte says, whole words or not.
                     let cut = f.first().map_or(0, |&b| usize::from(b) % (f.len() + 1));
@@ -365,7 +416,19 @@ proptest! {
                     prop_assert_eq!(p.push(&[head, mid, tail]).expect("push"), fits);
                     if fits { model.push_back(f); }
                 }
-                Op::Pop => prop_assert_eq!(pop(&mut c), model.pop_front()),
+                Op::Pop => {
+                    prop_assert_eq!(pop(&mut c), model.pop_front());
+                    held = 0;
+                }
+                Op::Take => {
+                    let f = model.pop_front();
+                    held += f.as_ref().map_or(0, size);
+                    prop_assert_eq!(take(&mut c, &mut buf), f);
+                }
+                Op::Free => {
+                    c.free();
+                    held = 0;
+                }
             }
         }
     }
@@ -380,6 +443,7 @@ proptest! {
     ) {
         let (seg, mut p, mut c) = pair(CAP);
         let mut out = Vec::new();
+        let mut buf = RecordBuf::default();
         let mut consumer_ok = true;
         let mut producer_ok = true;
         for (i, f) in frames.iter().enumerate() {
@@ -391,8 +455,14 @@ proptest! {
                 scribble(&seg, word * 8, if value % 2 == 0 { value } else { small });
             }
             if consumer_ok {
-                match c.pop(&mut out) {
-                    Ok(_) => prop_assert!(out.len() <= c.max_frame()),
+                // Every other record taken as words, freed with the next pop.
+                let got = if i % 2 == 0 {
+                    c.pop(&mut out).map(|_| out.len())
+                } else {
+                    c.take_words(&mut buf).map(|r| r.map_or(0, |(_, len)| buf.bytes(len).len()))
+                };
+                match got {
+                    Ok(len) => prop_assert!(len <= c.max_frame()),
                     Err(Error::Corrupt(_)) => consumer_ok = false,
                     Err(e) => prop_assert!(false, "unexpected error {}", e),
                 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rdmx_proto::ConnId;
-use rdmx_shm::{Consumer, Doorbell, HostIdentity};
+use rdmx_shm::{Consumer, Doorbell, HostIdentity, RecordBuf};
 
 use super::copy::{KIND_DATA, KIND_FRAME, KIND_GET};
 use super::link::{Outbox, RecordSink};
@@ -21,55 +21,14 @@ use crate::transport::{LinkEvent, RecvFrame};
 /// The readiness token of the worker's doorbell.
 const TOKEN_DOORBELL: u64 = 2;
 /// Bytes of frames a progress call takes from the rings at most (it takes the rest on its
-/// next call): what [`ShmFrames`] holds stays bounded however many rings there are.
+/// next call): how long it delivers under the protocol lock stays bounded however many
+/// rings there are.
 const FRAME_BUDGET: usize = 256 << 10;
 /// Records a progress call takes from one ring at most: one busy peer does not starve the
 /// others. (A receiver that falls behind its sender finds more than this waiting, and each
 /// progress call has a cost of its own: at 16, that came to 22 of the shared-memory
 /// receiver's 925 instructions per 8 B message at window 64, callgrind.)
 const PER_RING: usize = 64;
-
-/// The frames a progress call took from the rings, in order: one after another in one buffer
-/// reused call after call, so that a frame needs no buffer of its own, no lock to get one
-/// and no [`LinkEvent`] to carry it. The worker delivers them from here, under its protocol
-/// lock, and clears it.
-#[derive(Default)]
-pub(crate) struct ShmFrames {
-    /// The frames, in `bytes[..used]`. (Its length is the most it ever held: written over
-    /// call after call, never zeroed or truncated; see [`Consumer::pop_kind_at`].)
-    bytes: Vec<u8>,
-    used: usize,
-    /// Each frame's connection and end in `bytes` (it starts where the one before ends).
-    frames: Vec<(ConnId, usize)>,
-}
-
-impl ShmFrames {
-    /// Whether no frame waits.
-    #[inline]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.frames.is_empty()
-    }
-
-    /// The frames, in the order they were taken.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (ConnId, &[u8])> {
-        let mut start = 0;
-        self.frames.iter().map(move |&(conn, end)| {
-            let frame = &self.bytes[start..end];
-            start = end;
-            (conn, frame)
-        })
-    }
-
-    /// Forgets the frames (delivered), keeping the buffer unless a burst made it large.
-    pub(crate) fn clear(&mut self) {
-        self.frames.clear();
-        self.used = 0;
-        if self.bytes.len() > 4 * FRAME_BUDGET {
-            self.bytes.truncate(FRAME_BUDGET);
-            self.bytes.shrink_to(FRAME_BUDGET);
-        }
-    }
-}
 
 /// A connection's receive ring, and where its records that are not frames go.
 struct Rx {
@@ -87,6 +46,10 @@ struct Rx {
 pub(crate) struct ShmRings {
     rings: Vec<Rx>,
     first: usize,
+    /// Rings the last poll found records waiting in, for [`ShmIface::deliver`].
+    ready: usize,
+    /// The words of the record being taken, reused record after record.
+    record: RecordBuf,
 }
 
 /// Rings added and removed since the last poll took the changes in.
@@ -175,19 +138,32 @@ impl ShmIface {
         Ok(self.shared.get_or_init(|| shared))
     }
 
-    /// Polls every receive ring into `frames` and the other events (finished READs,
-    /// connections lost) into `out`, each in order; returns how many frames and events it
-    /// found. Also retries frames waiting for room.
+    /// Looks at every receive ring (one load each) and puts the other events (finished
+    /// READs) into `out`, in order; returns how many rings have records waiting, for
+    /// [`ShmIface::deliver`], and events it found. Also retries frames waiting for room.
     #[inline]
-    pub(crate) fn poll(
+    pub(crate) fn poll(&self, rings: &mut ShmRings, out: &mut Vec<LinkEvent>) -> usize {
+        match self.shared.get() {
+            Some(s) => s.poll(rings, out),
+            None => 0,
+        }
+    }
+
+    /// Takes the records waiting in the rings [`ShmIface::poll`] found ready, in order,
+    /// each as it is taken: a frame to `frame` (its connection and bytes, which are this
+    /// call's, copied out of the ring), a GET or DATA to its link, a ring found corrupt as
+    /// its connection going down into `out`, after its frames. Under the protocol lock
+    /// (`frame` delivers into the engine): no frame waits in a buffer of its own between
+    /// its ring and its delivery.
+    #[inline]
+    pub(crate) fn deliver(
         &self,
         rings: &mut ShmRings,
-        frames: &mut ShmFrames,
         out: &mut Vec<LinkEvent>,
-    ) -> usize {
-        match self.shared.get() {
-            Some(s) => s.poll(rings, frames, out),
-            None => 0,
+        frame: impl FnMut(ConnId, &[u8]),
+    ) {
+        if let (true, Some(s)) = (rings.ready > 0, self.shared.get()) {
+            s.deliver(rings, out, frame);
         }
     }
 
@@ -266,16 +242,28 @@ impl Shared {
         if let Some(i) = rings.rings.iter().position(|r| r.conn == conn) {
             let mut r = rings.rings.swap_remove(i);
             rings.first = 0;
-            let mut frames = ShmFrames::default();
-            while !r.ring.is_empty() && self.take_frame(&mut r, &mut frames, out).is_ok() {}
-            // (Rare: a frame buffer each.)
-            for (conn, frame) in frames.iter() {
-                out.push(LinkEvent::Frame {
-                    conn,
-                    len: frame.len(),
-                    frame: RecvFrame::Owned(frame.to_vec()),
+            let mut frames = Vec::new();
+            let mut record = RecordBuf::default();
+            while !r.ring.is_empty() {
+                // (Rare: a frame buffer each.)
+                let taken = self.take_record(&mut r, &mut record, |conn, frame| {
+                    frames.push(LinkEvent::Frame {
+                        conn,
+                        len: frame.len(),
+                        frame: RecvFrame::Owned(frame.to_vec()),
+                    })
                 });
+                match taken {
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(e) => {
+                        broken_ring(conn, e, &mut frames);
+                        break;
+                    }
+                }
             }
+            r.ring.free();
+            out.append(&mut frames);
         }
     }
 
@@ -304,13 +292,8 @@ impl Shared {
         }
     }
 
-    fn poll(
-        &self,
-        rings: &mut ShmRings,
-        frames: &mut ShmFrames,
-        out: &mut Vec<LinkEvent>,
-    ) -> usize {
-        let before = out.len() + frames.frames.len();
+    fn poll(&self, rings: &mut ShmRings, out: &mut Vec<LinkEvent>) -> usize {
+        let before = out.len();
         if self.changed.load(Ordering::Acquire) {
             self.take_changes(rings);
         }
@@ -327,41 +310,8 @@ impl Shared {
                 }
             }
         }
-        if !rings.rings.is_empty() {
-            let ShmRings { rings, first } = rings;
-            let n = rings.len();
-            let mut broken = Vec::new();
-            // (Counted round from `first` without a division per ring.)
-            let mut i = if *first < n { *first } else { 0 };
-            for _ in 0..n {
-                if frames.used >= FRAME_BUDGET {
-                    // The rest wait for the next call, which starts with them.
-                    *first = i;
-                    break;
-                }
-                for _ in 0..PER_RING {
-                    // (An empty ring, what an idle poll finds, is one load: no call.)
-                    if rings[i].ring.is_empty() {
-                        break;
-                    }
-                    if self.take_frame(&mut rings[i], frames, out).is_err() {
-                        broken.push(i);
-                        break;
-                    }
-                }
-                i += 1;
-                if i == n {
-                    i = 0;
-                }
-            }
-            if !broken.is_empty() {
-                broken.sort_unstable();
-                for i in broken.into_iter().rev() {
-                    rings.swap_remove(i);
-                }
-                *first = 0;
-            }
-        }
+        // (An empty ring, what an idle poll finds, is one load.)
+        rings.ready = rings.rings.iter().filter(|r| !r.ring.is_empty()).count();
         if self.done_count.load(Ordering::Acquire) > 0 {
             let mut done = self.done.lock();
             for (key, ok) in done.drain(..) {
@@ -374,40 +324,81 @@ impl Shared {
             }
             self.done_count.store(0, Ordering::Release);
         }
-        out.len() + frames.frames.len() - before
+        rings.ready + out.len() - before
     }
 
-    /// Takes the record the caller saw waiting in `r` (not [`Consumer::is_empty`]): a frame
-    /// to `frames`, a GET or DATA to the link. `Err` when the peer corrupted the ring or
-    /// broke the protocol (reported in `out` as the connection going down, after its frames).
-    fn take_frame(
+    /// [`ShmIface::deliver`], with the rings ready.
+    #[inline]
+    fn deliver(
         &self,
-        r: &mut Rx,
-        frames: &mut ShmFrames,
+        rings: &mut ShmRings,
         out: &mut Vec<LinkEvent>,
-    ) -> std::result::Result<(), ()> {
-        match self.take_record(r, frames) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                broken_ring(r.conn, e, out);
-                Err(())
+        mut frame: impl FnMut(ConnId, &[u8]),
+    ) {
+        let ShmRings {
+            rings,
+            first,
+            ready,
+            record,
+        } = rings;
+        *ready = 0;
+        let n = rings.len();
+        let mut broken = Vec::new();
+        let mut budget = FRAME_BUDGET;
+        // (Counted round from `first` without a division per ring.)
+        let mut i = if *first < n { *first } else { 0 };
+        for _ in 0..n {
+            if budget == 0 {
+                // The rest wait for the next call, which starts with them.
+                *first = i;
+                break;
             }
+            let r = &mut rings[i];
+            for _ in 0..PER_RING {
+                match self.take_record(r, record, &mut frame) {
+                    Ok(Some(len)) => budget = budget.saturating_sub(len),
+                    Ok(None) => break,
+                    Err(e) => {
+                        broken_ring(r.conn, e, out);
+                        broken.push(i);
+                        break;
+                    }
+                }
+            }
+            // (One store frees all this call took from the ring.)
+            r.ring.free();
+            i += 1;
+            if i == n {
+                i = 0;
+            }
+        }
+        if !broken.is_empty() {
+            broken.sort_unstable();
+            for i in broken.into_iter().rev() {
+                rings.swap_remove(i);
+            }
+            *first = 0;
         }
     }
 
-    /// Takes the record that waits in `r`: a frame to `frames`, a GET or DATA to the link.
-    fn take_record(&self, r: &mut Rx, frames: &mut ShmFrames) -> std::result::Result<(), String> {
-        let start = frames.used;
-        match r.ring.pop_kind_at(&mut frames.bytes, start) {
+    /// Takes the record waiting in `r`, if any, into `record`: a frame to `frame`, a GET or
+    /// DATA to the link; `Ok(Some(its length))`, or `Ok(None)` when none waits. `Err` when
+    /// the peer corrupted the ring or broke the protocol.
+    #[inline(always)]
+    fn take_record(
+        &self,
+        r: &mut Rx,
+        record: &mut RecordBuf,
+        mut frame: impl FnMut(ConnId, &[u8]),
+    ) -> std::result::Result<Option<usize>, String> {
+        match r.ring.take_words(record) {
             Ok(Some((KIND_FRAME, len))) => {
-                frames.used = start + len;
-                frames.frames.push((r.conn, frames.used));
-                Ok(())
+                frame(r.conn, record.bytes(len));
+                Ok(Some(len))
             }
-            // (Seen waiting a moment ago: only a peer rewinding its head makes it vanish.)
-            Ok(None) => Err("a record published, then withdrawn".into()),
-            Ok(Some((KIND_GET, len))) => r.sink.get(self, &frames.bytes[start..start + len]),
-            Ok(Some((KIND_DATA, len))) => r.sink.data(self, &frames.bytes[start..start + len]),
+            Ok(None) => Ok(None),
+            Ok(Some((KIND_GET, len))) => r.sink.get(self, record.bytes(len)).map(|()| Some(len)),
+            Ok(Some((KIND_DATA, len))) => r.sink.data(self, record.bytes(len)).map(|()| Some(len)),
             Ok(Some((kind, _))) => Err(unknown_kind(kind)),
             Err(e) => Err(e.to_string()),
         }

@@ -25,7 +25,7 @@ mod iface;
 mod link;
 pub(crate) mod setup;
 
-pub(crate) use iface::{ShmFrames, ShmIface, ShmRings};
+pub(crate) use iface::{ShmIface, ShmRings};
 pub(crate) use link::{Parts as ShmParts, ShmLink};
 
 /// Bytes of each ring (one each way per connection). Frames that find it full wait in the
