@@ -243,8 +243,17 @@ fn pattern(size: u64, seed: u64) -> Result<Vec<u8>> {
     Ok(v)
 }
 
+// (Inlined into the loops that wait for each message, as `Request::wait` is: as a call, the
+// request and its result went through memory, and the error's formatting took registers.)
+#[inline(always)]
 fn wait(r: Request, what: &str) -> Result<rdmx::Done> {
-    r.wait().map_err(|e| format!("{what}: {e}"))
+    r.wait().map_err(|e| failed(what, e))
+}
+
+#[cold]
+#[inline(never)]
+fn failed(what: &str, e: rdmx::Error) -> String {
+    format!("{what}: {e}")
 }
 
 fn check_len(got: &rdmx::Done, size: u64) -> Result<()> {

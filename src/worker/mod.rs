@@ -425,6 +425,21 @@ impl Worker {
         let sh = &self.driver;
         let mut guard = sh.state.lock();
         let st = &mut *guard;
+        if st.engine.unexpected_len() == 0 {
+            // Nothing arrived that it could match (the common case of a receive made before
+            // its message): only posted, with nothing to run, post or wake.
+            let cap = buf.len() as u64;
+            let Protocol {
+                engine, requests, ..
+            } = st;
+            let slot = requests.insert_open(UserMem::Plain(buf), |bufid| {
+                engine.tag_recv(tag, mask, bufid, cap)
+            });
+            // (Every locked section runs the actions it caused before it ends.)
+            debug_assert!(!st.engine.has_actions());
+            drop(guard);
+            return Request::new(self, slot, what);
+        }
         let mut buf = buf;
         if let Some(c) = st.engine.tag_recv_now(tag, mask, &mut buf) {
             // Its message had arrived eagerly: copied in already, the buffer never entering

@@ -178,6 +178,33 @@ impl RequestTable {
         buf_id(index, e.generation)
     }
 
+    /// [`RequestTable::insert_buf`] and [`RequestTable::open`] in one: takes `mem` in for
+    /// the request `make` makes with its buffer id (a receive; no connection), and opens
+    /// its handle. (The slot is touched once, not once by each.)
+    #[inline(always)]
+    pub(crate) fn insert_open(
+        &mut self,
+        mem: UserMem,
+        make: impl FnOnce(UserBufId) -> RequestId,
+    ) -> RequestKey {
+        let buf = self.insert_buf(mem);
+        let index = buf.0 as u32;
+        let id = make(buf);
+        let e = &mut self.entries[index as usize];
+        e.open = true;
+        e.id = Some(id);
+        // (A receive has no connection: `free_if_unused` cleared it when the slot was freed.)
+        if let Some(flag) = e.chunk.get(e.flag.1 as usize) {
+            flag.store(e.generation << 1, Ordering::Release);
+        }
+        RequestKey {
+            index,
+            chunk: e.flag.0,
+            at: e.flag.1,
+            generation: e.generation,
+        }
+    }
+
     /// The slot of `buf`, if it is in use under that id.
     #[inline(always)]
     pub(crate) fn slot(&self, buf: UserBufId) -> Option<u32> {

@@ -40,7 +40,33 @@ impl Engine {
     /// A receive whose message already arrived eagerly completes as it is made: its id is
     /// one for which [`RequestId::is_immediate`] holds, it is never stored, and its
     /// [`Action::Complete`] (after the copy) is among the actions this call queued.
+    // (Inline, with the common case first: a receive made before its message, when no
+    // message waits, is only queued. As a call it cost 55 instructions per message of the
+    // shared-memory receiver, callgrind.)
+    #[inline]
     pub fn tag_recv(&mut self, tag: Tag, mask: Tag, buf: UserBufId, capacity: u64) -> RequestId {
+        if self.unexpected.is_empty() {
+            let id = self.new_recv_id();
+            self.posted.push_back(Posted {
+                req: id,
+                tag,
+                mask,
+                buf,
+                cap: capacity,
+            });
+            return id;
+        }
+        self.tag_recv_matching(tag, mask, buf, capacity)
+    }
+
+    /// [`Engine::tag_recv`] with unexpected messages to match against.
+    fn tag_recv_matching(
+        &mut self,
+        tag: Tag,
+        mask: Tag,
+        buf: UserBufId,
+        capacity: u64,
+    ) -> RequestId {
         let found = self.take_unexpected_match(tag, mask);
         if let Some(
             u @ Unexpected {
