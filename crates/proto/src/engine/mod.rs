@@ -1,12 +1,13 @@
 //! The protocol engine: inputs via `handle_*` and user operations, outputs via
 //! [`Engine::poll_action`].
 //!
-//! One module per job: `actions` (what the driver is asked to do), `connections`
-//! (handshake, admission, failure), `credits` (the pool windows are granted from), `send` (eager and rendezvous sends, credit
+//! One module per job: `actions` (what the driver is asked to do), `conn_table` (the
+//! connections by id), `connections` (handshake, admission, failure), `credits` (the pool windows are granted from), `send` (eager and rendezvous sends, credit
 //! flow), `matching` (posted and unexpected receives, probes, cancel), `rendezvous` (the
 //! receiver's READs) and `frames` (decoding and dispatching arrivals).
 
 mod actions;
+mod conn_table;
 mod connections;
 mod credits;
 mod frames;
@@ -18,6 +19,7 @@ pub use actions::{Action, CloseReason, Completion, PayloadRef, RemoteBuf, Reques
 pub use credits::CreditStats;
 pub use frames::Delivery;
 
+use conn_table::ConnTable;
 use credits::CreditPool;
 
 use std::collections::VecDeque;
@@ -243,7 +245,7 @@ pub struct Engine {
     cfg: Config,
     now: u64,
     next_msg: u64,
-    conns: HashMap<ConnId, Conn>,
+    conns: ConnTable,
     credits: CreditPool,
     /// Sends, in a slab (see `requests`).
     reqs: Requests<SendReq>,
@@ -278,7 +280,7 @@ impl Engine {
             cfg,
             now: 0,
             next_msg: 1,
-            conns: HashMap::default(),
+            conns: ConnTable::default(),
             reqs: Requests::default(),
             recvs: HashMap::default(),
             next_immediate: 0,
