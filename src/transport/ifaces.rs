@@ -73,6 +73,18 @@ impl Ifaces {
         n + m
     }
 
+    /// Whether [`Ifaces::poll`] would surely find nothing now, told without polling: no
+    /// RDMA device (whose completion queue only a poll reads) and nothing in shared memory
+    /// ([`shm::ShmIface::quiet`]).
+    #[inline]
+    pub(crate) fn quiet(&self, scratch: &PollScratch) -> bool {
+        #[cfg(feature = "rdma")]
+        if self.rdma.get().is_some() {
+            return false;
+        }
+        self.shm.quiet(&scratch.shm_rings)
+    }
+
     /// Under the protocol lock, after [`Ifaces::poll`]: hands `frame` every frame waiting
     /// in the shared-memory rings the poll found ready (see [`shm::ShmIface::deliver`]),
     /// and leaves their other events to [`LockedIfaces::next_completion`].

@@ -197,6 +197,8 @@ struct Scratch {
     /// which wait for a call that finds nothing to do (or [`REPOST_BATCH`] of them): off the
     /// path from a completion to its waiter.
     after: AfterUnlock,
+    /// Progress calls in a row that found nothing (see [`Driver::progress_spinning`]).
+    idle_calls: u32,
 }
 
 /// How many receive buffers a progressing worker gathers at most before reposting them.
@@ -300,6 +302,7 @@ impl Worker {
                 events: Vec::new(),
                 transport: PollScratch::new(),
                 after: AfterUnlock::default(),
+                idle_calls: 0,
             }),
             waiter: Mutex::new(()),
             registry,
@@ -346,7 +349,7 @@ impl Worker {
                 match sh.mode {
                     WaitMode::BusyPoll => {
                         for _ in 0..1024 {
-                            if sh.progress() == 0 {
+                            if sh.progress_spinning() == 0 {
                                 std::hint::spin_loop();
                             }
                         }
@@ -382,7 +385,7 @@ impl Worker {
             WaitMode::BusyPoll => {
                 let deadline = timeout.map(|t| Instant::now() + t);
                 loop {
-                    let n = self.progress();
+                    let n = self.driver.progress_spinning();
                     if n > 0 || deadline.is_some_and(|d| Instant::now() >= d) {
                         return Ok(n);
                     }

@@ -149,6 +149,18 @@ impl ShmIface {
         }
     }
 
+    /// Whether [`ShmIface::poll`] would find nothing now: no ring changed, no frame waits
+    /// for room, no READ finished, and every receive ring is empty (one load each).
+    #[inline]
+    pub(crate) fn quiet(&self, rings: &ShmRings) -> bool {
+        self.shared.get().map_or(true, |s| {
+            !s.changed.load(Ordering::Relaxed)
+                && s.blocked_count.load(Ordering::Relaxed) == 0
+                && s.done_count.load(Ordering::Relaxed) == 0
+                && rings.rings.iter().all(|r| r.ring.is_empty())
+        })
+    }
+
     /// Takes the records waiting in the rings [`ShmIface::poll`] found ready, in order,
     /// each as it is taken: a frame to `frame` (its connection and bytes, which are this
     /// call's, copied out of the ring), a GET or DATA to its link, a ring found corrupt as
