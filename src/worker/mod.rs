@@ -197,8 +197,10 @@ struct Scratch {
     /// which wait for a call that finds nothing to do (or [`REPOST_BATCH`] of them): off the
     /// path from a completion to its waiter.
     after: AfterUnlock,
-    /// Progress calls in a row that found nothing (see [`Driver::progress_spinning`]).
+    /// Progress calls in a row that found nothing, and the clock as the last full call read
+    /// it (see [`Driver::progress_spinning`]).
     idle_calls: u32,
+    last_now: u64,
 }
 
 /// How many receive buffers a progressing worker gathers at most before reposting them.
@@ -303,6 +305,7 @@ impl Worker {
                 transport: PollScratch::new(),
                 after: AfterUnlock::default(),
                 idle_calls: 0,
+                last_now: 0,
             }),
             waiter: Mutex::new(()),
             registry,

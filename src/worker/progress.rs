@@ -53,17 +53,27 @@ impl Driver {
         let Some(mut scratch) = self.progress_lock.try_lock() else {
             return 0;
         };
-        if spinning && scratch.idle_calls % CLOCK_REUSE != 0 && self.quiet(&scratch) {
-            scratch.idle_calls = scratch.idle_calls.wrapping_add(1);
-            return 0;
+        if spinning && scratch.idle_calls % CLOCK_REUSE != 0 {
+            if self.quiet(&scratch) {
+                scratch.idle_calls = scratch.idle_calls.wrapping_add(1);
+                return 0;
+            }
+            // Something arrived: taken at once, by the clock of the last full call (a few
+            // idle calls old), not after a clock read of its own.
+            let now = scratch.last_now;
+            return self.progress_full(&mut scratch, now);
         }
-        self.progress_full(&mut scratch)
+        // (The clock first: read while nothing has arrived yet, it is off the path from an
+        // arrival to its waiter.)
+        let now = self.now_ns();
+        scratch.last_now = now;
+        self.progress_full(&mut scratch, now)
     }
 
-    /// A progress call that looks at everything (see [`Driver::progress_spinning`]). (Not
-    /// inlined: the quiet calls before it would set up its frame.)
+    /// A progress call that looks at everything (see [`Driver::progress_spinning`]), at
+    /// `now`. (Not inlined: the quiet calls before it would set up its frame.)
     #[inline(never)]
-    fn progress_full(&self, scratch: &mut Scratch) -> usize {
+    fn progress_full(&self, scratch: &mut Scratch, now: u64) -> usize {
         let Scratch {
             ready,
             failed_posts,
@@ -71,10 +81,8 @@ impl Driver {
             transport,
             after: out,
             idle_calls,
+            ..
         } = scratch;
-        // (The clock first: read while nothing has arrived yet, it is off the path from an
-        // arrival to its waiter.)
-        let now = self.now_ns();
         let polled = self.ifaces.poll(transport);
         let housekeeping = self.cm_check_due(now);
         let srq_low = housekeeping && self.ifaces.srq_low();
