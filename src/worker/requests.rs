@@ -188,21 +188,9 @@ impl RequestTable {
         make: impl FnOnce(UserBufId) -> RequestId,
     ) -> RequestKey {
         let buf = self.insert_buf(mem);
-        let index = buf.0 as u32;
         let id = make(buf);
-        let e = &mut self.entries[index as usize];
-        e.open = true;
-        e.id = Some(id);
         // (A receive has no connection: `free_if_unused` cleared it when the slot was freed.)
-        if let Some(flag) = e.chunk.get(e.flag.1 as usize) {
-            flag.store(e.generation << 1, Ordering::Release);
-        }
-        RequestKey {
-            index,
-            chunk: e.flag.0,
-            at: e.flag.1,
-            generation: e.generation,
-        }
+        self.opened(buf.0 as u32, id)
     }
 
     /// The slot of `buf`, if it is in use under that id.
@@ -225,10 +213,16 @@ impl RequestTable {
         // (Its buffer is in the slot from `insert_buf` until the request completes, which
         // the caller's locked section has not let happen yet.)
         let index = buf.0 as u32;
+        self.entries[index as usize].conn = conn.cloned();
+        self.opened(index, id)
+    }
+
+    /// Opens the handle of the request `id` in slot `index`, not done.
+    #[inline(always)]
+    fn opened(&mut self, index: u32, id: RequestId) -> RequestKey {
         let e = &mut self.entries[index as usize];
         e.open = true;
         e.id = Some(id);
-        e.conn = conn.cloned();
         // (No order to keep with the sleepers here, unlike `finish`: a handle that looks at
         // this flag gets its generation from this call, after the store. A plain store, not
         // the `xchg` a sequentially consistent one costs.)

@@ -1,6 +1,6 @@
 //! Message rate of the bare rings: one thread pushes records of an 8 B rdmx frame's size
 //! (its 40-byte header and 8 bytes of payload) through a ring as fast as it can, another
-//! pops them, busy-polling. What rdmx's shared-memory transport adds per message on top of
+//! takes them, busy-polling, as the worker does (`Consumer::take_words`). What rdmx's shared-memory transport adds per message on top of
 //! the rings is the rest of its 8 B message rate: against this ceiling, the rdmx and UCX
 //! rates of `scripts/bench` show how much of a message's cost is the rings'.
 //!
@@ -22,11 +22,13 @@ fn main() -> rdmx_shm::Result<()> {
     let (mut tx, _) = channel::ends(&seg, cap, Side::Creator)?;
     let (_, mut rx) = channel::ends(&seg, cap, Side::Opener)?;
     let sink = std::thread::spawn(move || {
-        let mut buf = Vec::new();
+        // (As the worker takes records: into one word buffer, copied out of the ring.)
+        let mut buf = rdmx_shm::RecordBuf::default();
         for _ in 0..n {
-            while !rx.pop(&mut buf).expect("pop") {
+            while rx.take_words(&mut buf).expect("take").is_none() {
                 std::hint::spin_loop();
             }
+            rx.free();
         }
     });
     let msg = vec![7u8; size];
