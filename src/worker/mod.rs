@@ -621,8 +621,10 @@ impl Worker {
 
     pub(crate) fn msg_recv(&self, info: ProbeInfo, buf: Vec<u8>) -> Request {
         let made = self.driver.with_protocol(|st| {
+            // (Its capacity is the buffer's: one shorter than the message is Truncated.)
+            let cap = buf.len() as u64;
             let bufid = st.new_buf(UserMem::Plain(buf));
-            match st.engine.msg_recv(info.msg, bufid, info.len) {
+            match st.engine.msg_recv(info.msg, bufid, cap) {
                 Some(id) => Made::Pending(st.requests.open(bufid, id, None)),
                 // Its connection is gone: refused at once, like a send on a closed endpoint.
                 None => Made::Done(Outcome {

@@ -311,6 +311,50 @@ pub fn truncation_on_both_protocols() {
     });
 }
 
+/// A probed message received into a buffer shorter than it (`Message::recv`) is Truncated,
+/// as a receive is, on both protocols: nothing written, the buffer back as it was, and the
+/// rendezvous sender told.
+pub fn truncation_of_probed_messages() {
+    two_sided("truncation_of_probed_messages", |p| {
+        let ctx = builder().build().unwrap();
+        let thr = ctx.config().eager_threshold() as usize;
+        let (w, eps) = p.endpoints(&ctx, 1);
+        if !p.is_server() {
+            eps[0].send(11, &pattern(100, 11)).unwrap();
+            let s = eps[0].tag_send(12, pattern(thr * 4, 12));
+            let err = finish(s).expect_err("remote truncated");
+            assert_eq!(err.status(), Some(Status::RemoteTruncated));
+            eps[0].send(13, b"fine").unwrap();
+            p.barrier();
+            return;
+        }
+        let probed = |tag| {
+            let deadline = Instant::now() + long();
+            loop {
+                if let Some(m) = w.probe_remove(tag, TAG_MASK_ALL) {
+                    break m;
+                }
+                assert!(Instant::now() < deadline, "no message with tag {tag}");
+            }
+        };
+        for (tag, len, short) in [(11, 100, 10), (12, thr * 4, thr + 100)] {
+            let m = probed(tag);
+            assert_eq!(m.len() as usize, len);
+            let mut err = finish(m.recv(vec![0xee; short])).expect_err("truncated");
+            assert_eq!(err.status(), Some(Status::Truncated), "tag {tag}");
+            let buf = err.take_buffer();
+            assert_eq!(buf.len(), short, "the buffer comes back");
+            assert!(
+                buf.iter().all(|&b| b == 0xee),
+                "nothing written (tag {tag})"
+            );
+        }
+        assert_eq!(finish(probed(13).recv(vec![0; 4])).unwrap().buf, b"fine");
+        assert_eq!(w.stats().pending_requests, 0);
+        p.barrier();
+    });
+}
+
 pub fn cancel_receive_and_rendezvous_send() {
     two_sided("cancel_receive_and_rendezvous_send", |p| {
         let ctx = builder().build().unwrap();

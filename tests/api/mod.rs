@@ -93,6 +93,7 @@ macro_rules! two_sided_api_tests {
             event_wait_mode_roundtrips_and_idles,
             wildcard_and_masked_tags,
             truncation_on_both_protocols,
+            truncation_of_probed_messages,
             cancel_receive_and_rendezvous_send,
             receives_name_the_sending_endpoint,
             matched_probes_from_several_threads,
