@@ -83,22 +83,22 @@ impl Ep {
     /// from the shared buffer itself (over RDMA registered in place for the send's duration,
     /// or staged through the registration cache, as `RDMX_RNDV_REG` says), as with
     /// [`Ep::tag_send`]. The completion's buffer ([`crate::Done::buf`]) is empty; the request
-    /// holds its clone until it completes.
+    /// holds a clone until it completes. (Taken by reference: a send that goes out at once
+    /// copies it and leaves its count alone.)
     ///
     /// ```no_run
     /// # fn demo(ep: &rdmx::Ep, others: &[rdmx::Ep]) -> rdmx::Result<()> {
     /// use std::sync::Arc;
     /// let block = Arc::new(vec![7u8; 1 << 20]);
-    /// let sends: Vec<_> = others.iter().map(|ep| ep.tag_send_shared(9, block.clone())).collect();
+    /// let sends: Vec<_> = others.iter().map(|ep| ep.tag_send_shared(9, &block)).collect();
     /// for s in sends {
     ///     s.wait()?;
     /// }
     /// # Ok(()) }
     /// ```
-    pub fn tag_send_shared(&self, tag: Tag, data: Arc<Vec<u8>>) -> Request {
+    pub fn tag_send_shared(&self, tag: Tag, data: &Arc<Vec<u8>>) -> Request {
         let w = &self.inner.worker;
-        w.driver
-            .tag_send(w, &self.inner.cs, tag, SendData::Shared(data))
+        w.driver.tag_send_shared(w, &self.inner.cs, tag, data)
     }
 
     /// Sends a copy of `data` with `tag` and waits until the send completes.

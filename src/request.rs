@@ -20,6 +20,19 @@ pub(crate) struct Outcome {
 }
 
 impl Outcome {
+    /// The outcome of a send of `len` bytes on `cs` that went out as it was made.
+    #[inline(always)]
+    pub(crate) fn sent(cs: &crate::transport::Conn, tag: Tag, len: usize, buf: Vec<u8>) -> Outcome {
+        Outcome {
+            status: Status::Ok,
+            kind: RequestKind::Send,
+            length: len as u64,
+            tag,
+            buf,
+            conn: Some(cs.id),
+        }
+    }
+
     /// The outcome the engine's completion `c` reports, with the request's buffer.
     #[inline]
     pub(crate) fn of(c: &rdmx_proto::Completion, buf: Vec<u8>) -> Outcome {

@@ -539,7 +539,7 @@ fn send_window(
             last = now;
         }
         sends.push_back(match src {
-            Source::Shared(data) => ep.tag_send_shared(DATA, data.clone()),
+            Source::Shared(data) => ep.tag_send_shared(DATA, data),
             Source::Own(bufs) => ep.tag_send(DATA, bufs.pop().ok_or("no send buffer left")?),
         });
     }

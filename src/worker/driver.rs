@@ -125,37 +125,62 @@ impl Driver {
         })
     }
 
-    /// A send that goes out as it is made (the common case of a small message), done: the
-    /// frame `Engine::tag_send_now` makes is queued at once with the payload from `data`,
-    /// which never enters the request table (the engine queues no action with it). When it is
-    /// posted at once (an RDMA link with nothing queued), that is all: no executor, no work
-    /// for after the lock. Otherwise the locked section ends as any does. `Err(data)` when
-    /// the send cannot go out at once.
+    /// [`Driver::tag_send`] of a buffer the caller keeps shared ([`crate::Ep::tag_send_shared`]):
+    /// a send that goes out at once copies it and takes no clone of it, so the `Arc`'s
+    /// count is not touched (two atomic read-modify-writes per message, the second right
+    /// after the frame's stores into a shared-memory ring, where it waited for them to
+    /// reach the peer's core); one that cannot holds a clone until it completes.
+    pub(crate) fn tag_send_shared(
+        &self,
+        worker: &Worker,
+        cs: &Arc<Conn>,
+        tag: Tag,
+        data: &Arc<Vec<u8>>,
+    ) -> Request {
+        if self.queue_now(cs, tag, data) {
+            return Request::done(Outcome::sent(cs, tag, data.len(), Vec::new()));
+        }
+        let what = Describe {
+            kind: RequestKind::Send,
+            tag,
+        };
+        self.send_later(cs, tag, SendData::Shared(data.clone()))
+            .into_request(worker, what)
+    }
+
+    /// A send that goes out as it is made (the common case of a small message), done (see
+    /// [`Driver::queue_now`]); `Err(data)` when the send cannot go out at once.
     fn send_now(&self, cs: &Arc<Conn>, tag: Tag, data: SendData) -> Result<Outcome, SendData> {
-        let len = data.bytes().len() as u64;
+        if !self.queue_now(cs, tag, data.bytes()) {
+            return Err(data);
+        }
+        let len = data.bytes().len();
+        Ok(Outcome::sent(cs, tag, len, data.into_returned()))
+    }
+
+    /// Sends `bytes` with `tag` at once if it can (the common case of a small message): the
+    /// frame `Engine::tag_send_now` makes is queued at once with `bytes` as its payload,
+    /// which never enters the request table (the engine queues no action with it). When it
+    /// is posted at once (an RDMA link with nothing queued), that is all: no executor, no
+    /// work for after the lock. Otherwise the locked section ends as any does. False when
+    /// the send cannot go out at once (nothing was done).
+    #[inline(always)]
+    fn queue_now(&self, cs: &Arc<Conn>, tag: Tag, bytes: &[u8]) -> bool {
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let Some((_, frame)) = st.engine.tag_send_now(cs.id, tag, len) else {
-            return Err(data);
+        let Some((_, frame)) = st.engine.tag_send_now(cs.id, tag, bytes.len() as u64) else {
+            return false;
         };
-        let queued = cs.link.queue_frame(&mut st.ifaces, &frame, data.bytes());
-        let done = Outcome {
-            status: Status::Ok,
-            kind: RequestKind::Send,
-            length: len,
-            tag,
-            buf: data.into_returned(),
-            conn: Some(cs.id),
-        };
+        let queued = cs.link.queue_frame(&mut st.ifaces, &frame, bytes);
         if matches!(queued, Ok(Queued::Posted)) {
-            return Ok(done);
+            return true;
         }
         let mut out = AfterUnlock::default();
         super::executor::frame_queued(&mut st.engine, cs, queued, &mut out);
         self.run(st, &mut out);
         drop(guard);
         self.finish(&mut out);
-        Ok(done)
+        true
     }
 
     /// Asks the engine to cancel the request in `slot`, if it is still pending.

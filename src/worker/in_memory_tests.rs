@@ -119,7 +119,9 @@ fn truncation_and_cancel_through_the_executor() {
 }
 
 /// A shared buffer (`Ep::tag_send_shared`) goes back to its owner alone whatever ends its
-/// sends: delivered, truncated at the receiver, or failed with the connection.
+/// sends: delivered, truncated at the receiver, or failed with the connection. An eager send
+/// copies it as it is made and holds no clone at all; a rendezvous send holds clones until
+/// it ends.
 #[test]
 fn shared_sends_give_their_clone_back_however_they_end() {
     let (a, ea, b, _eb, cable) = connected();
@@ -128,10 +130,9 @@ fn shared_sends_give_their_clone_back_however_they_end() {
         let data = std::sync::Arc::new(pattern(len, 4));
         let fits = b.tag_recv(1, TAG_MASK_ALL, vec![0; len]);
         let small = b.tag_recv(1, TAG_MASK_ALL, vec![0; 8]);
-        let sends = [
-            ea.tag_send_shared(1, data.clone()),
-            ea.tag_send_shared(1, data.clone()),
-        ];
+        let sends = [ea.tag_send_shared(1, &data), ea.tag_send_shared(1, &data)];
+        let clones = std::sync::Arc::strong_count(&data) - 1;
+        assert_eq!(clones > 0, len > limit, "{len} bytes: {clones} clones held");
         assert!(finished(&a, &b, fits).expect("received").buf == *data);
         let err = finished(&a, &b, small).expect_err("too small");
         assert_eq!(err.status(), Some(Status::Truncated), "{err}");
@@ -141,7 +142,7 @@ fn shared_sends_give_their_clone_back_however_they_end() {
         assert_eq!(std::sync::Arc::strong_count(&data), 1, "{len} bytes");
     }
     let data = std::sync::Arc::new(pattern(limit + 1, 5));
-    let send = ea.tag_send_shared(2, data.clone());
+    let send = ea.tag_send_shared(2, &data);
     step_until(&a, &b, || b.probe(2, TAG_MASK_ALL).is_some());
     cable.cut();
     let err = finished(&a, &b, send).expect_err("the connection is gone");

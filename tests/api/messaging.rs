@@ -125,7 +125,7 @@ pub fn shared_sends_from_one_buffer() {
             for ep in &eps {
                 for _ in 0..COPIES {
                     for (i, b) in bufs.iter().enumerate() {
-                        sends.push(ep.tag_send_shared(i as u64, b.clone()));
+                        sends.push(ep.tag_send_shared(i as u64, b));
                     }
                 }
             }
