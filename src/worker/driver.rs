@@ -75,36 +75,40 @@ impl Driver {
         tag: Tag,
         data: SendData,
     ) -> Request {
+        match self.send_now(cs, tag, data) {
+            Ok(outcome) => Request::done(outcome),
+            Err(data) => self.send_later_request(worker, cs, tag, data),
+        }
+    }
+
+    /// The request of a send that could not go out at once (see [`Driver::send_later`]).
+    fn send_later_request(
+        &self,
+        worker: &Worker,
+        cs: &Arc<Conn>,
+        tag: Tag,
+        data: SendData,
+    ) -> Request {
         let what = Describe {
             kind: RequestKind::Send,
             tag,
         };
-        match self.send_now(cs, tag, data) {
-            Ok(outcome) => Request::done(outcome),
-            Err(data) => self.send_later(cs, tag, data).into_request(worker, what),
-        }
+        self.send_later(cs, tag, data).into_request(worker, what)
     }
 
     /// A send `Engine::tag_send_now` declined: queued, or rendezvous, or refused — or sent at
     /// once after all, when credits came in meanwhile (another thread's progress ran between
     /// the two locked sections).
     pub(super) fn send_later(&self, cs: &Arc<Conn>, tag: Tag, data: SendData) -> Made {
-        let len = data.bytes().len() as u64;
+        let len = data.bytes().len();
         self.with_protocol_out(|st, out| {
             let bufid = st.new_buf(data.into_mem());
-            match st.engine.tag_send(cs.id, tag, bufid, len) {
+            match st.engine.tag_send(cs.id, tag, bufid, len as u64) {
                 Ok(id) if id.is_immediate() => {
                     // Its frame is among the actions just queued: they read the buffer, so
                     // they run before it goes back. It never takes a slot.
                     st.run_actions(out);
-                    Made::Done(Outcome {
-                        status: Status::Ok,
-                        kind: RequestKind::Send,
-                        length: len,
-                        tag,
-                        buf: st.take_buf(bufid),
-                        conn: Some(cs.id),
-                    })
+                    Made::Done(Outcome::sent(cs, tag, len, st.take_buf(bufid)))
                 }
                 Ok(id) => {
                     cs.pending_sends.fetch_add(1, Ordering::AcqRel);
@@ -115,7 +119,7 @@ impl Driver {
                     Made::Done(Outcome {
                         status: Status::ConnectionClosed,
                         kind: RequestKind::Send,
-                        length: len,
+                        length: len as u64,
                         tag,
                         buf: st.take_buf(bufid),
                         conn: Some(cs.id),
@@ -140,12 +144,7 @@ impl Driver {
         if self.queue_now(cs, tag, data) {
             return Request::done(Outcome::sent(cs, tag, data.len(), Vec::new()));
         }
-        let what = Describe {
-            kind: RequestKind::Send,
-            tag,
-        };
-        self.send_later(cs, tag, SendData::Shared(data.clone()))
-            .into_request(worker, what)
+        self.send_later_request(worker, cs, tag, SendData::Shared(data.clone()))
     }
 
     /// A send that goes out as it is made (the common case of a small message), done (see

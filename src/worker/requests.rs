@@ -88,14 +88,14 @@ struct Entry {
     generation: u64,
     /// The engine's id of the request, until it completes.
     id: Option<RequestId>,
-    /// Whether it completed and its outcome waits to be taken: `result` and `out`. (Kept
-    /// apart, not as an `Option<Outcome>`: taking one out writes the whole `None` back, 64
-    /// bytes copied from wherever the compiler had them, 30 instructions per message.)
+    /// Whether it completed and its outcome waits in `outcome` to be taken. (A flag beside
+    /// the outcome, not an `Option<Outcome>`: taking the `Option` wrote the whole `None`
+    /// back, 64 bytes copied from wherever the compiler had them, 30 instructions per
+    /// message; taking the outcome leaves it in place but for its buffer.)
     finished: bool,
-    /// The completed request's outcome but for its buffer (valid while `finished`).
-    result: Summary,
-    /// The completed request's buffer (empty unless `finished`).
-    out: Vec<u8>,
+    /// The completed request's outcome (valid while `finished`; its buffer is empty
+    /// otherwise).
+    outcome: Outcome,
     /// The handle was dropped before completion: the slot is freed when it completes.
     abandoned: bool,
     /// A request handle names it, until it takes the outcome or is dropped.
@@ -113,47 +113,6 @@ struct Entry {
     chunk: Arc<[AtomicU64]>,
 }
 
-/// An [`Outcome`] but for its buffer: what a completed request's slot keeps of it beside
-/// the buffer.
-#[derive(Clone, Copy)]
-struct Summary {
-    status: rdmx_proto::Status,
-    kind: rdmx_proto::RequestKind,
-    length: u64,
-    tag: rdmx_proto::Tag,
-    conn: Option<rdmx_proto::ConnId>,
-}
-
-impl Summary {
-    /// What the slot keeps of `o`, and its buffer.
-    #[inline(always)]
-    fn of(o: Outcome) -> (Summary, Vec<u8>) {
-        (
-            Summary {
-                status: o.status,
-                kind: o.kind,
-                length: o.length,
-                tag: o.tag,
-                conn: o.conn,
-            },
-            o.buf,
-        )
-    }
-
-    /// The outcome again, with its buffer.
-    #[inline(always)]
-    fn with(self, buf: Vec<u8>) -> Outcome {
-        Outcome {
-            status: self.status,
-            kind: self.kind,
-            length: self.length,
-            tag: self.tag,
-            buf,
-            conn: self.conn,
-        }
-    }
-}
-
 impl Entry {
     /// The outcome waiting in the slot, taken out (the slot no longer `finished`).
     #[inline(always)]
@@ -162,7 +121,11 @@ impl Entry {
             return None;
         }
         self.finished = false;
-        Some(self.result.with(std::mem::take(&mut self.out)))
+        // (Its other fields are copied; the slot keeps them, and an empty buffer.)
+        Some(Outcome {
+            buf: std::mem::take(&mut self.outcome.buf),
+            ..self.outcome
+        })
     }
 
     /// Whether neither a handle nor a buffer holds it: its slot can be reused.
@@ -214,14 +177,14 @@ impl RequestTable {
                     generation: 0,
                     id: None,
                     finished: false,
-                    result: Summary {
+                    outcome: Outcome {
                         status: rdmx_proto::Status::Ok,
                         kind: rdmx_proto::RequestKind::Recv,
                         length: 0,
                         tag: 0,
+                        buf: Vec::new(),
                         conn: None,
                     },
-                    out: Vec::new(),
                     abandoned: false,
                     open: false,
                     mem: None,
@@ -236,9 +199,9 @@ impl RequestTable {
         let e = &mut self.entries[index as usize];
         e.generation += 1;
         e.id = None;
-        // (`finished` is false and `out` empty in a free slot: taking or dropping the outcome
-        // cleared them.)
-        debug_assert!(!e.finished && e.out.capacity() == 0);
+        // (`finished` is false and the outcome's buffer empty in a free slot: taking or
+        // dropping the outcome cleared them.)
+        debug_assert!(!e.finished && e.outcome.buf.capacity() == 0);
         e.abandoned = false;
         e.open = false;
         e.mem = Some(mem);
@@ -405,9 +368,7 @@ impl RequestTable {
             self.free_if_unused(index);
             return Some(outcome);
         }
-        let (result, out) = Summary::of(outcome);
-        e.result = result;
-        e.out = out;
+        e.outcome = outcome;
         e.finished = true;
         // (A release store, not the `xchg` of a sequentially consistent one, per
         // completion: the caller pushes `index` to `AfterUnlock::completed`, and
