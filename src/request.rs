@@ -236,15 +236,7 @@ impl Request {
                         "the request's result was already taken".into(),
                     ));
                 };
-                let slot = &p.slot;
-                if !slot.is_done(&worker.driver.done_flags) {
-                    worker.driver.wait_until(
-                        WaitFor::Request(slot.index),
-                        || slot.is_done(&worker.driver.done_flags),
-                        None,
-                    );
-                }
-                let outcome = worker.driver.take_outcome(slot).ok_or_else(|| {
+                let outcome = worker.driver.wait_take(&p.slot).ok_or_else(|| {
                     Error::Invalid("the request's result was already taken".into())
                 })?;
                 let what = p.what;

@@ -254,6 +254,9 @@ impl Driver {
             st.arrivals_seen = arrivals;
             out.news = true;
         }
+        // Sleepers register under this lock, and this is its section's last look at what
+        // they wait for: one of the two sees the other (see `super::sleepers`).
+        out.sleepers = (out.news || !out.completed.is_empty()) && self.sleepers.any();
         self.housekeeping_pending.store(
             !st.closing.is_empty()
                 || !st.lingering.is_empty()
@@ -322,18 +325,12 @@ impl Driver {
             self.forget_reaped(&mut out.reaped);
         }
         if out.news || !out.completed.is_empty() {
-            // Pairs with a sleeper's registering, then checking its condition
-            // (`Sleepers::sleep`): the done flags were stored with release ordering only
-            // (`RequestTable::finish`), and news (a connection closing, a send's work done)
-            // by stores the lock's release does not order before a later load (the state
-            // lock's unlock is a plain store: see `crate::hot_lock`). One full fence for all
-            // of them orders them before the look at the sleepers, and either the sleeper
-            // sees its condition or this sees the sleeper.
-            std::sync::atomic::fence(Ordering::SeqCst);
-            if self.sleepers.any() {
+            // (Whether anyone sleeps was looked at under the lock: see `Driver::run`.)
+            if out.sleepers {
                 self.sleepers.wake(&out.completed, out.news);
             }
             out.news = false;
+            out.sleepers = false;
             out.completed.clear();
         }
     }

@@ -6,6 +6,9 @@ use super::*;
 /// arrived (see [`Driver::progress_spinning`]).
 const CLOCK_REUSE: u32 = 16;
 
+/// A request whose outcome a progress call takes if it completed, and where it puts it.
+type Take<'a> = Option<(&'a RequestKey, &'a mut Option<Outcome>)>;
+
 impl Driver {
     pub(super) fn cm_check_due(&self, now: u64) -> bool {
         let last = self.last_cm_check.load(Ordering::Relaxed);
@@ -20,7 +23,7 @@ impl Driver {
     }
 
     pub(crate) fn progress(&self) -> usize {
-        self.progress_clocked(false)
+        self.progress_clocked(false, None)
     }
 
     /// [`Driver::progress`] for a loop that calls it back to back until something happens
@@ -33,7 +36,41 @@ impl Driver {
     /// `clock_gettime`); and a busy-polling waiter sees an arrival half an idle call late
     /// on average.
     pub(crate) fn progress_spinning(&self) -> usize {
-        self.progress_clocked(true)
+        self.progress_clocked(true, None)
+    }
+
+    /// Waits for the request in `slot` to complete, busy-polling (the worker's mode, with no
+    /// progress thread), and takes its outcome: in the locked section of the progress call
+    /// that completed it, when this thread's call did, rather than in one of its own after
+    /// it (a lock fewer per message on the path from its arrival to its waiter). `None` when
+    /// the outcome was taken already.
+    // (Once per message: inlined, as `Request::wait` is.)
+    #[inline(always)]
+    pub(crate) fn wait_take(&self, slot: &RequestKey) -> Option<Outcome> {
+        if !slot.is_done(&self.done_flags) {
+            if self.mode != WaitMode::BusyPoll || self.progress_thread.load(Ordering::Acquire) {
+                self.wait_until(
+                    WaitFor::Request(slot.index),
+                    || slot.is_done(&self.done_flags),
+                    None,
+                );
+            } else {
+                let mut taken = None;
+                loop {
+                    if self.progress_clocked(true, Some((slot, &mut taken))) == 0 {
+                        std::hint::spin_loop();
+                    }
+                    if taken.is_some() {
+                        return taken;
+                    }
+                    // (Completed by another thread's progress call.)
+                    if slot.is_done(&self.done_flags) {
+                        break;
+                    }
+                }
+            }
+        }
+        self.take_outcome(slot)
     }
 
     /// Whether a progress call would find nothing to do, told without polling: nothing to
@@ -49,7 +86,9 @@ impl Driver {
             && self.ifaces.quiet(&scratch.transport)
     }
 
-    fn progress_clocked(&self, spinning: bool) -> usize {
+    /// A progress call; with `take`, one that takes the outcome of the request in its slot
+    /// into its place if the request completes (or had).
+    fn progress_clocked(&self, spinning: bool, take: Take<'_>) -> usize {
         let Some(mut scratch) = self.progress_lock.try_lock() else {
             return 0;
         };
@@ -61,19 +100,19 @@ impl Driver {
             // Something arrived: taken at once, by the clock of the last full call (a few
             // idle calls old), not after a clock read of its own.
             let now = scratch.last_now;
-            return self.progress_full(&mut scratch, now);
+            return self.progress_full(&mut scratch, now, take);
         }
         // (The clock first: read while nothing has arrived yet, it is off the path from an
         // arrival to its waiter.)
         let now = self.now_ns();
         scratch.last_now = now;
-        self.progress_full(&mut scratch, now)
+        self.progress_full(&mut scratch, now, take)
     }
 
     /// A progress call that looks at everything (see [`Driver::progress_spinning`]), at
     /// `now`. (Not inlined: the quiet calls before it would set up its frame.)
     #[inline(never)]
-    fn progress_full(&self, scratch: &mut Scratch, now: u64) -> usize {
+    fn progress_full(&self, scratch: &mut Scratch, now: u64, take: Take<'_>) -> usize {
         let Scratch {
             ready,
             failed_posts,
@@ -171,6 +210,11 @@ impl Driver {
                 st.housekeeping(out);
             }
             self.run(&mut st, out);
+            if let Some((slot, taken)) = take {
+                if slot.is_done(&self.done_flags) {
+                    *taken = st.requests.take(slot);
+                }
+            }
         }
         if out.deferred.len() >= REPOST_BATCH {
             self.repost(&mut out.deferred);
@@ -267,7 +311,9 @@ impl Driver {
                 // Whatever a waiter waits for wakes it (see `AfterUnlock::wake`); the slice only
                 // bounds a wait nothing would end.
                 self.sleepers
-                    .sleep(on, &mut done, slice(Duration::from_secs(1)));
+                    .sleep(on, &mut done, slice(Duration::from_secs(1)), || {
+                        self.state.lock()
+                    });
                 continue;
             }
             match self.mode {
@@ -291,8 +337,12 @@ impl Driver {
                         // Hand the waiting over to another blocked thread, if any.
                         self.sleepers.wake_all();
                     } else {
-                        self.sleepers
-                            .sleep(on, &mut done, slice(Duration::from_millis(20)));
+                        self.sleepers.sleep(
+                            on,
+                            &mut done,
+                            slice(Duration::from_millis(20)),
+                            || self.state.lock(),
+                        );
                     }
                 }
             }

@@ -371,10 +371,9 @@ impl RequestTable {
         e.outcome = outcome;
         e.finished = true;
         // (A release store, not the `xchg` of a sequentially consistent one, per
-        // completion: the caller pushes `index` to `AfterUnlock::completed`, and
-        // `Driver::after_unlock` fences once for all of a progress call's completions before
-        // it looks for sleepers. Callgrind, shared-memory receiver at window 64: 7.2 -> 6.3
-        // locked instructions per message.)
+        // completion: under the state lock, which a sleeper registers under, so one of the
+        // two sees the other (see `super::sleepers`). Callgrind, shared-memory receiver at
+        // window 64: 7.2 -> 6.3 locked instructions per message.)
         if let Some(flag) = e.chunk.get(e.flag.1 as usize) {
             flag.store((e.generation << 1) | 1, Ordering::Release);
         }

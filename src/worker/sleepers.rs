@@ -7,6 +7,14 @@
 //!
 //! Sleeping is `std::thread::park_timeout`: a wake-up between registering and parking is
 //! not lost (the thread's token is set), and a stale wake-up only makes a sleeper look again.
+//!
+//! A sleeper registers under the lock the events it waits for are recorded under (the
+//! worker's state lock), and a waker looks for sleepers under that lock, after recording
+//! them: of the two locked sections, whichever comes second sees the other's work — the
+//! waker the sleeper, or the sleeper (checking its condition after its section) the event.
+//! So neither needs a fence of its own: before, the waker fenced (`mfence`) after every
+//! locked section that completed a request, on the path from a message's arrival to its
+//! waiter.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::Thread;
@@ -36,22 +44,35 @@ pub(crate) struct Sleepers {
 }
 
 impl Sleepers {
-    /// Whether any thread is asleep (or about to be). Checked after an event is recorded:
-    /// a sleeper registers before it checks its condition, so one of the two sees the other.
+    /// Whether any thread is asleep (or about to be). Looked at under the lock the events
+    /// were recorded under (see the module's documentation), after recording them.
     pub(crate) fn any(&self) -> bool {
-        self.count.load(Ordering::SeqCst) > 0
+        self.count.load(Ordering::Relaxed) > 0
     }
 
-    /// Sleeps the calling thread up to `max` unless `done()`, until woken for `on`.
-    pub(crate) fn sleep(&self, on: WaitFor, done: &mut impl FnMut() -> bool, max: Duration) {
+    /// Sleeps the calling thread up to `max` unless `done()`, until woken for `on`. It
+    /// registers while holding what `lock` returns: the guard of the lock the events it
+    /// waits for are recorded under.
+    pub(crate) fn sleep<G>(
+        &self,
+        on: WaitFor,
+        done: &mut impl FnMut() -> bool,
+        max: Duration,
+        lock: impl FnOnce() -> G,
+    ) {
         let me = std::thread::current();
         let id = me.id();
+        // (In the list before it is counted: a waker that counts it finds it.)
         self.list.lock().push(Sleeper { thread: me, on });
-        self.count.fetch_add(1, Ordering::SeqCst);
+        {
+            let _guard = lock();
+            self.count.fetch_add(1, Ordering::Relaxed);
+        }
         if !done() {
             std::thread::park_timeout(max);
         }
-        self.count.fetch_sub(1, Ordering::SeqCst);
+        // (Outside the lock: a waker that still counts it only looks through the list.)
+        self.count.fetch_sub(1, Ordering::Relaxed);
         let mut list = self.list.lock();
         if let Some(i) = list.iter().position(|s| s.thread.id() == id) {
             list.swap_remove(i);
@@ -84,39 +105,93 @@ impl Sleepers {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
     use std::time::Instant;
 
-    /// A sleeper for one request is woken by that request only.
+    /// A sleeper for one request is woken by that request only; waker and sleepers follow
+    /// the module's protocol (the events recorded, and the sleepers looked for, under one
+    /// lock).
     #[test]
     fn a_completion_wakes_only_its_waiter() {
         let sleepers = Arc::new(Sleepers::default());
+        let state = Arc::new(Mutex::new(()));
         let flags: Arc<[AtomicBool; 2]> =
             Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
         let spawn = |slot: u32| {
-            let (sleepers, flags) = (sleepers.clone(), flags.clone());
+            let (sleepers, flags, state) = (sleepers.clone(), flags.clone(), state.clone());
             std::thread::spawn(move || {
                 let start = Instant::now();
-                let mut done = || flags[slot as usize].load(Ordering::SeqCst);
+                let mut done = || flags[slot as usize].load(Ordering::Relaxed);
                 while !done() && start.elapsed() < Duration::from_secs(20) {
-                    sleepers.sleep(WaitFor::Request(slot), &mut done, Duration::from_secs(30));
+                    sleepers.sleep(
+                        WaitFor::Request(slot),
+                        &mut done,
+                        Duration::from_secs(30),
+                        || state.lock().unwrap(),
+                    );
                 }
                 done()
             })
+        };
+        let complete = |slot: u32| {
+            let any = {
+                let _guard = state.lock().unwrap();
+                flags[slot as usize].store(true, Ordering::Relaxed);
+                sleepers.any()
+            };
+            if any {
+                sleepers.wake(&[slot], false);
+            }
         };
         let a = spawn(0);
         let b = spawn(1);
         while sleepers.count.load(Ordering::SeqCst) < 2 {
             std::thread::yield_now();
         }
-        flags[0].store(true, Ordering::SeqCst);
-        sleepers.wake(&[0], false);
+        complete(0);
         assert!(a.join().unwrap());
         // The other is still asleep (its slot was not named), until its own wake-up.
         assert!(!b.is_finished());
-        flags[1].store(true, Ordering::SeqCst);
-        sleepers.wake(&[1], false);
+        complete(1);
         assert!(b.join().unwrap());
         assert!(!sleepers.any());
+    }
+
+    /// A completion recorded while a sleeper registers is never missed: the sleeper either
+    /// sees it or is woken (many rounds, each racing one completion against one sleeper,
+    /// whose sleep would otherwise last the whole test).
+    #[test]
+    fn a_completion_racing_a_sleeper_is_not_missed() {
+        let sleepers = Arc::new(Sleepers::default());
+        let state = Arc::new(Mutex::new(()));
+        for _ in 0..2000 {
+            let flag = Arc::new(AtomicBool::new(false));
+            let sleeper = {
+                let (sleepers, flag, state) = (sleepers.clone(), flag.clone(), state.clone());
+                std::thread::spawn(move || {
+                    let mut done = || flag.load(Ordering::Relaxed);
+                    let start = Instant::now();
+                    while !done() {
+                        sleepers.sleep(
+                            WaitFor::Request(0),
+                            &mut done,
+                            Duration::from_secs(60),
+                            || state.lock().unwrap(),
+                        );
+                    }
+                    start.elapsed()
+                })
+            };
+            let any = {
+                let _guard = state.lock().unwrap();
+                flag.store(true, Ordering::Relaxed);
+                sleepers.any()
+            };
+            if any {
+                sleepers.wake(&[0], false);
+            }
+            // Woken or never asleep: far under the sleep's 60 s.
+            assert!(sleeper.join().unwrap() < Duration::from_secs(30));
+        }
     }
 }
