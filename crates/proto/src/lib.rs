@@ -54,6 +54,9 @@
 //!   connection's later message in place of an earlier one it lost. Other connections are
 //!   untouched. Posted receives are worker-wide and stay posted.
 //!
+//! * **One-sided operations** — the target's bookkeeping of regions mapped for remote
+//!   access, their packed keys and the check of every remote access: [`rma`].
+//!
 //! ## Wire format (version 1)
 //!
 //! Every frame starts with a 40-byte little-endian header:
@@ -119,6 +122,7 @@ pub mod config;
 pub mod engine;
 mod error;
 mod requests;
+pub mod rma;
 pub mod wire;
 
 pub use config::{Config, ConfigBuilder, EAGER_THRESHOLD_VAR};
