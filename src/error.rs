@@ -63,6 +63,14 @@ pub enum Error {
         /// The reason the peer gave.
         reason: String,
     },
+    /// A one-sided operation or a region's local accessor was refused: outside the region,
+    /// an unaligned atomic word, an access the region was not mapped with, or a stale or
+    /// forged key.
+    #[error("remote memory access: {0}")]
+    Rma(rdmx_proto::rma::Refusal),
+    /// Bytes given to [`crate::Ep::unpack_rkey`] are not a packed remote key.
+    #[error("not a packed remote key: {0}")]
+    RemoteKey(#[from] rdmx_proto::rma::KeyDecodeError),
     /// A blocking call ran out of time.
     #[error("timed out after {0:?}: {1}")]
     Timeout(std::time::Duration, String),
@@ -106,6 +114,8 @@ impl std::fmt::Debug for Error {
                 .field("reason", reason)
                 .finish(),
             Error::Timeout(d, s) => f.debug_tuple("Timeout").field(d).field(s).finish(),
+            Error::Rma(r) => f.debug_tuple("Rma").field(r).finish(),
+            Error::RemoteKey(e) => f.debug_tuple("RemoteKey").field(e).finish(),
         }
     }
 }

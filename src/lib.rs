@@ -19,6 +19,11 @@
 //!   [`Worker::recv`],
 //!   [`Worker::recv_vec`]; typed ones with serde + bincode: [`Ep::send_obj`],
 //!   [`Worker::recv_obj`].
+//! * Memory for one-sided operations, as UCP's `ucp_mem_map` and rkeys: [`Worker::mem_map`]
+//!   maps a region with exactly the remote access asked for ([`RemoteAccess`]),
+//!   [`MemHandle::pack_rkey`] packs its key for peers, [`Ep::unpack_rkey`] unpacks one
+//!   ([`RemoteKey`]); the region is reached locally only by copies and atomic words (see
+//!   [`MemHandle`] for why that is sound).
 //!
 //! ## Transports
 //!
@@ -244,6 +249,7 @@ mod hot_lock;
 mod message;
 mod readiness;
 mod request;
+mod rma;
 mod transport;
 mod usermem;
 mod worker;
@@ -260,6 +266,7 @@ pub use ep::{ConnRequest, Ep, Listener};
 pub use error::{Error, Result, Status};
 pub use message::Message;
 pub use request::{Done, Request};
+pub use rma::{MemHandle, RemoteAccess, RemoteKey};
 pub use transport::{Capabilities, Transport};
 pub use worker::{RecvInfo, Worker, WorkerStats};
 

@@ -137,6 +137,8 @@ pub struct WorkerStats {
     /// Connections the worker still tracks, including closed ones whose last work is
     /// draining (they are reaped once it is done).
     pub connections: usize,
+    /// Regions mapped for remote access ([`Worker::mem_map`]) and not yet unmapped.
+    pub mapped_regions: usize,
 }
 
 /// What a completed receive got: the sender's tag and the message length.
@@ -170,6 +172,8 @@ pub(crate) struct Driver {
     /// Held by the thread progressing; its buffers are reused call after call.
     progress_lock: HotLock<Scratch>,
     waiter: Mutex<()>,
+    /// The regions mapped for remote access (`crate::rma`).
+    pub(crate) regions: Mutex<crate::rma::RegionTable>,
     registry: Registry,
     waker: Waker,
     /// Threads asleep in waits, woken by what they wait for.
@@ -311,6 +315,7 @@ impl Worker {
                 last_now: 0,
             }),
             waiter: Mutex::new(()),
+            regions: Mutex::new(crate::rma::RegionTable::new()),
             registry,
             waker,
             sleepers: Sleepers::default(),
@@ -679,6 +684,7 @@ impl Worker {
             user_buffers: st.requests.buffers(),
             reads_in_flight: st.reads.len(),
             connections: sh.conn_list.read().len(),
+            mapped_regions: sh.regions.lock().len(),
         }
     }
 }

@@ -11,12 +11,14 @@ use std::time::{Duration, Instant};
 mod pattern;
 pub use pattern::pattern;
 mod endpoints;
+mod memory_handles;
 mod messaging;
 mod peer_death;
 mod steady_state;
 mod threads;
 mod two_sided;
 pub use endpoints::*;
+pub use memory_handles::*;
 pub use messaging::*;
 pub use peer_death::*;
 pub use steady_state::steady_state_messaging_allocates_nothing;
@@ -121,6 +123,7 @@ macro_rules! all_api_tests {
             peer_death_fails_pending_requests,
             connect_close_churn_leaks_nothing,
             steady_state_messaging_allocates_nothing,
+            memory_handles_and_remote_keys,
         );
     };
 }
