@@ -47,6 +47,8 @@
 
 use std::fmt;
 
+use crate::wire::{u32_at, u64_at};
+
 /// The remote access a region is mapped with: none by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct RemoteAccess {
@@ -225,18 +227,6 @@ pub enum KeyDecodeError {
     /// A reserved field was not zero.
     #[error("reserved field not zero")]
     Reserved,
-}
-
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[o..o + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[o..o + 8]);
-    u64::from_le_bytes(a)
 }
 
 impl PackedKey {
