@@ -179,6 +179,7 @@ pub(crate) fn describe(status: Status) -> &'static str {
         Status::ReadFailed => "the RDMA READ of the sender's buffer failed",
         Status::ExposeFailed => "the send buffer could not be registered for the peer",
         Status::ConnectionClosed => "the connection closed or the peer died",
+        Status::Refused(kind) => kind.describe(),
     }
 }
 

@@ -70,6 +70,10 @@ impl Describe {
         let call = match self.kind {
             RequestKind::Send => "tag_send",
             RequestKind::Recv => "tag_recv",
+            RequestKind::Put => "put",
+            RequestKind::Get => "get",
+            RequestKind::Atomic => "atomic",
+            RequestKind::Flush => "flush",
         };
         match conn {
             Some(c) => format!("{call} (tag {:#x}) on endpoint {}", self.tag, c.0),

@@ -43,6 +43,13 @@ impl Protocol {
                 frame,
                 payload,
             } => self.send_frame(conn, &frame, payload, out),
+            Action::SendFrameData { conn, frame, data } => {
+                if let Some(cs) = self.conns.get(&conn) {
+                    let queued = cs.link.queue_frame(&mut self.ifaces, &frame, &data);
+                    frame_queued(&mut self.engine, cs, queued, out);
+                }
+                self.engine.recycle_payload(data);
+            }
             Action::ExposeSendBuffer { request, buf, len } => {
                 let exposed = self.expose(buf, len, out);
                 match exposed {
@@ -131,7 +138,8 @@ impl Protocol {
             Some(p) => match self
                 .requests
                 .mem(p.buf)
-                .and_then(|m| m.head(p.len as usize))
+                .and_then(|m| m.head((p.offset + p.len) as usize))
+                .and_then(|d| d.get(p.offset as usize..))
             {
                 Some(d) => d,
                 None => {

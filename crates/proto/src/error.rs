@@ -55,4 +55,12 @@ pub enum Error {
     /// The connection id is already in use.
     #[error("connection {0:?} is already up")]
     DuplicateConnection(ConnId),
+    /// A one-sided operation the remote key does not allow (checked before anything is
+    /// sent: the target would refuse it).
+    #[error("{0}")]
+    Refused(crate::rma::Refusal),
+    /// The connection cannot carry the operation (e.g. receive buffers too small for its
+    /// frames).
+    #[error("unsupported on this connection: {0}")]
+    Unsupported(String),
 }

@@ -54,8 +54,11 @@
 //!   connection's later message in place of an earlier one it lost. Other connections are
 //!   untouched. Posted receives are worker-wide and stay posted.
 //!
-//! * **One-sided operations** — the target's bookkeeping of regions mapped for remote
-//!   access, their packed keys and the check of every remote access: [`rma`].
+//! * **One-sided operations** — put, get, fetch-and-add and compare-and-swap on a peer's
+//!   region, and flush and fence ([`Engine::rma_put`] and the rest): frames the target's
+//!   engine executes as they arrive, through the driver's [`rma::RmaMemory`], and
+//!   answers; completed by the answer. The target's bookkeeping of regions mapped for
+//!   remote access, their packed keys and the check of every remote access: [`rma`].
 //!
 //! ## Wire format (version 1)
 //!
@@ -65,18 +68,21 @@
 //! |-------:|-----:|-------|
 //! | 0  | 2 | magic `b"RX"` |
 //! | 2  | 1 | version (1) |
-//! | 3  | 1 | opcode: 1 EAGER, 2 RTS, 3 ATS, 4 ERROR/NACK, 5 CREDIT, 6 HANDSHAKE |
+//! | 3  | 1 | opcode: 1 EAGER, 2 RTS, 3 ATS, 4 ERROR/NACK, 5 CREDIT, 6 HANDSHAKE, 7 PUT, 8 GET, 9 FETCH_ADD, 10 COMPARE_SWAP, 11 RMA_REPLY |
 //! | 4  | 1 | flags: 1 = credit wanted (the sender ran out of credits); other bits must be 0 |
-//! | 5  | 1 | status (ATS/ERROR: 0 ok, 1 truncated, 2 read failed, 3 protocol; else 0) |
+//! | 5  | 1 | status (ATS/ERROR: 0 ok, 1 truncated, 2 read failed, 3 protocol; RMA_REPLY: 0 ok, 4 bad key, 5 stale key, 6 out of bounds, 7 unaligned, 8 not permitted; else 0) |
 //! | 6  | 2 | credits granted back to the frame's receiver |
 //! | 8  | 4 | sequence number (per connection and direction, every frame, wrapping) |
 //! | 12 | 4 | payload length (bytes after the header; must match exactly) |
-//! | 16 | 8 | tag |
-//! | 24 | 8 | sender request id (RTS, ATS) |
-//! | 32 | 8 | receiver request id (ATS, informational) |
+//! | 16 | 8 | tag (one-sided frames: the offset in the remote region) |
+//! | 24 | 8 | sender request id (RTS, ATS; one-sided: the initiator's request) |
+//! | 32 | 8 | receiver request id (ATS, informational; FETCH_ADD: the addend, COMPARE_SWAP: the new value, RMA_REPLY: an atomic's old value) |
 //!
 //! EAGER carries the payload; RTS carries a 24-byte body `addr: u64, rkey: u32,
-//! reserved: u32 (0), len: u64`; ATS, ERROR and CREDIT have no body. [`wire::decode`]
+//! reserved: u32 (0), len: u64`; ATS, ERROR and CREDIT have no body. PUT, GET,
+//! FETCH_ADD and COMPARE_SWAP carry a 24-byte [`wire::RmaBody`] `region: u32, generation:
+//! u32, secret: u64, word: u64` (GET: the length; COMPARE_SWAP: the expected value;
+//! FETCH_ADD: 0), a PUT then its bytes; RMA_REPLY carries a GET's bytes. [`wire::decode`]
 //! never panics; any malformed frame, a sequence gap, a credit overrun or an ERROR from
 //! the peer closes that connection only ([`Action::CloseConnection`]).
 //!

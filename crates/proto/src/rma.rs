@@ -47,7 +47,7 @@
 
 use std::fmt;
 
-use crate::wire::{u32_at, u64_at};
+use crate::wire::{u32_at, u64_at, WireStatus};
 
 /// The remote access a region is mapped with: none by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -484,4 +484,110 @@ impl Regions {
             _ => Err(Refusal::StaleKey),
         }
     }
+}
+
+/// What kind of [`Refusal`] a target answered with: all a reply carries of it (the
+/// target's log has the rest), and what a request that was refused completes with
+/// ([`crate::Status::Refused`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RefusalKind {
+    /// [`Refusal::BadKey`].
+    BadKey,
+    /// [`Refusal::StaleKey`].
+    StaleKey,
+    /// [`Refusal::OutOfBounds`].
+    OutOfBounds,
+    /// [`Refusal::Unaligned`].
+    Unaligned,
+    /// [`Refusal::NotPermitted`].
+    NotPermitted,
+}
+
+impl fmt::Display for RefusalKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+impl RefusalKind {
+    /// What it means, in words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            RefusalKind::BadKey => "the remote key names no region",
+            RefusalKind::StaleKey => "the remote key is stale: its region was unmapped",
+            RefusalKind::OutOfBounds => "the access reaches outside the remote region",
+            RefusalKind::Unaligned => "the atomic word is not 8-byte aligned",
+            RefusalKind::NotPermitted => {
+                "the remote region was not mapped with the access the operation needs"
+            }
+        }
+    }
+}
+
+impl Refusal {
+    /// Its kind.
+    pub fn kind(&self) -> RefusalKind {
+        match self {
+            Refusal::BadKey => RefusalKind::BadKey,
+            Refusal::StaleKey => RefusalKind::StaleKey,
+            Refusal::OutOfBounds { .. } => RefusalKind::OutOfBounds,
+            Refusal::Unaligned(_) => RefusalKind::Unaligned,
+            Refusal::NotPermitted { .. } => RefusalKind::NotPermitted,
+        }
+    }
+}
+
+impl RefusalKind {
+    /// The status byte of a reply refusing with it.
+    pub(crate) fn wire(self) -> WireStatus {
+        match self {
+            RefusalKind::BadKey => WireStatus::BadKey,
+            RefusalKind::StaleKey => WireStatus::StaleKey,
+            RefusalKind::OutOfBounds => WireStatus::OutOfBounds,
+            RefusalKind::Unaligned => WireStatus::Unaligned,
+            RefusalKind::NotPermitted => WireStatus::NotPermitted,
+        }
+    }
+
+    /// The refusal a reply's status byte names; `None` for success (or a status no reply
+    /// carries, which decoding rules out).
+    pub(crate) fn from_wire(s: WireStatus) -> Option<Self> {
+        Some(match s {
+            WireStatus::BadKey => RefusalKind::BadKey,
+            WireStatus::StaleKey => RefusalKind::StaleKey,
+            WireStatus::OutOfBounds => RefusalKind::OutOfBounds,
+            WireStatus::Unaligned => RefusalKind::Unaligned,
+            WireStatus::NotPermitted => RefusalKind::NotPermitted,
+            _ => return None,
+        })
+    }
+}
+
+/// An atomic operation on one 8-byte word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AtomicOp {
+    /// Adds the value (wrapping).
+    FetchAdd(u64),
+    /// Replaces the word with `new` if it holds `expected`.
+    CompareSwap {
+        /// The value the word must hold.
+        expected: u64,
+        /// Its replacement.
+        new: u64,
+    },
+}
+
+/// The target's regions as the engine reaches them when it executes a peer's put, get or
+/// atomic operation: implemented by the driver, which owns the memory (the engine owns
+/// none), over its own table of regions ([`Regions`] for the keys). Each call checks the
+/// key and the access ([`Regions::check`]) and either performs the whole access or none
+/// of it. Called in the order the operations arrived on each connection.
+pub trait RmaMemory: Send + Sync {
+    /// Writes `data` at `offset` of the region `key` names.
+    fn put(&self, key: &KeyRef, offset: u64, data: &[u8]) -> Result<(), Refusal>;
+    /// Reads `out.len()` bytes at `offset` of the region `key` names into `out`.
+    fn get(&self, key: &KeyRef, offset: u64, out: &mut [u8]) -> Result<(), Refusal>;
+    /// Applies `op` to the 8-byte word at `offset` of the region `key` names; the word's
+    /// old value.
+    fn atomic(&self, key: &KeyRef, offset: u64, op: AtomicOp) -> Result<u64, Refusal>;
 }

@@ -40,6 +40,19 @@ pub enum Opcode {
     Credit = 5,
     /// In-band handshake (reserved for transports without connect private data).
     Handshake = 6,
+    /// One-sided put: an [`RmaBody`] naming the region, then the bytes to write at the
+    /// header's `tag` (the offset in the region).
+    Put = 7,
+    /// One-sided get: an [`RmaBody`] whose word is the length to read at `tag`.
+    Get = 8,
+    /// Atomic fetch-and-add of the header's `rreq` to the word at `tag` ([`RmaBody`], word 0).
+    FetchAdd = 9,
+    /// Atomic compare-and-swap of the word at `tag`: `rreq` replaces it if it holds the
+    /// [`RmaBody`]'s word.
+    CompareSwap = 10,
+    /// The target's answer to a put, get or atomic (its `sreq`, `tag` echoed): the status, a
+    /// get's bytes as payload, an atomic's old value in `rreq`.
+    RmaReply = 11,
 }
 
 impl Opcode {
@@ -51,6 +64,11 @@ impl Opcode {
             4 => Self::Error,
             5 => Self::Credit,
             6 => Self::Handshake,
+            7 => Self::Put,
+            8 => Self::Get,
+            9 => Self::FetchAdd,
+            10 => Self::CompareSwap,
+            11 => Self::RmaReply,
             _ => return None,
         })
     }
@@ -68,6 +86,16 @@ pub enum WireStatus {
     ReadFailed = 2,
     /// The receiver detected a protocol violation.
     Protocol = 3,
+    /// RMA reply: the key names no region ([`crate::rma::Refusal::BadKey`]).
+    BadKey = 4,
+    /// RMA reply: the key's region was unmapped.
+    StaleKey = 5,
+    /// RMA reply: the access reaches outside the region.
+    OutOfBounds = 6,
+    /// RMA reply: an atomic word not 8-byte aligned.
+    Unaligned = 7,
+    /// RMA reply: the region was not mapped with the access needed.
+    NotPermitted = 8,
 }
 
 impl WireStatus {
@@ -77,6 +105,11 @@ impl WireStatus {
             1 => Self::Truncated,
             2 => Self::ReadFailed,
             3 => Self::Protocol,
+            4 => Self::BadKey,
+            5 => Self::StaleKey,
+            6 => Self::OutOfBounds,
+            7 => Self::Unaligned,
+            8 => Self::NotPermitted,
             _ => return None,
         })
     }
@@ -228,6 +261,49 @@ impl RtsBody {
     }
 }
 
+/// Body of a put, get or atomic frame: the region's key and one word (a get's length, a
+/// compare-and-swap's expected value, 0 otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RmaBody {
+    /// The region's key.
+    pub key: crate::rma::KeyRef,
+    /// The operation's word.
+    pub word: u64,
+}
+
+impl RmaBody {
+    /// Bytes of an encoded body: region and generation, secret, word.
+    pub const LEN: usize = 24;
+
+    fn words(&self) -> [u64; 3] {
+        [
+            u64::from(self.key.region) | u64::from(self.key.generation) << 32,
+            self.key.secret,
+            self.word,
+        ]
+    }
+
+    /// The payload of a put, get or atomic frame ([`Body::OneSided`]) as its body and what
+    /// follows it (a put's bytes); `None` if it is shorter than a body (which decoding rules
+    /// out).
+    pub fn split(payload: &[u8]) -> Option<(Self, &[u8])> {
+        let (body, data) = payload.split_at_checked(Self::LEN)?;
+        Some((Self::decode(body), data))
+    }
+
+    fn decode(b: &[u8]) -> Self {
+        let w0 = u64_at(b, 0);
+        RmaBody {
+            key: crate::rma::KeyRef {
+                region: w0 as u32,
+                generation: (w0 >> 32) as u32,
+                secret: u64_at(b, 8),
+            },
+            word: u64_at(b, 16),
+        }
+    }
+}
+
 /// Body of a decoded frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Body<'a> {
@@ -243,6 +319,12 @@ pub enum Body<'a> {
     Credit,
     /// Encoded [`Handshake`] bytes (not yet validated).
     Handshake(&'a [u8]),
+    /// A put, get, atomic operation or RMA reply (the opcode says which): its payload, of
+    /// the length the opcode asks for — an [`RmaBody`] (a put's followed by its bytes, see
+    /// [`RmaBody::split`]), or a reply's bytes. (One variant for all four, kept whole: the
+    /// `Body` of every frame is matched on its path, and more or larger variants cost each
+    /// one.)
+    OneSided(&'a [u8]),
 }
 
 /// A decoded frame borrowing from the receive buffer.
@@ -394,8 +476,32 @@ fn decode_any(bytes: &[u8]) -> Result<Frame<'_>, DecodeError> {
             }
             Body::Handshake(payload)
         }
+        Opcode::Put => {
+            if payload.len() < RmaBody::LEN {
+                return Err(bad_body());
+            }
+            Body::OneSided(payload)
+        }
+        Opcode::Get | Opcode::FetchAdd | Opcode::CompareSwap => {
+            if payload.len() != RmaBody::LEN {
+                return Err(bad_body());
+            }
+            let body = RmaBody::decode(payload);
+            if opcode == Opcode::FetchAdd && body.word != 0 {
+                return Err(DecodeError::Reserved);
+            }
+            Body::OneSided(payload)
+        }
+        Opcode::RmaReply => Body::OneSided(payload),
     };
-    if !matches!(opcode, Opcode::Ats | Opcode::Error) && status != WireStatus::Ok {
+    // (A status only where it means something: ATS and ERROR take the rendezvous ones, an
+    // RMA reply success or a refusal.)
+    let status_ok = match opcode {
+        Opcode::Ats | Opcode::Error => (status as u8) <= WireStatus::Protocol as u8,
+        Opcode::RmaReply => status == WireStatus::Ok || (status as u8) >= WireStatus::BadKey as u8,
+        _ => status == WireStatus::Ok,
+    };
+    if !status_ok {
         return Err(DecodeError::BadStatus(status as u8));
     }
     Ok(Frame { header, body })
@@ -427,11 +533,22 @@ impl FrameBuf {
     /// payload the driver will append).
     #[inline]
     pub fn encode(header: &Header, rts: Option<&RtsBody>) -> Self {
+        Self::encode_words(header, rts.map(RtsBody::words))
+    }
+
+    /// Encodes `header` followed by an optional [`RmaBody`] (a put's bytes, which the
+    /// driver appends, are counted in `header.payload_len` with the body's).
+    pub fn encode_rma(header: &Header, body: &RmaBody) -> Self {
+        Self::encode_words(header, Some(body.words()))
+    }
+
+    #[inline]
+    fn encode_words(header: &Header, body: Option<[u64; 3]>) -> Self {
         let mut words = [0u64; MAX_CTRL_FRAME / 8];
         header.write_words(&mut words);
         let mut len = HEADER_LEN;
-        if let Some(r) = rts {
-            for (w, v) in words[HEADER_WORDS..].iter_mut().zip(r.words()) {
+        if let Some(r) = body {
+            for (w, v) in words[HEADER_WORDS..].iter_mut().zip(r) {
                 *w = v.to_le();
             }
             len += RTS_BODY_LEN;

@@ -43,6 +43,15 @@ pub fn frame_decode(data: &[u8]) {
                 );
             }
             Body::Ats | Body::Error | Body::Credit => assert_eq!(data.len(), HEADER_LEN),
+            Body::OneSided(p) if f.header.opcode == Opcode::RmaReply => {
+                assert_eq!(p, &data[HEADER_LEN..])
+            }
+            Body::OneSided(p) => {
+                let (rma, bytes) = wire::RmaBody::split(p).expect("an RMA frame holds a body");
+                let mut again = FrameBuf::encode_rma(&f.header, &rma).as_bytes().to_vec();
+                again.extend_from_slice(bytes);
+                assert_eq!(again, data, "RMA frame re-encodes differently");
+            }
         }
     }
 
@@ -493,6 +502,9 @@ impl Harness {
                         "a {total}-byte frame overflows the peer's receive buffers"
                     );
                 }
+                // (The engine was given no memory for one-sided operations: it refuses every
+                // get, and a refusal carries no bytes.)
+                Action::SendFrameData { .. } => panic!("an RMA reply with bytes: {a:?}"),
                 Action::ExposeSendBuffer { request, .. } => {
                     let remote = RemoteBuf {
                         addr: 0x10_0000,

@@ -1,6 +1,7 @@
 //! What the engine asks of its driver ([`Action`]) and what it reports: completions and
 //! their status, close reasons, and the opaque handles they carry.
 
+use crate::rma::RefusalKind;
 use crate::wire::{FrameBuf, WireStatus};
 use crate::{ConnId, RecvBufId, RequestId, Tag, UserBufId};
 
@@ -32,6 +33,9 @@ pub enum Status {
     ExposeFailed,
     /// The connection failed or was closed before the request finished.
     ConnectionClosed,
+    /// A one-sided operation: the target refused the access (see [`crate::rma`]), and
+    /// nothing of it was performed.
+    Refused(RefusalKind),
 }
 
 /// Kind of a user request.
@@ -41,6 +45,15 @@ pub enum RequestKind {
     Send,
     /// A tag receive.
     Recv,
+    /// A one-sided put ([`Engine::rma_put`](crate::Engine::rma_put)).
+    Put,
+    /// A one-sided get ([`Engine::rma_get`](crate::Engine::rma_get)).
+    Get,
+    /// An atomic operation ([`Engine::rma_atomic`](crate::Engine::rma_atomic)): its
+    /// completion's `tag` is the word's old value.
+    Atomic,
+    /// A flush ([`Engine::rma_flush`](crate::Engine::rma_flush)).
+    Flush,
 }
 
 /// Completion of a user request.
@@ -54,7 +67,8 @@ pub struct Completion {
     pub status: Status,
     /// Message length in bytes (for `Truncated`, the length of the incoming message).
     pub length: u64,
-    /// The message's tag (the sender's tag, for receives).
+    /// The message's tag (the sender's tag, for receives); for an atomic operation, the
+    /// word's old value.
     pub tag: Tag,
     /// The connection involved (`None` for a receive that never matched).
     pub conn: Option<ConnId>,
@@ -82,7 +96,9 @@ pub enum CloseReason {
 pub struct PayloadRef {
     /// The user's send buffer.
     pub buf: UserBufId,
-    /// Bytes from the start of the buffer.
+    /// Where the bytes start in the buffer (0 but for a put's later frames).
+    pub offset: u64,
+    /// Bytes from `offset`.
     pub len: u64,
 }
 
@@ -100,6 +116,16 @@ pub enum Action {
         frame: FrameBuf,
         /// Eager payload to append.
         payload: Option<PayloadRef>,
+    },
+    /// Post a SEND of `frame` followed by `data` (an RMA reply with a get's bytes). The
+    /// driver may hand `data` back with [`Engine::recycle_payload`](super::Engine::recycle_payload) once sent.
+    SendFrameData {
+        /// Connection.
+        conn: ConnId,
+        /// Encoded header.
+        frame: FrameBuf,
+        /// Bytes to append.
+        data: Vec<u8>,
     },
     /// Register/expose `buf` (its first `len` bytes) for remote reads, then call
     /// [`Engine::handle_send_buffer_exposed`](super::Engine::handle_send_buffer_exposed) (or `..._expose_failed`).

@@ -71,6 +71,8 @@ impl Engine {
                 rx_seq: 0,
                 ctrl_q: VecDeque::new(),
                 data_q: VecDeque::new(),
+                rma_pending: 0,
+                fence_next: false,
             },
         );
         Ok(())
@@ -139,27 +141,23 @@ impl Engine {
         }
         // Receives whose data arrived and whose ATS waited for credits: done all the same.
         for ctrl in conn.ctrl_q.drain(..) {
-            let Ctrl::Ats { then, .. } = ctrl;
-            if let Some(done) = then {
+            // (An RMA reply is the peer's: it is gone with the connection.)
+            if let Ctrl::Ats {
+                then: Some(done), ..
+            } = ctrl
+            {
                 report(&mut self.reqs, &mut self.recvs, &mut self.actions, done);
             }
         }
         // In the order they were made, whatever the table's order.
         for id in self.requests_on(conn_id) {
             if let Some(s) = self.reqs.get_mut(id) {
-                let (tag, len, buf) = (s.tag, s.len, s.buf);
-                if !matches!(s.phase, SendPhase::EagerQueued) {
+                let (tag, len, buf, kind) = (s.tag, s.len, s.buf, s.phase.kind());
+                if s.phase.exposes() {
                     self.actions
                         .push_back(Action::ReleaseSendBuffer { request: id, buf });
                 }
-                self.complete(
-                    id,
-                    RequestKind::Send,
-                    Status::ConnectionClosed,
-                    len,
-                    tag,
-                    Some(conn_id),
-                );
+                self.complete(id, kind, Status::ConnectionClosed, len, tag, Some(conn_id));
                 continue;
             }
             let Some(rr) = self.recvs.get_mut(&id) else {

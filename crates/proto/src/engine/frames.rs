@@ -141,9 +141,8 @@ impl Engine {
                         let status = match h.status {
                             WireStatus::Ok => Status::Ok,
                             WireStatus::Truncated => Status::RemoteTruncated,
-                            WireStatus::ReadFailed | WireStatus::Protocol => {
-                                Status::RemoteReadFailed
-                            }
+                            // (Decoding lets no RMA refusal into an ATS.)
+                            _ => Status::RemoteReadFailed,
                         };
                         self.actions.push_back(Action::ReleaseSendBuffer {
                             request: req,
@@ -157,6 +156,9 @@ impl Engine {
             Body::Credit => return Ok(flush),
             Body::Error => return Err(CloseReason::PeerError(h.status)),
             Body::Handshake(_) => return Err(perr("unexpected in-band handshake".into())),
+            // (Given the frame's bytes, not its header, to decode again: the header of
+            // every frame would be kept in memory for a reference to it.)
+            Body::OneSided(_) => self.one_sided_frame(conn_id, bytes)?,
         }
         Ok(Processed::Flush)
     }
@@ -203,7 +205,7 @@ fn overgranted(credits: u32, max: u16) -> CloseReason {
 }
 
 /// What [`Engine::process_frame`] leaves its caller to do.
-enum Processed {
+pub(super) enum Processed {
     /// Nothing more.
     Quiet,
     /// Flush the connection: frames may wait for the credits it brought, or the peer is

@@ -230,20 +230,18 @@ impl Engine {
                 phase: SendPhase::AwaitAts,
                 ..
             }) => false,
+            // Its first frame is out: the target may have performed it already.
+            Some(SendReq {
+                phase: SendPhase::Rma(r),
+                ..
+            }) if r.started() => false,
             Some(s) => {
-                let (tag, len, conn, buf) = (s.tag, s.len, s.conn, s.buf);
-                if !matches!(s.phase, SendPhase::EagerQueued) {
+                let (tag, len, conn, buf, kind) = (s.tag, s.len, s.conn, s.buf, s.phase.kind());
+                if s.phase.exposes() {
                     self.actions
                         .push_back(Action::ReleaseSendBuffer { request, buf });
                 }
-                self.complete(
-                    request,
-                    RequestKind::Send,
-                    Status::Cancelled,
-                    len,
-                    tag,
-                    Some(conn),
-                );
+                self.complete(request, kind, Status::Cancelled, len, tag, Some(conn));
                 self.flush(conn);
                 true
             }

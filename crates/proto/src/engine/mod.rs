@@ -12,6 +12,7 @@ mod connections;
 mod credits;
 mod frames;
 mod matching;
+mod one_sided;
 mod rendezvous;
 mod send;
 
@@ -99,8 +100,27 @@ pub struct ConnStats {
 #[derive(Debug)]
 enum SendPhase {
     EagerQueued,
-    RtsQueued { remote: Option<RemoteBuf> },
+    RtsQueued {
+        remote: Option<RemoteBuf>,
+    },
     AwaitAts,
+    /// A one-sided operation or a flush (boxed: no tag send pays for its size).
+    Rma(Box<one_sided::RmaState>),
+}
+
+impl SendPhase {
+    /// The kind of request it is.
+    fn kind(&self) -> RequestKind {
+        match self {
+            SendPhase::Rma(r) => r.kind(),
+            _ => RequestKind::Send,
+        }
+    }
+
+    /// Whether its buffer was handed to the driver to expose (a rendezvous send's).
+    fn exposes(&self) -> bool {
+        matches!(self, SendPhase::RtsQueued { .. } | SendPhase::AwaitAts)
+    }
 }
 
 #[derive(Debug)]
@@ -194,6 +214,8 @@ enum Ctrl {
         status: WireStatus,
         then: Option<Completion>,
     },
+    /// The answer to a peer's put, get or atomic operation (see `one_sided`).
+    RmaReply(Box<one_sided::Reply>),
 }
 
 #[derive(Debug)]
@@ -221,6 +243,11 @@ struct Conn {
     rx_seq: u32,
     ctrl_q: VecDeque<Ctrl>,
     data_q: VecDeque<RequestId>,
+    /// One-sided operations on it whose frames went out and whose replies have not all
+    /// come back: what a flush, and an operation after a fence, wait for.
+    rma_pending: u32,
+    /// A fence was made: the next one-sided operation waits for every earlier one.
+    fence_next: bool,
 }
 
 /// An id for a request that completes as it is made and is never stored, from the engine's
@@ -265,6 +292,8 @@ pub struct Engine {
     /// Allocations of unexpected eager payloads the driver handed back
     /// ([`Engine::recycle_payload`]), reused by the next unexpected messages.
     spare_payloads: Vec<Vec<u8>>,
+    /// The regions peers' one-sided operations reach ([`Engine::set_rma_memory`]).
+    rma_memory: one_sided::Memory,
 }
 
 /// How many handed-back payload allocations the engine keeps for reuse, and the largest it
@@ -291,6 +320,7 @@ impl Engine {
             actions: VecDeque::new(),
             spare_reads: Vec::new(),
             spare_payloads: Vec::new(),
+            rma_memory: one_sided::Memory::default(),
         }
     }
 
@@ -491,12 +521,12 @@ fn report(
     mut done: Completion,
 ) {
     let buf = match done.kind {
-        RequestKind::Send => {
+        RequestKind::Recv => recvs.remove(&done.request).map(|r| r.buf),
+        _ => {
             let buf = reqs.get(done.request).map(|s| s.buf);
             reqs.discard(done.request);
             buf
         }
-        RequestKind::Recv => recvs.remove(&done.request).map(|r| r.buf),
     };
     done.buf = done.buf.or(buf);
     actions.push_back(Action::Complete(done));

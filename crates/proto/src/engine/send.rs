@@ -21,7 +21,11 @@ impl Engine {
             self.actions.push_back(Action::SendFrame {
                 conn,
                 frame,
-                payload: Some(PayloadRef { buf, len }),
+                payload: Some(PayloadRef {
+                    buf,
+                    offset: 0,
+                    len,
+                }),
             });
             return Ok(id);
         }
@@ -134,22 +138,28 @@ impl Engine {
         let pool = &mut self.credits;
         // Data and control frames leave one credit in reserve for credit updates.
         while c.tx_credits >= 2 {
-            if let Some(Ctrl::Ats {
-                sreq,
-                rreq,
-                status,
-                then,
-            }) = c.ctrl_q.pop_front()
-            {
-                let mut h = Header::new(Opcode::Ats);
-                h.sreq = sreq;
-                h.rreq = rreq;
-                h.status = status;
-                c.emit(conn_id, h, None, None, actions, pool);
-                if let Some(done) = then {
-                    report(&mut self.reqs, &mut self.recvs, actions, done);
+            match c.ctrl_q.pop_front() {
+                Some(Ctrl::Ats {
+                    sreq,
+                    rreq,
+                    status,
+                    then,
+                }) => {
+                    let mut h = Header::new(Opcode::Ats);
+                    h.sreq = sreq;
+                    h.rreq = rreq;
+                    h.status = status;
+                    c.emit(conn_id, h, None, None, actions, pool);
+                    if let Some(done) = then {
+                        report(&mut self.reqs, &mut self.recvs, actions, done);
+                    }
+                    continue;
                 }
-                continue;
+                Some(Ctrl::RmaReply(reply)) => {
+                    c.emit_reply(conn_id, *reply, actions, pool);
+                    continue;
+                }
+                None => {}
             }
             let Some(&id) = c.data_q.front() else { break };
             let Some(s) = self.reqs.get_mut(id) else {
@@ -169,7 +179,11 @@ impl Engine {
                         conn_id,
                         h,
                         None,
-                        Some(PayloadRef { buf, len }),
+                        Some(PayloadRef {
+                            buf,
+                            offset: 0,
+                            len,
+                        }),
                         actions,
                         pool,
                     );
@@ -204,6 +218,19 @@ impl Engine {
                 SendPhase::RtsQueued { remote: None } => break,
                 SendPhase::AwaitAts => {
                     c.data_q.pop_front();
+                }
+                SendPhase::Rma(ref mut r) => {
+                    match r.step(c, conn_id, id, buf, len, actions, pool) {
+                        one_sided::Step::More => {}
+                        one_sided::Step::AllSent => {
+                            c.data_q.pop_front();
+                        }
+                        one_sided::Step::Wait => break,
+                        one_sided::Step::Done(done) => {
+                            c.data_q.pop_front();
+                            report(&mut self.reqs, &mut self.recvs, actions, done);
+                        }
+                    }
                 }
             }
         }
@@ -274,7 +301,15 @@ impl Conn {
     /// Makes the next frame of this connection: piggybacks the credits owed to the peer
     /// (less what `pool` takes back from its window), asks for more if this side ran out,
     /// numbers it and spends a credit. The frame must be sent before any made later.
-    fn stamp(&mut self, mut h: Header, rts: Option<&RtsBody>, pool: &mut CreditPool) -> FrameBuf {
+    fn stamp(&mut self, h: Header, rts: Option<&RtsBody>, pool: &mut CreditPool) -> FrameBuf {
+        let h = self.number(h, pool);
+        FrameBuf::encode(&h, rts)
+    }
+
+    /// What [`Conn::stamp`] does to the header of the next frame, for a frame with another
+    /// body (the caller encodes it).
+    #[inline(always)]
+    pub(super) fn number(&mut self, mut h: Header, pool: &mut CreditPool) -> Header {
         if self.rx_unreturned > 0 && self.pooled {
             let back = pool.reclaim(self.window, self.rx_unreturned);
             self.window -= back;
@@ -290,6 +325,6 @@ impl Conn {
         h.seq = self.tx_seq;
         self.tx_seq = self.tx_seq.wrapping_add(1);
         self.tx_credits -= 1;
-        FrameBuf::encode(&h, rts)
+        h
     }
 }

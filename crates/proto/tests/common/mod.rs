@@ -239,8 +239,27 @@ impl Sim {
                     let j = c.0 as usize;
                     let mut bytes = frame.as_bytes().to_vec();
                     if let Some(p) = payload {
-                        bytes.extend_from_slice(&self.peers[i].mem[&p.buf][..p.len as usize]);
+                        let (at, n) = (p.offset as usize, p.len as usize);
+                        bytes.extend_from_slice(&self.peers[i].mem[&p.buf][at..at + n]);
                     }
+                    assert!(
+                        bytes.len() <= self.peers[j].engine.config().recv_buf_size as usize,
+                        "frame of {} bytes exceeds peer {j}'s receive buffer",
+                        bytes.len()
+                    );
+                    if self.alive[&(i, j)] {
+                        self.links.get_mut(&(i, j)).unwrap().push_back(bytes);
+                    }
+                }
+                Action::SendFrameData {
+                    conn: c,
+                    frame,
+                    data,
+                } => {
+                    let j = c.0 as usize;
+                    let mut bytes = frame.as_bytes().to_vec();
+                    bytes.extend_from_slice(&data);
+                    self.peers[i].engine.recycle_payload(data);
                     assert!(
                         bytes.len() <= self.peers[j].engine.config().recv_buf_size as usize,
                         "frame of {} bytes exceeds peer {j}'s receive buffer",

@@ -1,0 +1,555 @@
+//! One-sided operations over messages: put, get and atomic operations on a peer's regions
+//! (named by their keys, see [`crate::rma`]), carried as frames that the target's engine
+//! executes as they arrive — through its driver's [`RmaMemory`] — and answers with an RMA
+//! reply; and flush and fence, which wait for earlier operations' replies. This is how TCP
+//! and shared memory carry them, as UCX does over its tcp transport (over RDMA the NIC can
+//! perform them instead, without the target's engine).
+//!
+//! Semantics, as UCP's with its strongest guarantees:
+//! - an operation completes when its reply came back: a put's bytes are then in the target's
+//!   region (remote completion), a get's in the initiator's buffer, an atomic operation's old
+//!   value in its completion's `tag`;
+//! - operations on one connection reach the target in the order they were made (its frames
+//!   go out in order, behind the connection's earlier frames, tag sends included) and the
+//!   target performs them in arrival order, so a later operation sees an earlier one's
+//!   effect; a fence ([`Engine::rma_fence`]) makes the next operation wait until every
+//!   earlier one completed besides;
+//! - a flush ([`Engine::rma_flush`]) completes once every operation made on its connection
+//!   before it completed;
+//! - an access the target refuses (bad or stale key, outside the region, unaligned word,
+//!   access not granted) completes the request with [`Status::Refused`] and leaves the
+//!   connection up: nothing of that operation was performed (a put of several frames may
+//!   have been performed in part: each frame is checked by itself, and any refused fails
+//!   the put). A connection that fails completes its operations with
+//!   [`Status::ConnectionClosed`], whatever the target performed of them.
+//!
+//! A put or get larger than a frame goes as several, each at most what the receiving side's
+//! buffers hold (the peer's for a put, this side's for a get's reply).
+
+use std::sync::Arc;
+
+use super::*;
+use crate::rma::{AtomicOp, KeyRef, PackedKey, Refusal, RefusalKind, RmaMemory, RmaOp};
+use crate::wire::RmaBody;
+
+/// The driver's regions, if it gave the engine any ([`Engine::set_rma_memory`]).
+#[derive(Default)]
+pub(super) struct Memory(Option<Arc<dyn RmaMemory>>);
+
+impl std::fmt::Debug for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Memory(set)"
+        } else {
+            "Memory(none)"
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Put,
+    Get,
+    Atomic(AtomicOp),
+    Flush,
+}
+
+/// A one-sided operation or flush, while it runs (the request's `len` is its bytes, 8 for
+/// an atomic operation, 0 for a flush).
+#[derive(Debug)]
+pub(super) struct RmaState {
+    op: Op,
+    key: KeyRef,
+    /// Offset of the access in the remote region.
+    remote: u64,
+    /// Bytes whose frames went out.
+    sent: u64,
+    /// Whether its first frame went out.
+    started: bool,
+    /// Whether it waits for every earlier operation before it starts (a fence was made).
+    fenced: bool,
+    /// Frames out whose replies did not come back yet.
+    replies: u32,
+    /// The first refusal a reply brought.
+    failed: Option<RefusalKind>,
+    /// An atomic operation's old value.
+    value: u64,
+}
+
+/// What the head of a connection's queue, a one-sided operation, did when given credit.
+pub(super) enum Step {
+    /// It sent a frame and has more to send.
+    More,
+    /// It sent its last frame (its replies will complete it).
+    AllSent,
+    /// It waits (for earlier operations).
+    Wait,
+    /// It completed (a flush).
+    Done(Completion),
+}
+
+/// The answer to a peer's operation, waiting for credit.
+#[derive(Debug)]
+pub(super) struct Reply {
+    sreq: u64,
+    tag: u64,
+    status: WireStatus,
+    value: u64,
+    data: Vec<u8>,
+}
+
+impl RmaState {
+    pub(super) fn kind(&self) -> RequestKind {
+        match self.op {
+            Op::Put => RequestKind::Put,
+            Op::Get => RequestKind::Get,
+            Op::Atomic(_) => RequestKind::Atomic,
+            Op::Flush => RequestKind::Flush,
+        }
+    }
+
+    /// Whether its first frame went out (from then on it cannot be cancelled).
+    pub(super) fn started(&self) -> bool {
+        self.started
+    }
+
+    /// Sends its next frame, on `c` (`conn`, with credit for it), for the request `id` with
+    /// buffer `buf` and length `len`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn step(
+        &mut self,
+        c: &mut Conn,
+        conn: ConnId,
+        id: RequestId,
+        buf: UserBufId,
+        len: u64,
+        actions: &mut VecDeque<Action>,
+        pool: &mut CreditPool,
+    ) -> Step {
+        if let Op::Flush = self.op {
+            if c.rma_pending > 0 {
+                return Step::Wait;
+            }
+            return Step::Done(Completion {
+                request: id,
+                kind: RequestKind::Flush,
+                status: Status::Ok,
+                length: 0,
+                tag: 0,
+                conn: Some(conn),
+                buf: Some(buf),
+            });
+        }
+        if !self.started {
+            if self.fenced && c.rma_pending > 0 {
+                return Step::Wait;
+            }
+            self.started = true;
+            c.rma_pending += 1;
+        }
+        let (opcode, n, word, rreq) = match self.op {
+            Op::Put => (Opcode::Put, put_chunk(c).min(len - self.sent), 0, 0),
+            Op::Get => {
+                let n = get_chunk(c).min(len - self.sent);
+                (Opcode::Get, n, n, 0)
+            }
+            Op::Atomic(AtomicOp::FetchAdd(v)) => (Opcode::FetchAdd, 8, 0, v),
+            Op::Atomic(AtomicOp::CompareSwap { expected, new }) => {
+                (Opcode::CompareSwap, 8, expected, new)
+            }
+            Op::Flush => unreachable!("handled above"),
+        };
+        let mut h = Header::new(opcode);
+        h.tag = self.remote + self.sent;
+        h.sreq = id.0;
+        h.rreq = rreq;
+        let carried = if matches!(self.op, Op::Put) { n } else { 0 };
+        h.payload_len = (RmaBody::LEN as u64 + carried) as u32;
+        let h = c.number(h, pool);
+        let frame = FrameBuf::encode_rma(
+            &h,
+            &RmaBody {
+                key: self.key,
+                word,
+            },
+        );
+        actions.push_back(Action::SendFrame {
+            conn,
+            frame,
+            payload: (carried > 0).then_some(PayloadRef {
+                buf,
+                offset: self.sent,
+                len: carried,
+            }),
+        });
+        self.sent += n;
+        self.replies += 1;
+        if self.sent == len {
+            Step::AllSent
+        } else {
+            Step::More
+        }
+    }
+}
+
+/// The most bytes one put frame carries on `c`: what the peer's receive buffers hold.
+fn put_chunk(c: &Conn) -> u64 {
+    u64::from(c.peer.recv_buf_size).saturating_sub((HEADER_LEN + RmaBody::LEN) as u64)
+}
+
+/// The most bytes one get asks for on `c`: what this side's receive buffers hold of the
+/// reply.
+fn get_chunk(c: &Conn) -> u64 {
+    u64::from(c.recv_buf_size).saturating_sub(HEADER_LEN as u64)
+}
+
+impl Conn {
+    /// Emits an RMA reply on this connection (`id`).
+    pub(super) fn emit_reply(
+        &mut self,
+        id: ConnId,
+        reply: Reply,
+        actions: &mut VecDeque<Action>,
+        pool: &mut CreditPool,
+    ) {
+        let mut h = Header::new(Opcode::RmaReply);
+        h.sreq = reply.sreq;
+        h.tag = reply.tag;
+        h.rreq = reply.value;
+        h.status = reply.status;
+        h.payload_len = reply.data.len() as u32;
+        let frame = FrameBuf::encode(&self.number(h, pool), None);
+        if reply.data.is_empty() {
+            actions.push_back(Action::SendFrame {
+                conn: id,
+                frame,
+                payload: None,
+            });
+        } else {
+            actions.push_back(Action::SendFrameData {
+                conn: id,
+                frame,
+                data: reply.data,
+            });
+        }
+    }
+}
+
+impl Engine {
+    /// Gives the engine the regions peers' operations reach: until then every put, get
+    /// and atomic operation that arrives is refused ([`RefusalKind::BadKey`]).
+    pub fn set_rma_memory(&mut self, memory: Arc<dyn RmaMemory>) {
+        self.rma_memory = Memory(Some(memory));
+    }
+
+    /// Starts a put of the first `len` bytes of `buf` to `offset` of the peer's region
+    /// `key` names. Fails at once, sending nothing, when the key does not allow it
+    /// ([`Error::Refused`]).
+    pub fn rma_put(
+        &mut self,
+        conn: ConnId,
+        key: &PackedKey,
+        offset: u64,
+        buf: UserBufId,
+        len: u64,
+    ) -> Result<RequestId, Error> {
+        let c = self
+            .conns
+            .get(&conn)
+            .ok_or(Error::UnknownConnection(conn))?;
+        if len > 0 && put_chunk(c) == 0 {
+            return Err(Error::Unsupported(format!(
+                "the peer's {}-byte receive buffers leave no room for a put's bytes",
+                c.peer.recv_buf_size
+            )));
+        }
+        self.start_rma(conn, key, RmaOp::Put, Op::Put, offset, buf, len)
+    }
+
+    /// Starts a get of `len` bytes at `offset` of the peer's region `key` names into the
+    /// start of `buf`. Fails at once when the key does not allow it ([`Error::Refused`]).
+    pub fn rma_get(
+        &mut self,
+        conn: ConnId,
+        key: &PackedKey,
+        offset: u64,
+        buf: UserBufId,
+        len: u64,
+    ) -> Result<RequestId, Error> {
+        let c = self
+            .conns
+            .get(&conn)
+            .ok_or(Error::UnknownConnection(conn))?;
+        if len > 0 && get_chunk(c) == 0 {
+            return Err(Error::Unsupported(format!(
+                "{}-byte receive buffers leave no room for a get's bytes",
+                c.recv_buf_size
+            )));
+        }
+        self.start_rma(conn, key, RmaOp::Get, Op::Get, offset, buf, len)
+    }
+
+    /// Starts the atomic operation `op` on the 8-byte word at `offset` of the peer's region
+    /// `key` names; `buf` names the request for the driver (no bytes of it are used). Its
+    /// completion's `tag` is the word's old value. Fails at once when the key does not
+    /// allow it ([`Error::Refused`]).
+    pub fn rma_atomic(
+        &mut self,
+        conn: ConnId,
+        key: &PackedKey,
+        offset: u64,
+        op: AtomicOp,
+        buf: UserBufId,
+    ) -> Result<RequestId, Error> {
+        self.start_rma(conn, key, RmaOp::Atomic, Op::Atomic(op), offset, buf, 8)
+    }
+
+    /// Starts a flush of `conn`: it completes once every one-sided operation made on it
+    /// before completed. `buf` names the request for the driver.
+    pub fn rma_flush(&mut self, conn: ConnId, buf: UserBufId) -> Result<RequestId, Error> {
+        let key = KeyRef {
+            region: 0,
+            generation: 0,
+            secret: 0,
+        };
+        self.queue_rma(conn, key, Op::Flush, 0, buf, 0)
+    }
+
+    /// A fence on `conn`: the next one-sided operation made on it starts only once every
+    /// earlier one completed.
+    pub fn rma_fence(&mut self, conn: ConnId) -> Result<(), Error> {
+        let c = self
+            .conns
+            .get_mut(&conn)
+            .ok_or(Error::UnknownConnection(conn))?;
+        c.fence_next = true;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_rma(
+        &mut self,
+        conn: ConnId,
+        key: &PackedKey,
+        check: RmaOp,
+        op: Op,
+        offset: u64,
+        buf: UserBufId,
+        len: u64,
+    ) -> Result<RequestId, Error> {
+        key.allows(check, offset, len).map_err(Error::Refused)?;
+        self.queue_rma(conn, key.key, op, offset, buf, len)
+    }
+
+    fn queue_rma(
+        &mut self,
+        conn: ConnId,
+        key: KeyRef,
+        op: Op,
+        remote: u64,
+        buf: UserBufId,
+        len: u64,
+    ) -> Result<RequestId, Error> {
+        let c = self
+            .conns
+            .get_mut(&conn)
+            .ok_or(Error::UnknownConnection(conn))?;
+        let fenced = !matches!(op, Op::Flush) && std::mem::take(&mut c.fence_next);
+        let id = self.new_send(SendReq {
+            conn,
+            tag: 0,
+            buf,
+            len,
+            phase: SendPhase::Rma(Box::new(RmaState {
+                op,
+                key,
+                remote,
+                sent: 0,
+                started: false,
+                fenced,
+                replies: 0,
+                failed: None,
+                value: 0,
+            })),
+        });
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.data_q.push_back(id);
+        }
+        self.flush(conn);
+        Ok(id)
+    }
+
+    /// A put, get or atomic operation of the peer's, or the reply to one of this side's,
+    /// arrived on `conn`: its `frame`, decoded already (out of line: the path of every
+    /// frame only calls it).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn one_sided_frame(
+        &mut self,
+        conn: ConnId,
+        frame: &[u8],
+    ) -> Result<(), CloseReason> {
+        let (Ok(h), Some(payload)) = (wire::decode_header(frame), frame.get(HEADER_LEN..)) else {
+            return Err(perr("a one-sided frame that no longer decodes".into()));
+        };
+        let h = &h;
+        match (h.opcode, RmaBody::split(payload)) {
+            (Opcode::Put, _) => self.serve_put(conn, h, payload),
+            (Opcode::Get | Opcode::FetchAdd | Opcode::CompareSwap, Some((rma, _))) => {
+                self.serve_rma(conn, h, rma)?
+            }
+            (Opcode::RmaReply, _) => self.handle_rma_reply(conn, h, payload)?,
+            // (Decoding gives this body to these opcodes only, with these lengths.)
+            _ => return Err(perr(format!("{:?} frame with a one-sided body", h.opcode))),
+        }
+        Ok(())
+    }
+
+    /// A peer's put arrived: performed (or refused) at once, its reply queued.
+    fn serve_put(&mut self, conn: ConnId, h: &Header, payload: &[u8]) {
+        let done = match (&self.rma_memory.0, RmaBody::split(payload)) {
+            (Some(m), Some((rma, data))) => m.put(&rma.key, h.tag, data),
+            _ => Err(Refusal::BadKey),
+        };
+        self.queue_reply(conn, h, done.err(), 0, Vec::new());
+    }
+
+    /// A peer's get or atomic operation arrived: performed (or refused) at once, its reply
+    /// queued. A get asking for more than its reply can carry is a protocol error.
+    fn serve_rma(&mut self, conn: ConnId, h: &Header, rma: RmaBody) -> Result<(), CloseReason> {
+        let memory = self.rma_memory.0.clone();
+        match h.opcode {
+            Opcode::Get => {
+                let peer_buf = self.conns.get(&conn).map_or(0, |c| c.peer.recv_buf_size);
+                let room = u64::from(peer_buf).saturating_sub(HEADER_LEN as u64);
+                if rma.word > room {
+                    return Err(perr(format!(
+                        "get of {} bytes, more than the {room} a reply carries",
+                        rma.word
+                    )));
+                }
+                let mut data = self.spare_payloads.pop().unwrap_or_default();
+                data.clear();
+                data.resize(rma.word as usize, 0);
+                let done = match &memory {
+                    Some(m) => m.get(&rma.key, h.tag, &mut data),
+                    None => Err(Refusal::BadKey),
+                };
+                if done.is_err() {
+                    data.clear();
+                }
+                self.queue_reply(conn, h, done.err(), 0, data);
+            }
+            _ => {
+                let op = if h.opcode == Opcode::FetchAdd {
+                    AtomicOp::FetchAdd(h.rreq)
+                } else {
+                    AtomicOp::CompareSwap {
+                        expected: rma.word,
+                        new: h.rreq,
+                    }
+                };
+                let done = match &memory {
+                    Some(m) => m.atomic(&rma.key, h.tag, op),
+                    None => Err(Refusal::BadKey),
+                };
+                let value = *done.as_ref().unwrap_or(&0);
+                self.queue_reply(conn, h, done.err(), value, Vec::new());
+            }
+        }
+        Ok(())
+    }
+
+    fn queue_reply(
+        &mut self,
+        conn: ConnId,
+        h: &Header,
+        refusal: Option<Refusal>,
+        value: u64,
+        data: Vec<u8>,
+    ) {
+        if let Some(r) = refusal {
+            debug!("{conn:?}: {:?} refused: {r}", h.opcode);
+        }
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.ctrl_q.push_back(Ctrl::RmaReply(Box::new(Reply {
+                sreq: h.sreq,
+                tag: h.tag,
+                status: refusal.map_or(WireStatus::Ok, |r| r.kind().wire()),
+                value,
+                data,
+            })));
+        }
+    }
+
+    /// The reply to one of this side's operations arrived. A reply to nothing this side
+    /// asked on the connection, or with bytes it did not ask for, is a protocol error.
+    fn handle_rma_reply(
+        &mut self,
+        conn: ConnId,
+        h: &Header,
+        data: &[u8],
+    ) -> Result<(), CloseReason> {
+        let id = RequestId(h.sreq);
+        let chunk = self.conns.get(&conn).map_or(0, get_chunk);
+        let Some(s) = self.reqs.get_mut(id) else {
+            return Err(perr(format!("RMA reply for unknown request {:#x}", h.sreq)));
+        };
+        let (len, buf) = (s.len, s.buf);
+        let SendPhase::Rma(r) = &mut s.phase else {
+            return Err(perr("RMA reply for a tag send".into()));
+        };
+        if s.conn != conn || r.replies == 0 {
+            return Err(perr(format!("RMA reply for {id:?}, which awaits none")));
+        }
+        r.replies -= 1;
+        let refused = RefusalKind::from_wire(h.status);
+        let mut copy = None;
+        match (r.op, refused) {
+            (_, Some(kind)) => {
+                if !data.is_empty() {
+                    return Err(perr("RMA refusal with bytes".into()));
+                }
+                r.failed.get_or_insert(kind);
+            }
+            (Op::Get, None) => {
+                let off = h.tag.wrapping_sub(r.remote);
+                let want = len.saturating_sub(off).min(chunk);
+                if off >= len.max(1) || off % chunk.max(1) != 0 || data.len() as u64 != want {
+                    return Err(perr(format!(
+                        "get reply of {} bytes at {off} of a {len}-byte get",
+                        data.len()
+                    )));
+                }
+                if !data.is_empty() {
+                    copy = Some(off);
+                }
+            }
+            (Op::Atomic(_), None) => r.value = h.rreq,
+            _ => {
+                if !data.is_empty() {
+                    return Err(perr("put reply with bytes".into()));
+                }
+            }
+        }
+        let done = (r.started && r.replies == 0 && r.sent == len).then(|| {
+            let status = r.failed.map_or(Status::Ok, Status::Refused);
+            (r.kind(), status, r.value)
+        });
+        if let Some(off) = copy {
+            let data = self.payload_copy(data);
+            self.actions.push_back(Action::CopyToUser {
+                dst: buf,
+                dst_offset: off,
+                data,
+            });
+        }
+        if let Some((kind, status, value)) = done {
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.rma_pending -= 1;
+            }
+            self.complete(id, kind, status, len, value, Some(conn));
+        }
+        Ok(())
+    }
+}

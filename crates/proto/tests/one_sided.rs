@@ -1,0 +1,595 @@
+//! One-sided operations over messages on the simulated fabric: puts, gets and atomic
+//! operations executed by the target's engine through its driver's memory, flush and fence,
+//! refusals, and failures.
+
+// (Clients are numbered peers: their indexes are their names.)
+#![allow(clippy::needless_range_loop)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use rdmx_proto::rma::{
+    AtomicOp, KeyRef, PackedKey, Refusal, RefusalKind, Regions, RemoteAccess, RmaMemory, RmaOp,
+};
+use rdmx_proto::*;
+
+/// A driver's regions: keys in `Regions`, bytes in vectors.
+#[derive(Default)]
+struct Mem {
+    inner: Mutex<(Regions, HashMap<u32, Vec<u8>>, u64)>,
+}
+
+impl Mem {
+    fn map(&self, len: usize, access: RemoteAccess) -> PackedKey {
+        let mut g = self.inner.lock().unwrap();
+        g.2 = g.2.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let secret = g.2;
+        let key = g.0.map(len as u64, access, secret).unwrap();
+        g.1.insert(key.region, vec![0; len]);
+        PackedKey {
+            key,
+            len: len as u64,
+            access,
+            rdma: None,
+        }
+    }
+
+    fn unmap(&self, key: &PackedKey) {
+        let mut g = self.inner.lock().unwrap();
+        g.0.unmap(&key.key).unwrap();
+        g.1.remove(&key.key.region);
+    }
+
+    fn bytes(&self, key: &PackedKey) -> Vec<u8> {
+        self.inner.lock().unwrap().1[&key.key.region].clone()
+    }
+
+    fn set(&self, key: &PackedKey, data: &[u8]) {
+        self.inner
+            .lock()
+            .unwrap()
+            .1
+            .get_mut(&key.key.region)
+            .unwrap()
+            .copy_from_slice(data);
+    }
+
+    fn word(&self, key: &PackedKey, at: usize) -> u64 {
+        u64::from_le_bytes(self.bytes(key)[at..at + 8].try_into().unwrap())
+    }
+}
+
+impl RmaMemory for Mem {
+    fn put(&self, key: &KeyRef, offset: u64, data: &[u8]) -> Result<(), Refusal> {
+        let mut g = self.inner.lock().unwrap();
+        let id = g.0.check(key, RmaOp::Put, offset, data.len() as u64)?;
+        let at = offset as usize;
+        g.1.get_mut(&id.0).unwrap()[at..at + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn get(&self, key: &KeyRef, offset: u64, out: &mut [u8]) -> Result<(), Refusal> {
+        let g = self.inner.lock().unwrap();
+        let id = g.0.check(key, RmaOp::Get, offset, out.len() as u64)?;
+        let at = offset as usize;
+        out.copy_from_slice(&g.1[&id.0][at..at + out.len()]);
+        Ok(())
+    }
+
+    fn atomic(&self, key: &KeyRef, offset: u64, op: AtomicOp) -> Result<u64, Refusal> {
+        let mut g = self.inner.lock().unwrap();
+        let id = g.0.check(key, RmaOp::Atomic, offset, 8)?;
+        let at = offset as usize;
+        let w = &mut g.1.get_mut(&id.0).unwrap()[at..at + 8];
+        let old = u64::from_le_bytes(w.try_into().unwrap());
+        let new = match op {
+            AtomicOp::FetchAdd(v) => old.wrapping_add(v),
+            AtomicOp::CompareSwap { expected, new } => {
+                if old == expected {
+                    new
+                } else {
+                    old
+                }
+            }
+        };
+        w.copy_from_slice(&new.to_le_bytes());
+        Ok(old)
+    }
+}
+
+/// `sim`'s peers each with memory for peers' operations.
+fn with_memory(sim: &mut Sim) -> Vec<Arc<Mem>> {
+    sim.peers
+        .iter_mut()
+        .map(|p| {
+            let m = Arc::new(Mem::default());
+            p.engine.set_rma_memory(m.clone());
+            m
+        })
+        .collect()
+}
+
+fn put(sim: &mut Sim, i: usize, j: usize, key: &PackedKey, off: u64, data: Vec<u8>) -> RequestId {
+    let len = data.len() as u64;
+    let buf = sim.alloc(i, data);
+    let r = sim.peers[i]
+        .engine
+        .rma_put(conn(j), key, off, buf, len)
+        .unwrap();
+    sim.pump(i);
+    r
+}
+
+fn get(
+    sim: &mut Sim,
+    i: usize,
+    j: usize,
+    key: &PackedKey,
+    off: u64,
+    len: usize,
+) -> (RequestId, UserBufId) {
+    let buf = sim.alloc(i, vec![0xEE; len]);
+    let r = sim.peers[i]
+        .engine
+        .rma_get(conn(j), key, off, buf, len as u64)
+        .unwrap();
+    sim.pump(i);
+    (r, buf)
+}
+
+fn atomic(sim: &mut Sim, i: usize, j: usize, key: &PackedKey, off: u64, op: AtomicOp) -> RequestId {
+    let buf = sim.alloc(i, Vec::new());
+    let r = sim.peers[i]
+        .engine
+        .rma_atomic(conn(j), key, off, op, buf)
+        .unwrap();
+    sim.pump(i);
+    r
+}
+
+fn flush(sim: &mut Sim, i: usize, j: usize) -> RequestId {
+    let buf = sim.alloc(i, Vec::new());
+    let r = sim.peers[i].engine.rma_flush(conn(j), buf).unwrap();
+    sim.pump(i);
+    r
+}
+
+fn status(sim: &Sim, i: usize, r: RequestId) -> Status {
+    sim.completion(i, r).expect("completed").status
+}
+
+#[test]
+fn puts_and_gets_are_byte_exact_at_every_size_and_edge() {
+    // 256-byte receive buffers: a put carries 192 bytes a frame, a get 216.
+    let mut sim = sim3(1);
+    let mem = with_memory(&mut sim);
+    let key = mem[1].map(5000, RemoteAccess::ALL);
+    for (n, (off, len)) in [
+        (0, 0),
+        (0, 1),
+        (7, 1),
+        (0, 192),
+        (100, 193),
+        (0, 4096),
+        (4999, 1),
+        (5000, 0),
+        (0, 5000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data = pattern(len, n as u64);
+        let p = put(&mut sim, 0, 1, &key, off, data.clone());
+        sim.run();
+        assert_eq!(status(&sim, 0, p), Status::Ok, "put of {len} at {off}");
+        let c = sim.completion(0, p).unwrap();
+        assert_eq!((c.kind, c.length), (RequestKind::Put, len as u64));
+        assert_eq!(
+            &mem[1].bytes(&key)[off as usize..off as usize + len],
+            &data[..]
+        );
+        // Read back by peer 2, through its own connection.
+        let (g, buf) = get(&mut sim, 2, 1, &key, off, len);
+        sim.run();
+        assert_eq!(status(&sim, 2, g), Status::Ok, "get of {len} at {off}");
+        assert_eq!(sim.data(2, buf, len as u64), data);
+    }
+    // The bytes around each access were left alone: the last put covered everything.
+    sim.assert_srq_full();
+    assert_eq!(sim.peers[0].engine.pending_requests(), 0);
+}
+
+#[test]
+fn fetch_and_add_from_four_clients_gives_the_exact_total() {
+    let mut sim = Sim::star(small_cfg(), small_cfg(), 4, 2);
+    let mem = with_memory(&mut sim);
+    let key = mem[0].map(64, RemoteAccess::ATOMIC);
+    const N: u64 = 10_000;
+    let mut olds = Vec::new();
+    // Each client keeps a window of operations outstanding, interleaved across clients.
+    let mut reqs: Vec<Vec<RequestId>> = vec![Vec::new(); 5];
+    for round in 0..N {
+        for c in 1..=4 {
+            reqs[c].push(atomic(&mut sim, c, 0, &key, 8, AtomicOp::FetchAdd(1)));
+        }
+        if round % 16 == 15 {
+            sim.run();
+        }
+    }
+    sim.run();
+    for (c, rs) in reqs.iter().enumerate().skip(1) {
+        for &r in rs {
+            let done = sim.completion(c, r).expect("completed");
+            assert_eq!(
+                (done.status, done.kind, done.length),
+                (Status::Ok, RequestKind::Atomic, 8)
+            );
+            olds.push(done.tag);
+        }
+    }
+    assert_eq!(mem[0].word(&key, 8), 4 * N);
+    // Every old value seen once: each add was applied exactly once, atomically.
+    olds.sort_unstable();
+    assert!(olds.iter().copied().eq(0..4 * N));
+}
+
+#[test]
+fn compare_and_swap_as_a_lock_keeps_a_counter_exact() {
+    // Word 0: the lock (0 free, else its holder); word 8: a counter updated by get and put
+    // under the lock.
+    let mut sim = Sim::star(small_cfg(), small_cfg(), 4, 3);
+    let mem = with_memory(&mut sim);
+    let key = mem[0].map(16, RemoteAccess::ALL);
+    const ROUNDS: u32 = 200;
+    #[derive(Clone, Copy)]
+    enum St {
+        Locking(RequestId),
+        Reading(RequestId, UserBufId),
+        Writing(RequestId),
+        Unlocking(RequestId),
+    }
+    let mut done = [0u32; 5];
+    let mut st: Vec<Option<St>> = vec![None; 5];
+    for c in 1..=4 {
+        st[c] = Some(St::Locking(atomic(
+            &mut sim,
+            c,
+            0,
+            &key,
+            0,
+            AtomicOp::CompareSwap {
+                expected: 0,
+                new: c as u64,
+            },
+        )));
+    }
+    let mut steps = 0u64;
+    while done[1..].iter().any(|&d| d < ROUNDS) {
+        steps += 1;
+        assert!(steps < 10_000_000, "the lock never finishes");
+        sim.step();
+        for c in 1..=4 {
+            let Some(s) = st[c] else { continue };
+            let finished = |r: RequestId| sim.completion(c, r);
+            st[c] = match s {
+                St::Locking(r) => match finished(r) {
+                    Some(d) if d.tag == 0 => {
+                        let (g, b) = get(&mut sim, c, 0, &key, 8, 8);
+                        Some(St::Reading(g, b))
+                    }
+                    Some(_) => Some(St::Locking(atomic(
+                        &mut sim,
+                        c,
+                        0,
+                        &key,
+                        0,
+                        AtomicOp::CompareSwap {
+                            expected: 0,
+                            new: c as u64,
+                        },
+                    ))),
+                    None => Some(s),
+                },
+                St::Reading(r, b) => match finished(r) {
+                    Some(_) => {
+                        let v = u64::from_le_bytes(sim.data(c, b, 8).try_into().unwrap());
+                        Some(St::Writing(put(
+                            &mut sim,
+                            c,
+                            0,
+                            &key,
+                            8,
+                            (v + 1).to_le_bytes().to_vec(),
+                        )))
+                    }
+                    None => Some(s),
+                },
+                St::Writing(r) => match finished(r) {
+                    Some(_) => {
+                        // (In order behind the counter's put on the connection: no fence needed.)
+                        Some(St::Unlocking(atomic(
+                            &mut sim,
+                            c,
+                            0,
+                            &key,
+                            0,
+                            AtomicOp::CompareSwap {
+                                expected: c as u64,
+                                new: 0,
+                            },
+                        )))
+                    }
+                    None => Some(s),
+                },
+                St::Unlocking(r) => match finished(r) {
+                    Some(d) => {
+                        assert_eq!(d.tag, c as u64, "client {c} held the lock");
+                        done[c] += 1;
+                        if done[c] < ROUNDS {
+                            Some(St::Locking(atomic(
+                                &mut sim,
+                                c,
+                                0,
+                                &key,
+                                0,
+                                AtomicOp::CompareSwap {
+                                    expected: 0,
+                                    new: c as u64,
+                                },
+                            )))
+                        } else {
+                            None
+                        }
+                    }
+                    None => Some(s),
+                },
+            };
+        }
+    }
+    sim.run();
+    assert_eq!(mem[0].word(&key, 8), 4 * u64::from(ROUNDS));
+    assert_eq!(mem[0].word(&key, 0), 0);
+}
+
+#[test]
+fn the_initiator_refuses_what_the_key_does_not_allow() {
+    let mut sim = sim3(4);
+    let mem = with_memory(&mut sim);
+    let key = mem[1].map(100, RemoteAccess::READ);
+    let buf = sim.alloc(0, vec![1; 8]);
+    let e = &mut sim.peers[0].engine;
+    assert_eq!(
+        e.rma_put(conn(1), &key, 0, buf, 8),
+        Err(Error::Refused(Refusal::NotPermitted {
+            op: RmaOp::Put,
+            granted: RemoteAccess::READ
+        }))
+    );
+    assert!(matches!(
+        e.rma_get(conn(1), &key, 96, buf, 8),
+        Err(Error::Refused(Refusal::OutOfBounds { .. }))
+    ));
+    assert!(matches!(
+        e.rma_atomic(conn(1), &key, 0, AtomicOp::FetchAdd(1), buf),
+        Err(Error::Refused(Refusal::NotPermitted { .. }))
+    ));
+    assert_eq!(
+        e.rma_get(ConnId(77), &key, 0, buf, 8),
+        Err(Error::UnknownConnection(ConnId(77)))
+    );
+    // Nothing was sent.
+    assert!(!e.has_actions());
+    assert_eq!(sim.in_flight(0, 1), 0);
+}
+
+#[test]
+fn the_target_refuses_bad_accesses_and_the_connection_stays_up() {
+    let mut sim = sim3(5);
+    let mem = with_memory(&mut sim);
+    let key = mem[1].map(100, RemoteAccess::READ);
+    let stale = mem[1].map(100, RemoteAccess::ALL);
+    mem[1].unmap(&stale);
+    // Keys that claim more than the region was mapped with: only the target can tell.
+    let longer = PackedKey { len: 1000, ..key };
+    let writable = PackedKey {
+        access: RemoteAccess::ALL,
+        len: 1000,
+        ..key
+    };
+    let forged = PackedKey {
+        key: KeyRef {
+            secret: key.key.secret ^ 1,
+            ..key.key
+        },
+        ..key
+    };
+    let cases = [
+        (
+            0,
+            get(&mut sim, 0, 1, &longer, 96, 8).0,
+            RefusalKind::OutOfBounds,
+        ),
+        // (Of several frames: each refused.)
+        (
+            0,
+            put(&mut sim, 0, 1, &writable, 0, vec![9; 300]),
+            RefusalKind::NotPermitted,
+        ),
+        (
+            0,
+            atomic(&mut sim, 0, 1, &writable, 0, AtomicOp::FetchAdd(1)),
+            RefusalKind::NotPermitted,
+        ),
+        (
+            0,
+            get(&mut sim, 0, 1, &stale, 0, 8).0,
+            RefusalKind::StaleKey,
+        ),
+        (0, get(&mut sim, 0, 1, &forged, 0, 8).0, RefusalKind::BadKey),
+        // Peer 1's key sent to peer 0, whose regions do not include it.
+        (1, get(&mut sim, 1, 0, &key, 0, 8).0, RefusalKind::BadKey),
+    ];
+    sim.run();
+    for (i, r, kind) in cases {
+        assert_eq!(status(&sim, i, r), Status::Refused(kind), "{kind:?}");
+    }
+    // Nothing was written, and both connections still carry messages.
+    assert_eq!(mem[1].bytes(&key), vec![0; 100]);
+    let (rr, _) = sim.recv(1, 5, u64::MAX, 16);
+    sim.send(0, 1, 5, vec![1, 2, 3]);
+    sim.run();
+    assert_eq!(status(&sim, 1, rr), Status::Ok);
+    assert!(sim.peers.iter().all(|p| p.closed.is_empty()));
+}
+
+#[test]
+fn an_engine_without_memory_refuses_every_access() {
+    let mut sim = sim3(6);
+    let key = PackedKey {
+        key: KeyRef {
+            region: 0,
+            generation: 0,
+            secret: 1,
+        },
+        len: 64,
+        access: RemoteAccess::ALL,
+        rdma: None,
+    };
+    let p = put(&mut sim, 0, 1, &key, 0, vec![1; 8]);
+    let a = atomic(&mut sim, 0, 1, &key, 0, AtomicOp::FetchAdd(1));
+    sim.run();
+    assert_eq!(status(&sim, 0, p), Status::Refused(RefusalKind::BadKey));
+    assert_eq!(status(&sim, 0, a), Status::Refused(RefusalKind::BadKey));
+}
+
+#[test]
+fn flush_completes_after_every_earlier_operation() {
+    let mut sim = sim3(7);
+    let mem = with_memory(&mut sim);
+    let key = mem[1].map(4096, RemoteAccess::ALL);
+    let p = put(&mut sim, 0, 1, &key, 0, pattern(4096, 9));
+    let a = atomic(&mut sim, 0, 1, &key, 8, AtomicOp::FetchAdd(5));
+    let f = flush(&mut sim, 0, 1);
+    // Nothing came back yet: the flush waits.
+    assert!(sim.completion(0, f).is_none());
+    sim.run();
+    let order = &sim.peers[0].completion_order;
+    let pos = |r| order.iter().position(|&x| x == r).unwrap();
+    assert!(pos(p) < pos(f) && pos(a) < pos(f), "{order:?}");
+    assert_eq!(sim.completion(0, f).unwrap().kind, RequestKind::Flush);
+    // What the flush covers is at the target.
+    let mut want = pattern(4096, 9);
+    let w = u64::from_le_bytes(want[8..16].try_into().unwrap()) + 5;
+    want[8..16].copy_from_slice(&w.to_le_bytes());
+    assert_eq!(mem[1].bytes(&key), want);
+    // A flush with nothing before it completes at once.
+    let f = flush(&mut sim, 0, 1);
+    assert_eq!(status(&sim, 0, f), Status::Ok);
+}
+
+#[test]
+fn a_fenced_operation_waits_for_the_earlier_ones() {
+    let mut sim = sim3(8);
+    let mem = with_memory(&mut sim);
+    let key = mem[1].map(64, RemoteAccess::ALL);
+    mem[1].set(&key, &[0; 64]);
+    let a = atomic(&mut sim, 0, 1, &key, 0, AtomicOp::FetchAdd(1));
+    sim.peers[0].engine.rma_fence(conn(1)).unwrap();
+    let b = atomic(&mut sim, 0, 1, &key, 0, AtomicOp::FetchAdd(1));
+    // Only the first is on the wire.
+    assert_eq!(sim.in_flight(0, 1), 1);
+    sim.run();
+    assert_eq!(sim.completion(0, a).unwrap().tag, 0);
+    assert_eq!(sim.completion(0, b).unwrap().tag, 1);
+    // Without a fence both go at once.
+    let _ = atomic(&mut sim, 0, 1, &key, 0, AtomicOp::FetchAdd(1));
+    let _ = atomic(&mut sim, 0, 1, &key, 0, AtomicOp::FetchAdd(1));
+    assert_eq!(sim.in_flight(0, 1), 2);
+    sim.run();
+    assert_eq!(mem[1].word(&key, 0), 4);
+}
+
+#[test]
+fn operations_fail_with_their_connection_and_queued_ones_cancel() {
+    let mut sim = sim3(9);
+    let mem = with_memory(&mut sim);
+    let key = mem[1].map(100_000, RemoteAccess::ALL);
+    // A put of many frames, more than the credits let out at once, then a get behind it.
+    let p = put(&mut sim, 0, 1, &key, 0, pattern(100_000, 1));
+    let (g, _) = get(&mut sim, 0, 1, &key, 0, 10);
+    let (g2, _) = get(&mut sim, 0, 1, &key, 0, 10);
+    // The put's first frame went out: too late to cancel it; the gets wait behind it.
+    assert!(!sim.cancel(0, p));
+    assert!(sim.cancel(0, g2));
+    assert_eq!(status(&sim, 0, g2), Status::Cancelled);
+    sim.step();
+    sim.kill(0, 1);
+    assert_eq!(status(&sim, 0, p), Status::ConnectionClosed);
+    assert_eq!(status(&sim, 0, g), Status::ConnectionClosed);
+    assert_eq!(sim.completion(0, g).unwrap().kind, RequestKind::Get);
+    assert_eq!(sim.peers[0].engine.pending_requests(), 0);
+}
+
+#[test]
+fn replies_nobody_asked_for_close_the_connection() {
+    for case in 0..3 {
+        let mut sim = sim3(10 + case);
+        let _mem = with_memory(&mut sim);
+        let mut h = wire::Header::new(wire::Opcode::RmaReply);
+        let mut body = Vec::new();
+        match case {
+            // A reply to a request that does not exist.
+            0 => h.sreq = 12345,
+            // A refusal with bytes.
+            1 => {
+                h.status = wire::WireStatus::BadKey;
+                body = vec![1, 2, 3];
+            }
+            // A refusal status on an ATS.
+            _ => {
+                h = wire::Header::new(wire::Opcode::Ats);
+                h.status = wire::WireStatus::StaleKey;
+            }
+        }
+        h.payload_len = body.len() as u32;
+        let mut frame = wire::FrameBuf::encode(&h, None).as_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        sim.inject(1, 0, frame);
+        sim.run();
+        assert!(
+            matches!(sim.peers[0].closed.as_slice(), [(c, CloseReason::ProtocolError(_))] if *c == conn(1)),
+            "case {case}: {:?}",
+            sim.peers[0].closed
+        );
+        // The other connection is untouched.
+        let (r, _) = sim.recv(0, 1, u64::MAX, 8);
+        sim.send(2, 0, 1, vec![7]);
+        sim.run();
+        assert_eq!(status(&sim, 0, r), Status::Ok);
+    }
+}
+
+#[test]
+fn a_get_larger_than_a_reply_is_a_protocol_error_at_the_target() {
+    let mut sim = sim3(20);
+    let mem = with_memory(&mut sim);
+    let key = mem[1].map(4096, RemoteAccess::READ);
+    let mut h = wire::Header::new(wire::Opcode::Get);
+    h.payload_len = wire::RmaBody::LEN as u32;
+    let frame = wire::FrameBuf::encode_rma(
+        &h,
+        &wire::RmaBody {
+            key: key.key,
+            word: 4000,
+        },
+    );
+    sim.inject(0, 1, frame.as_bytes().to_vec());
+    sim.run();
+    assert!(matches!(
+        sim.peers[1].closed.as_slice(),
+        [(c, CloseReason::ProtocolError(e))] if *c == conn(0) && e.contains("more than")
+    ));
+}
