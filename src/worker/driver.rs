@@ -254,9 +254,6 @@ impl Driver {
             st.arrivals_seen = arrivals;
             out.news = true;
         }
-        // Sleepers register under this lock, and this is its section's last look at what
-        // they wait for: one of the two sees the other (see `super::sleepers`).
-        out.sleepers = (out.news || !out.completed.is_empty()) && self.sleepers.any();
         self.housekeeping_pending.store(
             !st.closing.is_empty()
                 || !st.lingering.is_empty()
@@ -325,12 +322,11 @@ impl Driver {
             self.forget_reaped(&mut out.reaped);
         }
         if out.news || !out.completed.is_empty() {
-            // (Whether anyone sleeps was looked at under the lock: see `Driver::run`.)
-            if out.sleepers {
+            // (After the locked section that recorded them: see `super::sleepers`.)
+            if self.sleepers.any() {
                 self.sleepers.wake(&out.completed, out.news);
             }
             out.news = false;
-            out.sleepers = false;
             out.completed.clear();
         }
     }

@@ -259,9 +259,6 @@ struct AfterUnlock {
     news: bool,
     /// The request slots of requests that completed: wake the threads waiting for them.
     completed: SmallVec<[u32; 8]>,
-    /// Threads slept when the locked section ended (looked at under the lock, after
-    /// `news` and `completed` were recorded): wake those they concern.
-    sleepers: bool,
 }
 
 impl AfterUnlock {

@@ -9,12 +9,13 @@
 //! not lost (the thread's token is set), and a stale wake-up only makes a sleeper look again.
 //!
 //! A sleeper registers under the lock the events it waits for are recorded under (the
-//! worker's state lock), and a waker looks for sleepers under that lock, after recording
-//! them: of the two locked sections, whichever comes second sees the other's work — the
-//! waker the sleeper, or the sleeper (checking its condition after its section) the event.
-//! So neither needs a fence of its own: before, the waker fenced (`mfence`) after every
-//! locked section that completed a request, on the path from a message's arrival to its
-//! waiter.
+//! worker's state lock), and checks its condition after that section; a waker records the
+//! events in a section of that lock and looks for sleepers after it. Of the two sections,
+//! whichever comes second sees the other's work: if the sleeper's came first, the waker's
+//! lock acquired its registration, so the waker's later look finds it; if the waker's came
+//! first, the sleeper's lock acquired the events, so its check finds them. So neither needs
+//! a fence of its own: before, the waker fenced (`mfence`) after every locked section that
+//! completed a request, on the path from a message's arrival to its waiter.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::Thread;
@@ -44,8 +45,8 @@ pub(crate) struct Sleepers {
 }
 
 impl Sleepers {
-    /// Whether any thread is asleep (or about to be). Looked at under the lock the events
-    /// were recorded under (see the module's documentation), after recording them.
+    /// Whether any thread is asleep (or about to be). Looked at after the section of the
+    /// lock the events were recorded in (see the module's documentation).
     pub(crate) fn any(&self) -> bool {
         self.count.load(Ordering::Relaxed) > 0
     }
@@ -109,8 +110,8 @@ mod tests {
     use std::time::Instant;
 
     /// A sleeper for one request is woken by that request only; waker and sleepers follow
-    /// the module's protocol (the events recorded, and the sleepers looked for, under one
-    /// lock).
+    /// the module's protocol (the events recorded under the lock the sleepers register
+    /// under, the sleepers looked for after that section).
     #[test]
     fn a_completion_wakes_only_its_waiter() {
         let sleepers = Arc::new(Sleepers::default());
@@ -134,12 +135,11 @@ mod tests {
             })
         };
         let complete = |slot: u32| {
-            let any = {
+            {
                 let _guard = state.lock().unwrap();
                 flags[slot as usize].store(true, Ordering::Relaxed);
-                sleepers.any()
-            };
-            if any {
+            }
+            if sleepers.any() {
                 sleepers.wake(&[slot], false);
             }
         };
@@ -182,12 +182,11 @@ mod tests {
                     start.elapsed()
                 })
             };
-            let any = {
+            {
                 let _guard = state.lock().unwrap();
                 flag.store(true, Ordering::Relaxed);
-                sleepers.any()
-            };
-            if any {
+            }
+            if sleepers.any() {
                 sleepers.wake(&[0], false);
             }
             // Woken or never asleep: far under the sleep's 60 s.
