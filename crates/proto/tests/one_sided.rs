@@ -593,3 +593,33 @@ fn a_get_larger_than_a_reply_is_a_protocol_error_at_the_target() {
         [(c, CloseReason::ProtocolError(e))] if *c == conn(0) && e.contains("more than")
     ));
 }
+
+#[test]
+fn a_peer_whose_buffers_hold_no_put_bytes_gets_no_put() {
+    let mut e = Engine::new(Config::default());
+    let mut hs = e.local_handshake();
+    // The smallest buffers a peer may announce: a header and a 24-byte body, no more.
+    hs.recv_buf_size = wire::MAX_CTRL_FRAME as u32;
+    e.handle_connection_up(ConnId(1), &hs).unwrap();
+    let key = PackedKey {
+        key: KeyRef {
+            region: 0,
+            generation: 0,
+            secret: 1,
+        },
+        len: 64,
+        access: RemoteAccess::ALL,
+        rdma: None,
+    };
+    let err = e
+        .rma_put(ConnId(1), &key, 0, UserBufId(1), 1)
+        .expect_err("no room");
+    assert!(matches!(err, Error::Unsupported(_)), "{err:?}");
+    assert!(err.to_string().contains("64-byte receive buffers"), "{err}");
+    // An empty put, a get (its replies come into this side's buffers) and atomics still go.
+    assert!(e.rma_put(ConnId(1), &key, 0, UserBufId(1), 0).is_ok());
+    assert!(e.rma_get(ConnId(1), &key, 0, UserBufId(2), 8).is_ok());
+    assert!(e
+        .rma_atomic(ConnId(1), &key, 0, AtomicOp::FetchAdd(1), UserBufId(3))
+        .is_ok());
+}

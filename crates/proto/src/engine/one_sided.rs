@@ -253,16 +253,6 @@ impl Engine {
         buf: UserBufId,
         len: u64,
     ) -> Result<RequestId, Error> {
-        let c = self
-            .conns
-            .get(&conn)
-            .ok_or(Error::UnknownConnection(conn))?;
-        if len > 0 && put_chunk(c) == 0 {
-            return Err(Error::Unsupported(format!(
-                "the peer's {}-byte receive buffers leave no room for a put's bytes",
-                c.peer.recv_buf_size
-            )));
-        }
         self.start_rma(conn, key, RmaOp::Put, Op::Put, offset, buf, len)
     }
 
@@ -276,16 +266,6 @@ impl Engine {
         buf: UserBufId,
         len: u64,
     ) -> Result<RequestId, Error> {
-        let c = self
-            .conns
-            .get(&conn)
-            .ok_or(Error::UnknownConnection(conn))?;
-        if len > 0 && get_chunk(c) == 0 {
-            return Err(Error::Unsupported(format!(
-                "{}-byte receive buffers leave no room for a get's bytes",
-                c.recv_buf_size
-            )));
-        }
         self.start_rma(conn, key, RmaOp::Get, Op::Get, offset, buf, len)
     }
 
@@ -337,6 +317,26 @@ impl Engine {
         buf: UserBufId,
         len: u64,
     ) -> Result<RequestId, Error> {
+        let c = self
+            .conns
+            .get(&conn)
+            .ok_or(Error::UnknownConnection(conn))?;
+        // (Bytes each frame carries: a put's in its own frames, a get's in its replies.)
+        let room = match op {
+            Op::Put => put_chunk(c),
+            Op::Get => get_chunk(c),
+            _ => 1,
+        };
+        if len > 0 && room == 0 {
+            return Err(Error::Unsupported(format!(
+                "{}-byte receive buffers leave no room for a {op:?}'s bytes",
+                if matches!(op, Op::Put) {
+                    c.peer.recv_buf_size
+                } else {
+                    c.recv_buf_size
+                }
+            )));
+        }
         key.allows(check, offset, len).map_err(Error::Refused)?;
         self.queue_rma(conn, key.key, op, offset, buf, len)
     }
