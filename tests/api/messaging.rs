@@ -204,9 +204,12 @@ pub fn event_wait_mode_roundtrips_and_idles() {
         println!(
             "event-mode waiter used {ticks} CPU ticks (100/s) in {idle:?} asleep: {percent:.1} %"
         );
+        // A waiter that polled would use all 200 ticks. A sleeping one, on the emulated
+        // two-node guests, measured 4-16 (14 runs over three builds, b4f40b9 included):
+        // the bound tells sleeping from polling with room for that tail.
         assert!(
-            ticks <= 10,
-            "an event-mode waiter must sleep, used {ticks} ticks"
+            ticks <= 40,
+            "an event-mode waiter must sleep, used {ticks} ticks of 200"
         );
         // Ping-pong in event mode.
         for i in 0..50u64 {
