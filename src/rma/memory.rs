@@ -66,19 +66,32 @@ impl RmaMemory {
         }
     }
 
+    /// The words `len` bytes at `offset` touch (within bounds): for each, its index, where
+    /// the bytes start in it, and the range of the `len` bytes it holds.
+    fn spans(
+        offset: usize,
+        len: usize,
+    ) -> impl Iterator<Item = (usize, usize, std::ops::Range<usize>)> {
+        let mut done = 0;
+        std::iter::from_fn(move || {
+            (done < len).then(|| {
+                let at = offset + done;
+                let n = (8 - at % 8).min(len - done);
+                let span = (at / 8, at % 8, done..done + n);
+                done += n;
+                span
+            })
+        })
+    }
+
     /// Copies `out.len()` bytes at `offset` into `out`. Each word is read once, atomically:
     /// bytes a peer writes meanwhile are either old or new per word, never torn within one.
     pub(crate) fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), OutOfBounds> {
         self.range(offset, out.len())?;
-        let mut at = offset;
-        let mut done = 0;
-        while done < out.len() {
-            let (i, skip) = (at / 8, at % 8);
-            let n = (8 - skip).min(out.len() - done);
+        for (i, skip, part) in Self::spans(offset, out.len()) {
             let w = self.words[i].load(Ordering::Relaxed).to_ne_bytes();
-            out[done..done + n].copy_from_slice(&w[skip..skip + n]);
-            done += n;
-            at += n;
+            let n = part.len();
+            out[part].copy_from_slice(&w[skip..skip + n]);
         }
         Ok(())
     }
@@ -88,12 +101,8 @@ impl RmaMemory {
     /// peer may be writing — are left as they are.
     pub(crate) fn write(&self, offset: usize, data: &[u8]) -> Result<(), OutOfBounds> {
         self.range(offset, data.len())?;
-        let mut at = offset;
-        let mut done = 0;
-        while done < data.len() {
-            let (i, skip) = (at / 8, at % 8);
-            let n = (8 - skip).min(data.len() - done);
-            let part = &data[done..done + n];
+        for (i, skip, part) in Self::spans(offset, data.len()) {
+            let (n, part) = (part.len(), &data[part]);
             if n == 8 {
                 let mut w = [0u8; 8];
                 w.copy_from_slice(part);
@@ -107,8 +116,6 @@ impl RmaMemory {
                     Some(u64::from_ne_bytes(w))
                 });
             }
-            done += n;
-            at += n;
         }
         Ok(())
     }

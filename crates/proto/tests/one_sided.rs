@@ -157,6 +157,20 @@ fn flush(sim: &mut Sim, i: usize, j: usize) -> RequestId {
     r
 }
 
+/// A key of a 64-byte region, with every access, that no peer mapped.
+fn unmapped_key() -> PackedKey {
+    PackedKey {
+        key: KeyRef {
+            region: 0,
+            generation: 0,
+            secret: 1,
+        },
+        len: 64,
+        access: RemoteAccess::ALL,
+        rdma: None,
+    }
+}
+
 fn status(sim: &Sim, i: usize, r: RequestId) -> Status {
     sim.completion(i, r).expect("completed").status
 }
@@ -448,16 +462,7 @@ fn the_target_refuses_bad_accesses_and_the_connection_stays_up() {
 #[test]
 fn an_engine_without_memory_refuses_every_access() {
     let mut sim = sim3(6);
-    let key = PackedKey {
-        key: KeyRef {
-            region: 0,
-            generation: 0,
-            secret: 1,
-        },
-        len: 64,
-        access: RemoteAccess::ALL,
-        rdma: None,
-    };
+    let key = unmapped_key();
     let p = put(&mut sim, 0, 1, &key, 0, vec![1; 8]);
     let a = atomic(&mut sim, 0, 1, &key, 0, AtomicOp::FetchAdd(1));
     sim.run();
@@ -601,16 +606,7 @@ fn a_peer_whose_buffers_hold_no_put_bytes_gets_no_put() {
     // The smallest buffers a peer may announce: a header and a 24-byte body, no more.
     hs.recv_buf_size = wire::MAX_CTRL_FRAME as u32;
     e.handle_connection_up(ConnId(1), &hs).unwrap();
-    let key = PackedKey {
-        key: KeyRef {
-            region: 0,
-            generation: 0,
-            secret: 1,
-        },
-        len: 64,
-        access: RemoteAccess::ALL,
-        rdma: None,
-    };
+    let key = unmapped_key();
     let err = e
         .rma_put(ConnId(1), &key, 0, UserBufId(1), 1)
         .expect_err("no room");

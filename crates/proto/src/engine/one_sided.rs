@@ -253,7 +253,7 @@ impl Engine {
         buf: UserBufId,
         len: u64,
     ) -> Result<RequestId, Error> {
-        self.start_rma(conn, key, RmaOp::Put, Op::Put, offset, buf, len)
+        self.start_rma(conn, key, Op::Put, offset, buf, len)
     }
 
     /// Starts a get of `len` bytes at `offset` of the peer's region `key` names into the
@@ -266,7 +266,7 @@ impl Engine {
         buf: UserBufId,
         len: u64,
     ) -> Result<RequestId, Error> {
-        self.start_rma(conn, key, RmaOp::Get, Op::Get, offset, buf, len)
+        self.start_rma(conn, key, Op::Get, offset, buf, len)
     }
 
     /// Starts the atomic operation `op` on the 8-byte word at `offset` of the peer's region
@@ -281,7 +281,7 @@ impl Engine {
         op: AtomicOp,
         buf: UserBufId,
     ) -> Result<RequestId, Error> {
-        self.start_rma(conn, key, RmaOp::Atomic, Op::Atomic(op), offset, buf, 8)
+        self.start_rma(conn, key, Op::Atomic(op), offset, buf, 8)
     }
 
     /// Starts a flush of `conn`: it completes once every one-sided operation made on it
@@ -306,12 +306,10 @@ impl Engine {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn start_rma(
         &mut self,
         conn: ConnId,
         key: &PackedKey,
-        check: RmaOp,
         op: Op,
         offset: u64,
         buf: UserBufId,
@@ -337,6 +335,11 @@ impl Engine {
                 }
             )));
         }
+        let check = match op {
+            Op::Put => RmaOp::Put,
+            Op::Get => RmaOp::Get,
+            _ => RmaOp::Atomic,
+        };
         key.allows(check, offset, len).map_err(Error::Refused)?;
         self.queue_rma(conn, key.key, op, offset, buf, len)
     }
