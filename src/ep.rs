@@ -34,9 +34,8 @@ pub struct Ep {
     inner: Arc<EpInner>,
 }
 
-#[cfg(test)]
 impl Ep {
-    /// Tests: the worker's connection behind the endpoint.
+    /// The worker's connection behind the endpoint.
     pub(crate) fn conn(&self) -> &Arc<Conn> {
         &self.inner.cs
     }

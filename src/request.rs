@@ -1,4 +1,5 @@
-//! Nonblocking requests: a tag send or receive in flight, completed by progress.
+//! Nonblocking requests: a tag send or receive, or a one-sided operation, in flight,
+//! completed by progress.
 
 use std::time::{Duration, Instant};
 
@@ -75,9 +76,15 @@ impl Describe {
             RequestKind::Atomic => "atomic",
             RequestKind::Flush => "flush",
         };
+        // (A one-sided operation's "tag" is its remote offset.)
+        let what = match self.kind {
+            RequestKind::Send | RequestKind::Recv => format!("{call} (tag {:#x})", self.tag),
+            RequestKind::Flush => call.to_string(),
+            _ => format!("{call} (remote offset {:#x})", self.tag),
+        };
         match conn {
-            Some(c) => format!("{call} (tag {:#x}) on endpoint {}", self.tag, c.0),
-            None => format!("{call} (tag {:#x})", self.tag),
+            Some(c) => format!("{what} on endpoint {}", c.0),
+            None => what,
         }
     }
 }
@@ -89,10 +96,12 @@ pub struct Done {
     /// are the message; the rest of it is untouched. Its length is never changed.
     pub buf: Vec<u8>,
     /// The message's tag (for a receive: the sender's tag, which may differ from the
-    /// requested one where the mask has zeros).
+    /// requested one where the mask has zeros); 0 for a one-sided operation.
     pub tag: Tag,
-    /// The message's length in bytes.
+    /// The message's length in bytes (a put's or get's bytes; 8 for an atomic operation).
     pub length: usize,
+    /// An atomic operation's result: the remote word's old value. 0 for other requests.
+    pub value: u64,
     /// The endpoint the message came from (a receive) or went to (a send), as
     /// [`crate::Ep::id`] names it: map it to the endpoint the receive was from.
     pub conn: Option<ConnId>,
@@ -255,12 +264,21 @@ impl Request {
             }
         };
         match outcome.status {
-            Status::Ok => Ok(Done {
-                buf: outcome.buf,
-                tag: outcome.tag,
-                length: outcome.length as usize,
-                conn: outcome.conn,
-            }),
+            Status::Ok => {
+                // (The engine reports an atomic operation's old value as its tag.)
+                let (tag, value) = if outcome.kind == RequestKind::Atomic {
+                    (0, outcome.tag)
+                } else {
+                    (outcome.tag, 0)
+                };
+                Ok(Done {
+                    buf: outcome.buf,
+                    tag,
+                    length: outcome.length as usize,
+                    value,
+                    conn: outcome.conn,
+                })
+            }
             status => Err(Error::Request {
                 status,
                 what: what.describe(outcome.conn),

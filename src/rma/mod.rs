@@ -6,22 +6,27 @@
 //! bytes an application sends its peers however it likes (a tag message, say); a peer's
 //! [`Ep::unpack_rkey`] turns them into a [`RemoteKey`] bound to that endpoint.
 //!
-//! What [`MemHandle`] documents: why its local access is sound, and what unmapping does.
+//! What [`MemHandle`] documents: why its local access is sound, and what unmapping does;
+//! the operations on a peer's region, and their semantics, are `operations`'s
+//! ([`Ep::put`] and the others).
 
 mod memory;
+mod operations;
 mod table;
 
 use std::fmt;
+use std::sync::{Arc, Weak};
 
 use rdmx_proto::rma::{KeyRef, PackedKey, Refusal};
 use rdmx_proto::ConnId;
 
+use crate::transport::Conn;
 use crate::{Ep, Error, Result, Worker};
 
 pub use rdmx_proto::rma::RemoteAccess;
 
 pub(crate) use memory::RmaMemory;
-pub(crate) use table::RegionTable;
+pub(crate) use table::SharedRegions;
 
 /// A region of memory mapped for remote access ([`Worker::mem_map`]); unmapped when
 /// dropped.
@@ -215,6 +220,9 @@ impl Drop for MemHandle {
 pub struct RemoteKey {
     packed: PackedKey,
     ep: ConnId,
+    /// The endpoint's connection, to tell it from other workers' endpoints of the same id
+    /// (weak: the allocation, and so the address, stays while the key does).
+    conn: Weak<Conn>,
 }
 
 impl fmt::Debug for RemoteKey {
@@ -260,6 +268,7 @@ impl Ep {
         Ok(RemoteKey {
             packed: PackedKey::decode(bytes)?,
             ep: self.id(),
+            conn: Arc::downgrade(self.conn()),
         })
     }
 }

@@ -1,9 +1,11 @@
 //! The worker's regions mapped for remote access: their keys (`rdmx_proto::rma::Regions`)
-//! and their memory, under a lock of their own (off the messaging path's state lock).
+//! and their memory, under a lock of their own (off the messaging path's state lock), and
+//! the engine's way to them ([`SharedRegions`] performs peers' operations over messages).
 
+use parking_lot::{Mutex, MutexGuard};
 use rand::rngs::StdRng;
 use rand::Rng;
-use rdmx_proto::rma::{KeyRef, Refusal, Regions, RemoteAccess, RmaOp};
+use rdmx_proto::rma::{AtomicOp, KeyRef, Refusal, Regions, RemoteAccess, RmaOp};
 use rustc_hash::FxHashMap as HashMap;
 
 use super::RmaMemory;
@@ -51,7 +53,6 @@ impl RegionTable {
     /// The memory of the region `key` names, if `op` on `len` bytes at `offset` of it may
     /// go ahead (a clone: it stays alive while the operation uses it, even if the region is
     /// unmapped meanwhile).
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn access(
         &self,
         key: &KeyRef,
@@ -67,6 +68,69 @@ impl RegionTable {
     /// How many regions are mapped.
     pub(crate) fn len(&self) -> usize {
         self.keys.len()
+    }
+}
+
+/// The worker's [`RegionTable`], shared by its memory handles and its engine, which
+/// performs peers' puts, gets and atomic operations over messages through it (under the
+/// worker's state lock: this lock is taken inside that one, never the other way round).
+pub(crate) struct SharedRegions(Mutex<RegionTable>);
+
+impl SharedRegions {
+    pub(crate) fn new() -> Self {
+        SharedRegions(Mutex::new(RegionTable::new()))
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, RegionTable> {
+        self.0.lock()
+    }
+
+    /// The memory `op` on `len` bytes at `offset` of `key`'s region reaches, and the
+    /// offset in it, once the checks passed (the table's lock is let go before the bytes
+    /// are touched: the clone keeps the memory alive).
+    fn reach(
+        &self,
+        key: &KeyRef,
+        op: RmaOp,
+        offset: u64,
+        len: usize,
+    ) -> std::result::Result<(RmaMemory, usize), Refusal> {
+        let mem = self.lock().access(key, op, offset, len as u64)?;
+        // (Within the region, whose length is a `usize`: the check said so.)
+        Ok((mem, offset as usize))
+    }
+}
+
+/// The refusal of an access the checks let through but the memory does not hold (never
+/// expected: refused rather than performed, should it happen).
+fn outside(offset: u64, len: usize, mem: &RmaMemory) -> Refusal {
+    Refusal::OutOfBounds {
+        offset,
+        len: len as u64,
+        region_len: mem.len() as u64,
+    }
+}
+
+impl rdmx_proto::rma::RmaMemory for SharedRegions {
+    fn put(&self, key: &KeyRef, offset: u64, data: &[u8]) -> std::result::Result<(), Refusal> {
+        let (mem, at) = self.reach(key, RmaOp::Put, offset, data.len())?;
+        mem.write(at, data)
+            .map_err(|_| outside(offset, data.len(), &mem))
+    }
+
+    fn get(&self, key: &KeyRef, offset: u64, out: &mut [u8]) -> std::result::Result<(), Refusal> {
+        let (mem, at) = self.reach(key, RmaOp::Get, offset, out.len())?;
+        let len = out.len();
+        mem.read(at, out).map_err(|_| outside(offset, len, &mem))
+    }
+
+    fn atomic(&self, key: &KeyRef, offset: u64, op: AtomicOp) -> std::result::Result<u64, Refusal> {
+        let (mem, at) = self.reach(key, RmaOp::Atomic, offset, 8)?;
+        match op {
+            AtomicOp::FetchAdd(v) => mem.fetch_add(at, v),
+            AtomicOp::CompareSwap { expected, new } => mem.compare_swap(at, expected, new),
+        }
+        .map_err(|_| outside(offset, 8, &mem))
     }
 }
 

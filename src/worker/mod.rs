@@ -7,6 +7,7 @@
 //! * `executor`: carrying out the protocol engine's actions;
 //! * `events`: what the transports report (completions, frames, connection events);
 //! * `closing`: closing connections and reaping them;
+//! * `one_sided`: starting one-sided operations, flushes and fences;
 //! * `setup`: listening and connecting.
 
 mod closing;
@@ -17,11 +18,13 @@ mod executor;
 mod in_memory_fabric_tests;
 #[cfg(test)]
 mod in_memory_tests;
+mod one_sided;
 mod progress;
 mod requests;
 mod setup;
 mod sleepers;
 
+pub(crate) use one_sided::Start;
 use requests::DoneFlags;
 pub(crate) use requests::RequestKey;
 use requests::RequestTable;
@@ -173,7 +176,7 @@ pub(crate) struct Driver {
     progress_lock: HotLock<Scratch>,
     waiter: Mutex<()>,
     /// The regions mapped for remote access (`crate::rma`).
-    pub(crate) regions: Mutex<crate::rma::RegionTable>,
+    pub(crate) regions: Arc<crate::rma::SharedRegions>,
     registry: Registry,
     waker: Waker,
     /// Threads asleep in waits, woken by what they wait for.
@@ -272,7 +275,10 @@ impl AfterUnlock {
 impl Worker {
     pub(crate) fn new(ctx: &Context) -> Result<Worker> {
         let cfg = ctx.config().clone();
-        let engine = Engine::new(cfg.proto()?);
+        let mut engine = Engine::new(cfg.proto()?);
+        // Peers' one-sided operations over messages reach the worker's mapped regions.
+        let regions = Arc::new(crate::rma::SharedRegions::new());
+        engine.set_rma_memory(regions.clone());
         let ifaces = Ifaces::new();
         let done_flags = Arc::new(DoneFlags::default());
         let registry = Registry::new().map_err(|e| Error::os("epoll_create1", e))?;
@@ -312,7 +318,7 @@ impl Worker {
                 last_now: 0,
             }),
             waiter: Mutex::new(()),
-            regions: Mutex::new(crate::rma::RegionTable::new()),
+            regions,
             registry,
             waker,
             sleepers: Sleepers::default(),

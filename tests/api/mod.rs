@@ -13,6 +13,7 @@ pub use pattern::pattern;
 mod endpoints;
 mod memory_handles;
 mod messaging;
+mod one_sided;
 mod peer_death;
 mod steady_state;
 mod threads;
@@ -20,6 +21,7 @@ mod two_sided;
 pub use endpoints::*;
 pub use memory_handles::*;
 pub use messaging::*;
+pub use one_sided::*;
 pub use peer_death::*;
 pub use steady_state::steady_state_messaging_allocates_nothing;
 pub use threads::*;
@@ -124,6 +126,12 @@ macro_rules! all_api_tests {
             connect_close_churn_leaks_nothing,
             steady_state_messaging_allocates_nothing,
             memory_handles_and_remote_keys,
+            puts_and_gets_are_byte_exact,
+            fetch_and_add_from_four_clients_is_exact,
+            compare_and_swap_as_a_lock_keeps_a_counter_exact,
+            bad_one_sided_accesses_fail_cleanly,
+            flush_makes_puts_visible_and_fence_orders,
+            unmap_during_remote_traffic,
         );
     };
 }

@@ -113,6 +113,19 @@ impl RemoteAccess {
     }
 }
 
+/// The union of two accesses: `RemoteAccess::READ | RemoteAccess::WRITE`.
+impl std::ops::BitOr for RemoteAccess {
+    type Output = RemoteAccess;
+
+    fn bitor(self, other: RemoteAccess) -> RemoteAccess {
+        RemoteAccess {
+            read: self.read || other.read,
+            write: self.write || other.write,
+            atomic: self.atomic || other.atomic,
+        }
+    }
+}
+
 impl fmt::Display for RemoteAccess {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let names: Vec<&str> = [

@@ -157,6 +157,13 @@ fn flush(sim: &mut Sim, i: usize, j: usize) -> RequestId {
     r
 }
 
+fn flush_all(sim: &mut Sim, i: usize) -> RequestId {
+    let buf = sim.alloc(i, Vec::new());
+    let r = sim.peers[i].engine.rma_flush_all(buf);
+    sim.pump(i);
+    r
+}
+
 /// A key of a 64-byte region, with every access, that no peer mapped.
 fn unmapped_key() -> PackedKey {
     PackedKey {
@@ -493,6 +500,47 @@ fn flush_completes_after_every_earlier_operation() {
     // A flush with nothing before it completes at once.
     let f = flush(&mut sim, 0, 1);
     assert_eq!(status(&sim, 0, f), Status::Ok);
+}
+
+#[test]
+fn a_worker_flush_waits_for_every_connection_s_operations() {
+    let mut sim = sim3(17);
+    let mem = with_memory(&mut sim);
+    let k1 = mem[1].map(4096, RemoteAccess::ALL);
+    let k2 = mem[2].map(4096, RemoteAccess::ALL);
+    let p1 = put(&mut sim, 0, 1, &k1, 0, pattern(4096, 1));
+    let p2 = put(&mut sim, 0, 2, &k2, 100, pattern(1000, 2));
+    let a2 = atomic(&mut sim, 0, 2, &k2, 0, AtomicOp::FetchAdd(3));
+    let f = flush_all(&mut sim, 0);
+    // An operation made after the flush is not waited for.
+    let later = atomic(&mut sim, 0, 1, &k1, 8, AtomicOp::FetchAdd(1));
+    assert!(sim.completion(0, f).is_none());
+    assert!(!sim.cancel(0, f), "a worker flush cannot be withdrawn");
+    sim.run();
+    let order = &sim.peers[0].completion_order;
+    let pos = |r| order.iter().position(|&x| x == r).unwrap();
+    assert!(
+        pos(p1) < pos(f) && pos(p2) < pos(f) && pos(a2) < pos(f),
+        "{order:?}"
+    );
+    let done = sim.completion(0, f).unwrap();
+    assert_eq!(
+        (done.kind, done.status, done.conn),
+        (RequestKind::Flush, Status::Ok, None)
+    );
+    assert_eq!(status(&sim, 0, later), Status::Ok);
+    assert_eq!(mem[1].bytes(&k1)[..8], pattern(4096, 1)[..8]);
+    assert_eq!(mem[2].bytes(&k2)[100..1100], pattern(1000, 2)[..]);
+    // With nothing outstanding it completes at once.
+    let f = flush_all(&mut sim, 0);
+    assert_eq!(status(&sim, 0, f), Status::Ok);
+    // An operation whose connection fails counts as completed: the flush is not stuck.
+    let p = put(&mut sim, 0, 1, &k1, 0, pattern(64, 3));
+    let f = flush_all(&mut sim, 0);
+    sim.kill(0, 1);
+    assert_eq!(status(&sim, 0, p), Status::ConnectionClosed);
+    assert_eq!(status(&sim, 0, f), Status::Ok);
+    assert_eq!(sim.peers[0].engine.pending_requests(), 0);
 }
 
 #[test]

@@ -294,6 +294,8 @@ pub struct Engine {
     spare_payloads: Vec<Vec<u8>>,
     /// The regions peers' one-sided operations reach ([`Engine::set_rma_memory`]).
     rma_memory: one_sided::Memory,
+    /// Worker-wide flushes waiting for operations ([`Engine::rma_flush_all`]).
+    worker_flushes: Vec<one_sided::WorkerFlush>,
 }
 
 /// How many handed-back payload allocations the engine keeps for reuse, and the largest it
@@ -321,6 +323,7 @@ impl Engine {
             spare_reads: Vec::new(),
             spare_payloads: Vec::new(),
             rma_memory: one_sided::Memory::default(),
+            worker_flushes: Vec::new(),
         }
     }
 
@@ -494,6 +497,14 @@ impl Engine {
             buf: None,
         };
         report(&mut self.reqs, &mut self.recvs, &mut self.actions, done);
+        if !self.worker_flushes.is_empty()
+            && matches!(
+                kind,
+                RequestKind::Put | RequestKind::Get | RequestKind::Atomic
+            )
+        {
+            self.rma_completed(request);
+        }
     }
 
     /// The requests on `conn` that a failure ends (sends, and receives reading from it), in

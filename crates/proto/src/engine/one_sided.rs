@@ -52,6 +52,20 @@ enum Op {
     Get,
     Atomic(AtomicOp),
     Flush,
+    /// A worker-wide flush ([`Engine::rma_flush_all`]): on no connection's queue, done once
+    /// the operations it waits for ([`WorkerFlush`]) completed.
+    WorkerFlush,
+}
+
+/// The connection a worker-wide flush names: none (the driver never names one so).
+const NO_CONN: ConnId = ConnId(u64::MAX);
+
+/// A worker-wide flush, waiting for the one-sided operations that were outstanding when it
+/// was made.
+#[derive(Debug)]
+pub(super) struct WorkerFlush {
+    id: RequestId,
+    waiting: Vec<RequestId>,
 }
 
 /// A one-sided operation or flush, while it runs (the request's `len` is its bytes, 8 for
@@ -104,7 +118,7 @@ impl RmaState {
             Op::Put => RequestKind::Put,
             Op::Get => RequestKind::Get,
             Op::Atomic(_) => RequestKind::Atomic,
-            Op::Flush => RequestKind::Flush,
+            Op::Flush | Op::WorkerFlush => RequestKind::Flush,
         }
     }
 
@@ -126,6 +140,10 @@ impl RmaState {
         actions: &mut VecDeque<Action>,
         pool: &mut CreditPool,
     ) -> Step {
+        if let Op::WorkerFlush = self.op {
+            // (Never on a connection's queue.)
+            return Step::Wait;
+        }
         if let Op::Flush = self.op {
             if c.rma_pending > 0 {
                 return Step::Wait;
@@ -157,7 +175,7 @@ impl RmaState {
             Op::Atomic(AtomicOp::CompareSwap { expected, new }) => {
                 (Opcode::CompareSwap, 8, expected, new)
             }
-            Op::Flush => unreachable!("handled above"),
+            Op::Flush | Op::WorkerFlush => unreachable!("handled above"),
         };
         let mut h = Header::new(opcode);
         h.tag = self.remote + self.sent;
@@ -293,6 +311,66 @@ impl Engine {
             secret: 0,
         };
         self.queue_rma(conn, key, Op::Flush, 0, buf, 0)
+    }
+
+    /// Starts a flush of every connection: it completes once every one-sided operation made
+    /// on the engine before it completed (each with its own status: one whose connection
+    /// failed counts as completed). `buf` names the request for the driver.
+    pub fn rma_flush_all(&mut self, buf: UserBufId) -> RequestId {
+        let waiting: Vec<RequestId> = self
+            .reqs
+            .ids_made(|s| {
+                matches!(&s.phase, SendPhase::Rma(r)
+                    if matches!(r.op, Op::Put | Op::Get | Op::Atomic(_)))
+            })
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect();
+        let id = self.new_send(SendReq {
+            conn: NO_CONN,
+            tag: 0,
+            buf,
+            len: 0,
+            phase: SendPhase::Rma(Box::new(RmaState {
+                op: Op::WorkerFlush,
+                key: KeyRef {
+                    region: 0,
+                    generation: 0,
+                    secret: 0,
+                },
+                remote: 0,
+                sent: 0,
+                // (Nothing to withdraw: it cannot be cancelled.)
+                started: true,
+                fenced: false,
+                replies: 0,
+                failed: None,
+                value: 0,
+            })),
+        });
+        if waiting.is_empty() {
+            self.complete(id, RequestKind::Flush, Status::Ok, 0, 0, None);
+        } else {
+            self.worker_flushes.push(WorkerFlush { id, waiting });
+        }
+        id
+    }
+
+    /// The one-sided operation `done` completed: the worker-wide flushes waiting for it
+    /// wait no more, and those it was the last of complete.
+    pub(super) fn rma_completed(&mut self, done: RequestId) {
+        let mut finished = Vec::new();
+        self.worker_flushes.retain_mut(|f| {
+            f.waiting.retain(|&w| w != done);
+            let empty = f.waiting.is_empty();
+            if empty {
+                finished.push(f.id);
+            }
+            !empty
+        });
+        for id in finished {
+            self.complete(id, RequestKind::Flush, Status::Ok, 0, 0, None);
+        }
     }
 
     /// A fence on `conn`: the next one-sided operation made on it starts only once every
