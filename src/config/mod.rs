@@ -465,6 +465,8 @@ impl Config {
             credits,
             pooled,
             rndv_chunk: self.rndv_chunk_for(transport),
+            // (The NIC performs one-sided operations on RDMA links.)
+            verbs_rma: transport == Transport::Rdma,
         }
     }
     /// Receive buffers on each worker's SRQ (`RDMX_SRQ_DEPTH`).

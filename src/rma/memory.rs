@@ -59,6 +59,13 @@ impl RmaMemory {
         self.len
     }
 
+    /// The words, for a registration with the NIC (which holds a clone until it is
+    /// deregistered).
+    #[cfg(feature = "rdma")]
+    pub(crate) fn words(&self) -> std::sync::Arc<[AtomicU64]> {
+        self.words.clone()
+    }
+
     fn range(&self, offset: usize, len: usize) -> Result<(), OutOfBounds> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),

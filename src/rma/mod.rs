@@ -111,12 +111,18 @@ impl MemHandle {
 
     /// The key peers reach the region by, packed for sending ([`Ep::unpack_rkey`] unpacks
     /// it). Valid until the region is unmapped; any number of peers may hold it.
+    ///
+    /// Once the worker uses an RDMA device, the key also names the region for the NIC (it is
+    /// registered with it, for exactly the region's access, on first packing): peers on
+    /// RDMA endpoints then reach it with RDMA WRITE, READ and atomics, without this
+    /// worker's progress. Over TCP and shared memory, and for keys packed before the worker
+    /// had a device, this worker's progress performs their operations.
     pub fn pack_rkey(&self) -> Vec<u8> {
         PackedKey {
             key: self.key,
             len: self.mem.len() as u64,
             access: self.access,
-            rdma: None,
+            rdma: self.worker.driver.nic_part(&self.key),
         }
         .encode()
     }

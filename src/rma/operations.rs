@@ -30,13 +30,31 @@
 //!   a put over several is checked by itself: a put refused part way may have been
 //!   performed in part), and **the endpoint stays connected** over TCP and shared memory,
 //!   where the target's progress engine performs the operations. (Over RDMA's reliable
-//!   connections a refused access breaks the queue pair, as the verbs define: the endpoint
-//!   closes and its requests fail with [`crate::Status::ConnectionClosed`].)
+//!   connections a refused access breaks the queue pair, as the verbs define: the request
+//!   is refused as `RemoteAccess`, the endpoint closes and its other requests fail with
+//!   [`crate::Status::ConnectionClosed`].)
 //! - **Failures.** An endpoint that fails or closes completes its operations with
 //!   [`crate::Status::ConnectionClosed`], whatever the target performed of them.
 //!
-//! A put or get larger than a frame is carried as several over messages, each at most
-//! what the receiving side's buffers hold.
+//! ## How they travel
+//!
+//! - **Over RDMA**, on a key whose region the target registered with its NIC (every key
+//!   packed once the target worker uses an RDMA device: [`crate::MemHandle::pack_rkey`]),
+//!   the operations are the verbs' own: RDMA WRITE, RDMA READ, and the atomic fetch-and-add
+//!   and compare-and-swap, performed by the target's NIC without its worker's progress. The
+//!   NIC checks each access against the registration — its rkey, its range, the access it
+//!   was registered with — but not the key's secret (the rkey is the capability, as the
+//!   verbs define). An access it refuses completes as
+//!   [`RefusalKind::RemoteAccess`](rdmx_proto::rma::RefusalKind::RemoteAccess) and breaks
+//!   the queue pair: the endpoint closes. The NIC's atomic operations are atomic with
+//!   respect to each other (`IBV_ATOMIC_HCA`), not with respect to the target's own
+//!   [`crate::MemHandle::fetch_add`] and other local atomic accessors on the same word.
+//!   Zero-byte puts and gets go as messages.
+//! - **Over TCP and shared memory** (and on keys without an RDMA part) they are messages
+//!   the target's progress engine performs on the region, as UCX does over tcp, with the
+//!   same results and ordering; the target's checks include the key's secret, and a
+//!   refusal leaves the endpoint up. A put or get larger than a frame is carried as
+//!   several, each at most what the receiving side's buffers hold.
 
 use rdmx_proto::rma::{AtomicOp, RmaOp};
 use std::sync::Arc;

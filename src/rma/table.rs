@@ -16,6 +16,10 @@ pub(crate) struct RegionTable {
     keys: Regions,
     /// The memory of each mapped region, by slot.
     memory: HashMap<u32, RmaMemory>,
+    /// The regions registered with the worker's NIC, by slot: peers reach them with RDMA
+    /// WRITE, READ and atomics, the NIC checking the access. Deregistered at unmap.
+    #[cfg(feature = "rdma")]
+    nic: HashMap<u32, rdmx_conn::WordRegion>,
     /// Where keys' secrets come from: a CSPRNG seeded by the OS, so one key tells nothing
     /// about another.
     secrets: StdRng,
@@ -26,6 +30,8 @@ impl RegionTable {
         RegionTable {
             keys: Regions::default(),
             memory: HashMap::default(),
+            #[cfg(feature = "rdma")]
+            nic: HashMap::default(),
             secrets: rand::make_rng(),
         }
     }
@@ -46,8 +52,54 @@ impl RegionTable {
         if self.keys.unmap(key).is_err() {
             return false;
         }
+        // Deregistered first: from here on the NIC refuses the key's accesses.
+        #[cfg(feature = "rdma")]
+        self.nic.remove(&key.region);
         self.memory.remove(&key.region);
         true
+    }
+
+    /// Where the NIC on `pd` finds the region `key` names, registering it for its
+    /// `access` on first use; `None` when it has no remote access or no bytes (peers then
+    /// reach it by messages). A registration that fails is logged and leaves the region to
+    /// messages.
+    #[cfg(feature = "rdma")]
+    pub(crate) fn nic_part(
+        &mut self,
+        key: &KeyRef,
+        pd: &rdmx_conn::ProtectionDomain,
+    ) -> Option<rdmx_proto::rma::RdmaPart> {
+        let part = |r: &rdmx_conn::WordRegion| rdmx_proto::rma::RdmaPart {
+            addr: r.addr(),
+            rkey: r.rkey(),
+        };
+        if let Some(r) = self.nic.get(&key.region) {
+            return Some(part(r));
+        }
+        let mem = self.memory.get(&key.region)?;
+        let access = self.keys.access_of(key)?;
+        if mem.len() == 0 || access == RemoteAccess::NONE {
+            return None;
+        }
+        let nic_access = rdmx_conn::WordAccess {
+            read: access.read,
+            write: access.write,
+            atomic: access.atomic,
+        };
+        match pd.register_words(mem.words(), mem.len(), nic_access) {
+            Ok(r) => {
+                let p = part(&r);
+                self.nic.insert(key.region, r);
+                Some(p)
+            }
+            Err(e) => {
+                log::warn!(
+                    "region {} stays reachable by messages only: {e}",
+                    key.region
+                );
+                None
+            }
+        }
     }
 
     /// The memory of the region `key` names, if `op` on `len` bytes at `offset` of it may

@@ -165,6 +165,8 @@ impl MemoryLink {
             key: read_id,
             piece: None,
             ok: landed,
+            refused: false,
+            value: 0,
             posted: true,
         })
     }

@@ -227,6 +227,23 @@ pub(crate) trait TransportLink: Send + Sync {
         mem: &mut UserMem,
     ) -> Result<(), String>;
 
+    /// Starts a one-sided operation the NIC performs (`rdmx_proto::Action::RmaVerbs`) on
+    /// `mem` (the request's buffer, `work.buf`); it is reported as [`LinkEvent::ReadDone`]
+    /// under `work.key`, whatever its outcome, unless this fails. Only a link that said
+    /// `verbs_rma` in its limits (RDMA) is given any.
+    fn start_rma(
+        &self,
+        st: &mut LockedIfaces,
+        work: RmaWork,
+        mem: &mut UserMem,
+    ) -> Result<(), String> {
+        let _ = (st, work, mem);
+        Err(format!(
+            "{} links perform no one-sided operations by verbs",
+            self.transport()
+        ))
+    }
+
     /// Makes the first `len` bytes of the send buffer `buf` (`mem`) readable by this link's
     /// peer alone, and names them for the peer's READ. The exposure ends with
     /// [`LockedIfaces::release`], which concerns the buffer whichever link exposed it.
@@ -339,6 +356,21 @@ pub(crate) struct ReadOp {
     pub(crate) offset: u64,
 }
 
+/// A one-sided operation for the NIC ([`TransportLink::start_rma`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RmaWork {
+    /// The worker's name for it, from the READs' key space ([`READ_KEY_MASK`]).
+    pub(crate) key: u64,
+    /// What to perform.
+    pub(crate) op: rdmx_proto::VerbsOp,
+    /// The remote address (offset already) and key.
+    pub(crate) remote: RemoteBuf,
+    /// Bytes (8 for an atomic operation).
+    pub(crate) len: u64,
+    /// Where in the request's buffer the bytes start.
+    pub(crate) offset: u64,
+}
+
 /// READ keys leave the top two bits free (RDMA's completion cookies carry their kind there).
 pub(crate) const READ_KEY_MASK: u64 = !(3 << 62);
 
@@ -417,12 +449,16 @@ pub(crate) enum LinkEvent {
     /// The READ `key` finished (`ok`: all its data landed), or could not be posted
     /// (`posted` false); `piece` is what it held of the destination (RDMA).
     ReadDone {
-        /// The READ's key ([`ReadOp::key`]).
+        /// The READ's key ([`ReadOp::key`], or a one-sided operation's [`RmaWork::key`]).
         key: u64,
-        /// The piece of the destination it held.
+        /// The piece of the destination (a one-sided WRITE's: source) it held.
         piece: Option<ReadPiece>,
         /// Whether the data arrived.
         ok: bool,
+        /// Failed because the peer's NIC refused the access (a bad rkey or range).
+        refused: bool,
+        /// A one-sided atomic operation's result: the remote word's old value.
+        value: u64,
         /// Whether it had been posted (its completion frees posted work).
         posted: bool,
     },

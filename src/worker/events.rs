@@ -38,8 +38,13 @@ impl Protocol {
                 key,
                 piece,
                 ok,
+                refused,
+                value,
                 posted,
-            } => self.read_done(key, piece, ok, posted, out),
+            } => {
+                let end = WorkEnd { ok, refused, value };
+                self.read_done(key, piece, end, posted, out)
+            }
             LinkEvent::Down {
                 conn,
                 reason,
@@ -87,7 +92,7 @@ impl Protocol {
         &mut self,
         key: u64,
         piece: Option<ReadPiece>,
-        ok: bool,
+        end: WorkEnd,
         posted: bool,
         out: &mut AfterUnlock,
     ) {
@@ -111,7 +116,18 @@ impl Protocol {
             }
             return;
         }
-        self.engine.handle_read_complete(r.request, r.off, ok);
+        if r.rma {
+            let result = match end {
+                WorkEnd {
+                    ok: true, value, ..
+                } => Ok(value),
+                WorkEnd { refused: true, .. } => Err(VerbsFailure::RemoteAccess),
+                _ => Err(VerbsFailure::Broken),
+            };
+            self.engine.handle_rma_verbs_done(r.request, result);
+        } else {
+            self.engine.handle_read_complete(r.request, r.off, end.ok);
+        }
     }
 
     /// A connection is destroyed with READs still posted on it: they will never complete,
@@ -128,7 +144,7 @@ impl Protocol {
             if let Some(mem) = self.requests.mem_mut(buf) {
                 mem.lose_piece();
             }
-            self.read_done(key, None, false, true, out);
+            self.read_done(key, None, WorkEnd::FAILED, true, out);
         }
     }
 
@@ -164,7 +180,7 @@ impl Protocol {
         self.reclaim_lent(cs);
         if reads_lost {
             for key in self.reads_on(cs.id) {
-                self.read_done(key, None, false, true, out);
+                self.read_done(key, None, WorkEnd::FAILED, true, out);
             }
         }
         self.start_closing(cs, reason, out);

@@ -85,6 +85,28 @@ impl Protocol {
                     self.engine.handle_read_complete(request, dst_offset, false);
                 }
             }
+            Action::RmaVerbs {
+                conn,
+                request,
+                op,
+                buf,
+                offset,
+                len,
+                remote,
+            } => {
+                let work = RmaWork {
+                    key: self.next_read,
+                    op,
+                    remote,
+                    len,
+                    offset,
+                };
+                if let Err(e) = self.post_rma(conn, request, buf, work, out) {
+                    log::warn!("cannot start a one-sided {op:?} of {len} bytes on {conn:?}: {e}");
+                    self.engine
+                        .handle_rma_verbs_done(request, Err(VerbsFailure::Broken));
+                }
+            }
             Action::CopyFromRecvBuf { len, dst, .. } => {
                 // Only `Engine::handle_frame` asks for it; the worker delivers frames with
                 // `Engine::handle_frame_delivering` (see `Protocol::deliver`).
@@ -191,6 +213,37 @@ impl Protocol {
                 request,
                 buf: read.buf,
                 off: read.offset,
+                rma: false,
+            },
+        );
+        out.flush(cs);
+        Ok(())
+    }
+
+    /// Starts the one-sided `work` on `conn` for `request`, whose buffer is `buf`.
+    fn post_rma(
+        &mut self,
+        conn: ConnId,
+        request: RequestId,
+        buf: UserBufId,
+        work: RmaWork,
+        out: &mut AfterUnlock,
+    ) -> Result<(), String> {
+        let cs = self.conns.get(&conn).ok_or("the connection is closed")?;
+        let mem = self
+            .requests
+            .mem_mut(buf)
+            .ok_or("the request's buffer is gone")?;
+        cs.link.start_rma(&mut self.ifaces, work, mem)?;
+        self.next_read = (self.next_read + 1) & READ_KEY_MASK;
+        self.reads.insert(
+            work.key,
+            ReadCtx {
+                conn,
+                request,
+                buf,
+                off: work.offset,
+                rma: true,
             },
         );
         out.flush(cs);

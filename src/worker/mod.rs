@@ -41,7 +41,7 @@ use parking_lot::{Mutex, RwLock};
 use rdmx_conn::{AddrInfo, Device, Side};
 use rdmx_proto::{
     Action, CloseReason, ConnId, ConnLimits, ConnStats, Engine, Handshake, ProbeInfo, RemoteBuf,
-    RequestId, RequestKind, Status, Tag, UserBufId,
+    RequestId, RequestKind, Status, Tag, UserBufId, VerbsFailure,
 };
 use smallvec::SmallVec;
 
@@ -55,7 +55,7 @@ use crate::readiness::{Interest, Ready, Registry, Waker};
 use crate::request::{Describe, Outcome, Request};
 use crate::transport::{
     Conn, Deferred, Ifaces, LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, ReadPiece,
-    RecvFrame, Transport, TransportLink, READ_KEY_MASK,
+    RecvFrame, RmaWork, Transport, TransportLink, READ_KEY_MASK,
 };
 use crate::usermem::{SendData, UserMem};
 use driver::Made;
@@ -215,11 +215,33 @@ struct Scratch {
 /// the next progress call that finds no work.
 const REPOST_BATCH: usize = 16;
 
+/// A READ in flight (a rendezvous receive's), or a one-sided operation the NIC performs
+/// (`rma`), under its key.
 struct ReadCtx {
     conn: ConnId,
     request: RequestId,
     buf: UserBufId,
     off: u64,
+    rma: bool,
+}
+
+/// How a READ or one-sided operation ended, as its link reported it.
+#[derive(Clone, Copy)]
+struct WorkEnd {
+    ok: bool,
+    /// The peer's NIC refused the access.
+    refused: bool,
+    /// An atomic operation's old value.
+    value: u64,
+}
+
+impl WorkEnd {
+    /// Failed, nothing more known (the work was lost or could not be posted).
+    const FAILED: WorkEnd = WorkEnd {
+        ok: false,
+        refused: false,
+        value: 0,
+    };
 }
 
 struct Protocol {

@@ -70,3 +70,19 @@ impl Driver {
         });
     }
 }
+
+impl Driver {
+    /// Where the worker's NIC finds the mapped region `key` names, once the worker uses an
+    /// RDMA device (`crate::rma::SharedRegions`'s table registers it on first use).
+    pub(crate) fn nic_part(
+        &self,
+        key: &rdmx_proto::rma::KeyRef,
+    ) -> Option<rdmx_proto::rma::RdmaPart> {
+        #[cfg(feature = "rdma")]
+        if let Some(rdma) = self.ifaces.rdma.get() {
+            return self.regions.lock().nic_part(key, &rdma.pd);
+        }
+        let _ = key;
+        None
+    }
+}

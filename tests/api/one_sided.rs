@@ -201,8 +201,9 @@ pub fn compare_and_swap_as_a_lock_keeps_a_counter_exact() {
 
 /// Accesses a key does not allow fail at once, naming what was wrong; accesses only the
 /// target can refuse — a forged length, access or secret, a stale key — complete with
-/// `Status::Refused`, perform nothing, and leave the endpoint connected; a key is only
-/// used on the endpoint it was unpacked on.
+/// `Status::Refused`, perform nothing, and (over messages) leave the endpoint connected; a
+/// key is only used on the endpoint it was unpacked on. Over RDMA see
+/// [`forged_and_stale_keys_over_rdma`].
 pub fn bad_one_sided_accesses_fail_cleanly() {
     init_log();
     let ctx = builder().build().unwrap();
@@ -243,6 +244,10 @@ pub fn bad_one_sided_accesses_fail_cleanly() {
     }
     drop((se2, ce2));
 
+    if is_rdma() {
+        forged_and_stale_keys_over_rdma(&sw, &cw, ro, rw);
+        return;
+    }
     // Forged keys: the target's checks refuse them, the initiator's cannot.
     let packed = ro.pack_rkey();
     let forge = |at: usize, bytes: &[u8]| {
@@ -302,6 +307,84 @@ pub fn bad_one_sided_accesses_fail_cleanly() {
 
     // Through all of it the endpoint stayed up, and serves the next access.
     assert!(ce.is_connected() && se.is_connected());
+    let d = finish(ce.get(&ro_key, 0, vec![0; 100]).unwrap()).unwrap();
+    assert_eq!(d.buf, pattern(100, 1));
+}
+
+/// [`bad_one_sided_accesses_fail_cleanly`]'s forged and stale keys over RDMA, where the
+/// target's NIC checks the accesses: the rkey, the range and the access it was registered
+/// with — not the key's secret, as the verbs define (the rkey is the capability). A refused
+/// access completes as `RefusalKind::RemoteAccess` and breaks the queue pair, so each runs
+/// on an endpoint of its own; none changes the region.
+fn forged_and_stale_keys_over_rdma(sw: &Worker, cw: &Worker, ro: MemHandle, rw: MemHandle) {
+    use rdmx::proto::rma::RefusalKind;
+    let listener = sw.listen(&format!("{}:0", addr_a())).expect("listen");
+    let addr = listener.local_addr().unwrap().to_string();
+    let fresh = || {
+        thread::scope(|s| {
+            let c = s.spawn(|| cw.connect(&addr).expect("connect"));
+            let server_side = listener.accept().expect("accept");
+            (server_side, c.join().unwrap())
+        })
+    };
+    let refused_and_closed = |ce: &Ep, r: rdmx::Result<Request>| {
+        match finish(r.expect("made")) {
+            Err(Error::Request {
+                status: Status::Refused(RefusalKind::RemoteAccess),
+                ..
+            }) => {}
+            other => panic!("not refused by the target's NIC: {other:?}"),
+        }
+        let deadline = Instant::now() + long();
+        while ce.is_connected() {
+            assert!(Instant::now() < deadline, "the broken endpoint stayed up");
+            cw.progress();
+        }
+        // Its next operation fails at once: the endpoint is closed.
+        let next = finish(ce.rma_flush());
+        assert!(matches!(
+            next,
+            Err(Error::Request {
+                status: Status::ConnectionClosed,
+                ..
+            })
+        ));
+    };
+    let forge = |ce: &Ep, packed: &[u8], at: usize, bytes: &[u8]| {
+        let mut k = packed.to_vec();
+        k[at..at + bytes.len()].copy_from_slice(bytes);
+        ce.unpack_rkey(&k).expect("a forged but well-formed key")
+    };
+    let packed = ro.pack_rkey();
+    assert_eq!(packed.len(), 48, "a key with an RDMA part");
+    let (_s1, ce) = fresh();
+    let longer = forge(&ce, &packed, 24, &4096u64.to_le_bytes());
+    refused_and_closed(&ce, ce.get(&longer, 96, vec![0; 64]));
+    let (_s2, ce) = fresh();
+    let all = forge(&ce, &packed, 3, &[7]);
+    refused_and_closed(&ce, ce.put(&all, 0, vec![0xff; 8]));
+    let (_s3, ce) = fresh();
+    let all = forge(&ce, &packed, 3, &[7]);
+    refused_and_closed(&ce, ce.atomic_add(&all, 0, 1));
+    // The secret is the messages' check; the NIC checks the rkey, which is right.
+    let (_s4, ce) = fresh();
+    let wrong_secret = forge(&ce, &packed, 16, &[0x5a; 8]);
+    let d = finish(ce.get(&wrong_secret, 0, vec![0; 100]).unwrap()).unwrap();
+    assert_eq!(d.buf, pattern(100, 1));
+    assert!(
+        ro.to_vec() == pattern(100, 1),
+        "a refused access changed the region"
+    );
+    // A stale key: refused by the NIC once its region is unmapped (deregistered).
+    let rw_packed = rw.pack_rkey();
+    let (_s5, ce) = fresh();
+    let rw_key = ce.unpack_rkey(&rw_packed).unwrap();
+    finish(ce.put(&rw_key, 0, vec![3; 64]).unwrap()).expect("put while mapped");
+    assert_eq!(rw.unmap(), vec![3; 64]);
+    refused_and_closed(&ce, ce.get(&rw_key, 0, vec![0; 8]));
+    // Other endpoints were not touched by the refusals.
+    let (_s6, ce) = fresh();
+    let ro_key = ce.unpack_rkey(&packed).unwrap();
     let d = finish(ce.get(&ro_key, 0, vec![0; 100]).unwrap()).unwrap();
     assert_eq!(d.buf, pattern(100, 1));
 }
@@ -393,12 +476,21 @@ pub fn unmap_during_remote_traffic() {
     let addr = listener.local_addr().unwrap().to_string();
     // Puts and gets on the first 64 KiB, fetch-and-adds on the word after them.
     let m = server.mem_map((1 << 16) + 8, RemoteAccess::ALL).unwrap();
+    use rdmx::proto::rma::RefusalKind;
     let c = {
-        let ctx = ctx.clone();
+        let (ctx, addr) = (ctx.clone(), addr.clone());
         thread::spawn(move || {
             let w = ctx.worker().expect("worker");
             let ep = w.connect(&addr).expect("connect");
             let key = recv_key_blocking(&w, &ep, 1);
+            // What an operation on the unmapped region ends with: refused as stale by the
+            // target's checks (messages), or by its NIC, which breaks the connection and
+            // fails what followed (RDMA).
+            let gone = |status: Status| match status {
+                Status::Refused(RefusalKind::StaleKey) => !is_rdma(),
+                Status::Refused(RefusalKind::RemoteAccess) | Status::ConnectionClosed => is_rdma(),
+                _ => false,
+            };
             let (mut done, mut stale) = (0u64, 0u64);
             let mut window = VecDeque::new();
             let mut i = 0u64;
@@ -411,10 +503,7 @@ pub fn unmap_during_remote_traffic() {
                             assert_eq!(stale, 0, "an access after a stale one was performed");
                             done += 1;
                         }
-                        Err(Error::Request {
-                            status: Status::Refused(rdmx::proto::rma::RefusalKind::StaleKey),
-                            ..
-                        }) => stale += 1,
+                        Err(Error::Request { status, .. }) if gone(status) => stale += 1,
                         Err(e) => panic!("neither done nor stale: {e}"),
                     }
                 }
@@ -428,16 +517,20 @@ pub fn unmap_during_remote_traffic() {
                 i += 1;
             }
             for r in window {
-                assert!(matches!(
-                    r.wait(),
-                    Err(Error::Request {
-                        status: Status::Refused(_),
-                        ..
-                    })
-                ));
+                match r.wait() {
+                    Err(Error::Request { status, .. }) if gone(status) => {}
+                    other => panic!("after the unmap: {other:?}"),
+                }
             }
-            assert!(ep.is_connected());
-            // The endpoint serves the next region.
+            // Over messages the endpoint serves the next region; over RDMA the NIC's
+            // refusal broke it, and a new one does.
+            let ep = if is_rdma() {
+                assert!(!ep.is_connected());
+                w.connect(&addr).expect("connect again")
+            } else {
+                assert!(ep.is_connected());
+                ep
+            };
             let key = recv_key_blocking(&w, &ep, 2);
             for n in 1..=100 {
                 let d = ep
@@ -468,7 +561,12 @@ pub fn unmap_during_remote_traffic() {
     assert_eq!(server.stats().mapped_regions, 0);
     // A forgotten handle: its region stays mapped (leaked), never freed under a peer.
     let forgotten = server.mem_map(64, RemoteAccess::ATOMIC).unwrap();
-    ep.send(2, &forgotten.pack_rkey()).unwrap();
+    // (Over RDMA the client comes back on a new endpoint: see its side.)
+    let ep2 = is_rdma().then(|| listener.accept().expect("accept again"));
+    ep2.as_ref()
+        .unwrap_or(&ep)
+        .send(2, &forgotten.pack_rkey())
+        .unwrap();
     std::mem::forget(forgotten);
     server
         .recv_vec_timeout(3, TAG_MASK_ALL, long())
@@ -478,7 +576,7 @@ pub fn unmap_during_remote_traffic() {
     assert_eq!(server.stats().mapped_regions, 1);
     // Nothing else is held: no request or buffer left behind by the traffic, and once
     // both ends closed, no connection.
-    drop(ep);
+    drop((ep, ep2));
     let deadline = Instant::now() + long();
     let held = |r: &Resources| {
         (

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use rdmx_sys as sys;
 
 use crate::cm::{CmEvent, CmEventKind, QpConfig, RawId};
-use crate::cq::{new_owner, Owner, WorkKind, UNRECORDED};
+use crate::cq::{new_owner, AtomicOp, Owner, WorkKind, UNRECORDED};
 use crate::device::Device;
 use crate::memory::{RegisteredBuf, RemoteBuf};
 use crate::window::MemoryWindow;
@@ -293,11 +293,22 @@ impl Connection {
             send_flags: flags,
             ..Default::default()
         };
-        if let Some(remote) = remote {
-            wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-                remote_addr: remote.addr,
-                rkey: remote.rkey,
-            };
+        match (remote, work.atomic) {
+            (Some(remote), Some((compare_add, swap))) => {
+                wr.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: remote.addr,
+                    compare_add,
+                    swap,
+                    rkey: remote.rkey,
+                };
+            }
+            (Some(remote), None) => {
+                wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                    remote_addr: remote.addr,
+                    rkey: remote.rkey,
+                };
+            }
+            _ => {}
         }
         let mut bad = ptr::null_mut();
         // SAFETY: the QP is valid; wr and sges live across the call. The local memory is either
@@ -483,6 +494,48 @@ impl Connection {
         self.post_one_sided(WorkKind::Write, source, len, remote, cookie)
     }
 
+    /// Applies the atomic operation `op` to the peer's 8-byte word at `remote_addr` (a
+    /// multiple of 8, in a region registered for remote atomics, [`crate::WordRegion`]),
+    /// writing its old value, native-endian, into the first 8 bytes of `result` (registered
+    /// with [`crate::Access::LOCAL_WRITE`]). The completion ([`WorkKind::Atomic`]) hands
+    /// `result` back.
+    pub fn post_atomic(
+        &self,
+        result: RegisteredBuf,
+        remote_addr: u64,
+        rkey: u32,
+        op: AtomicOp,
+        cookie: u64,
+    ) -> Result<(), (Error, RegisteredBuf)> {
+        if !result.access().local_write || result.len() < 8 || remote_addr % 8 != 0 {
+            let err = Error::invalid(
+                "ibv_post_send",
+                format!(
+                    "an atomic operation needs an 8-byte result buffer with Access::LOCAL_WRITE \
+                     (got {} bytes) and an 8-byte aligned remote word (got {remote_addr:#x})",
+                    result.len()
+                ),
+            );
+            return Err((err, result));
+        }
+        let (opcode, operands) = match op {
+            AtomicOp::FetchAdd(v) => (sys::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD, (v, 0)),
+            AtomicOp::CompareSwap { expected, new } => (
+                sys::ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP,
+                (expected, new),
+            ),
+        };
+        let mut work = SendWork::new("ibv_post_send", WorkKind::Atomic, opcode, Some(result), 8);
+        work.remote = Some(RemoteBuf {
+            addr: remote_addr,
+            len: 8,
+            rkey,
+        });
+        work.atomic = Some(operands);
+        self.post(work, cookie)
+            .map_err(|(e, b)| (e, b.expect("the buffer comes back with the error")))
+    }
+
     /// Posts an RDMA READ or WRITE of `len` bytes between `local` and `remote`.
     fn post_one_sided(
         &self,
@@ -630,6 +683,8 @@ struct SendWork<'a> {
     len: usize,
     inline: Option<&'a [&'a [u8]]>,
     remote: Option<RemoteBuf>,
+    /// An atomic operation's operands: compare-or-add, swap.
+    atomic: Option<(u64, u64)>,
 }
 
 impl SendWork<'_> {
@@ -648,6 +703,7 @@ impl SendWork<'_> {
             len,
             inline: None,
             remote: None,
+            atomic: None,
         }
     }
 }

@@ -47,6 +47,22 @@ pub enum WorkKind {
     Write,
     /// The bind of a memory window ([`crate::Connection::post_bind`]).
     Bind,
+    /// An atomic operation ([`crate::Connection::post_atomic`]).
+    Atomic,
+}
+
+/// An atomic operation on a peer's 8-byte word ([`crate::Connection::post_atomic`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Adds the value (wrapping).
+    FetchAdd(u64),
+    /// Replaces the word with `new` if it holds `expected`.
+    CompareSwap {
+        /// The value the word must hold.
+        expected: u64,
+        /// Its replacement.
+        new: u64,
+    },
 }
 
 /// A work completion status (`ibv_wc_status`).

@@ -57,6 +57,7 @@ mod memory;
 mod poll;
 mod srq;
 mod window;
+mod word_region;
 
 pub use addr::{split_host_port, AddrInfo, Side};
 pub use cm::{
@@ -64,7 +65,7 @@ pub use cm::{
     MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
 pub use connection::{Connection, INLINE_PIECES};
-pub use cq::{Completion, CompletionQueue, WcStatus, WorkKind};
+pub use cq::{AtomicOp, Completion, CompletionQueue, WcStatus, WorkKind};
 pub use device::{Device, DeviceLimits, PortInfo};
 pub use error::{Error, Result};
 pub use memory::{
@@ -74,3 +75,4 @@ pub use memory::{
 pub use poll::{Poller, Waker};
 pub use srq::SharedReceiveQueue;
 pub use window::{live_windows, MemoryWindow};
+pub use word_region::{WordAccess, WordRegion};

@@ -14,8 +14,9 @@
 //! ([`ProtectionDomain::register_vec`]). The region then owns the vector exactly as it owns
 //! allocated memory, and [`RegisteredBuf::into_vec`] deregisters it and gives the vector back.
 //!
-//! The safe API never grants `REMOTE_WRITE`: a peer writing into memory the user can hold a
-//! `&[u8]` to would be a data race. `REMOTE_READ` is granted only when asked for, either to
+//! The safe API never grants `REMOTE_WRITE` to byte buffers: a peer writing into memory the
+//! user can hold a `&[u8]` to would be a data race. (Memory peers may write and apply
+//! atomics to is registered as atomic words instead: [`crate::WordRegion`].) `REMOTE_READ` is granted only when asked for, either to
 //! every QP of the protection domain ([`Access::REMOTE_READ`], the region's own rkey) or,
 //! narrower, to one QP and one byte range at a time through a memory window
 //! ([`Access::WINDOW_READ`] and [`crate::MemoryWindow`]).
@@ -392,39 +393,8 @@ impl Region {
         access: Access,
         what: &str,
     ) -> Result<(*mut sys::ibv_mr, NonNull<u8>)> {
-        if len == 0 {
-            return Err(Error::invalid(
-                "ibv_reg_mr",
-                format!("cannot register {what} that is empty: a region needs at least one byte"),
-            ));
-        }
-        let Some(base) = NonNull::new(base) else {
-            return Err(Error::invalid(
-                "ibv_reg_mr",
-                format!("{what} of {len} bytes has a null buffer"),
-            ));
-        };
-        // SAFETY: the caller promises base points to len bytes that outlive the MR.
-        let mr = unsafe {
-            sys::__ibv_reg_mr(
-                pd.inner.pd,
-                base.as_ptr().cast(),
-                len,
-                access.verbs_flags(),
-                1,
-            )
-        };
-        if mr.is_null() {
-            return Err(Error::last_os(
-                "ibv_reg_mr",
-                format!(
-                    "cannot register {what} of {len} bytes on {} (locked-memory limit? see `ulimit -l`)",
-                    pd.device().name()
-                ),
-            ));
-        }
-        count_registration(len);
-        Ok((mr, base))
+        // SAFETY: passed on from the caller.
+        unsafe { register_raw(pd, base, len, access.verbs_flags(), what) }
     }
 
     /// The region of a registered caller's memory.
@@ -493,8 +463,7 @@ impl Region {
             mem::forget(backing);
             return None;
         }
-        LIVE_REGIONS.fetch_sub(1, Ordering::Relaxed);
-        LIVE_BYTES.fetch_sub(self.len, Ordering::Relaxed);
+        count_deregistration(self.len);
         Some(backing)
     }
 }
@@ -515,6 +484,47 @@ impl Drop for Region {
     }
 }
 
+/// Registers `len` bytes at `base` with the verbs access `flags` (`what`, in errors);
+/// refuses an empty range.
+///
+/// # Safety
+/// `base` must point to `len` initialised bytes that stay allocated, at the same address,
+/// until the returned MR is deregistered; and if `flags` let the NIC write them, nothing
+/// may read or write them but through atomic operations (or after deregistration).
+pub(crate) unsafe fn register_raw(
+    pd: &ProtectionDomain,
+    base: *mut u8,
+    len: usize,
+    flags: u32,
+    what: &str,
+) -> Result<(*mut sys::ibv_mr, NonNull<u8>)> {
+    if len == 0 {
+        return Err(Error::invalid(
+            "ibv_reg_mr",
+            format!("cannot register {what} that is empty: a region needs at least one byte"),
+        ));
+    }
+    let Some(base) = NonNull::new(base) else {
+        return Err(Error::invalid(
+            "ibv_reg_mr",
+            format!("{what} of {len} bytes has a null buffer"),
+        ));
+    };
+    // SAFETY: the caller promises base points to len bytes that outlive the MR.
+    let mr = unsafe { sys::__ibv_reg_mr(pd.inner.pd, base.as_ptr().cast(), len, flags, 1) };
+    if mr.is_null() {
+        return Err(Error::last_os(
+            "ibv_reg_mr",
+            format!(
+                "cannot register {what} of {len} bytes on {} (locked-memory limit? see `ulimit -l`)",
+                pd.device().name()
+            ),
+        ));
+    }
+    count_registration(len);
+    Ok((mr, base))
+}
+
 /// Memory regions registered by this process through rdmx-conn and not yet deregistered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RegistrationCount {
@@ -526,6 +536,12 @@ pub struct RegistrationCount {
 
 static LIVE_REGIONS: AtomicUsize = AtomicUsize::new(0);
 static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// A registration of `bytes` was deregistered.
+pub(crate) fn count_deregistration(bytes: usize) {
+    LIVE_REGIONS.fetch_sub(1, Ordering::Relaxed);
+    LIVE_BYTES.fetch_sub(bytes, Ordering::Relaxed);
+}
 
 /// How many memory regions this process has registered and not deregistered: the figure leak
 /// tests compare before and after (a region whose deregistration failed stays counted, as its

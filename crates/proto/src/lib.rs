@@ -134,7 +134,7 @@ pub mod wire;
 pub use config::{Config, ConfigBuilder, EAGER_THRESHOLD_VAR};
 pub use engine::{
     Action, CloseReason, Completion, ConnLimits, ConnStats, CreditStats, Delivery, Engine,
-    PayloadRef, ProbeInfo, RemoteBuf, RequestKind, Status,
+    PayloadRef, ProbeInfo, RemoteBuf, RequestKind, Status, VerbsFailure, VerbsOp,
 };
 pub use error::{Error, Unit};
 pub use wire::{Handshake, HEADER_LEN, MAX_HANDSHAKE_LEN};

@@ -480,6 +480,11 @@ impl Regions {
         Ok(RegionId(key.region))
     }
 
+    /// The access the region `key` names was mapped with, if it is mapped.
+    pub fn access_of(&self, key: &KeyRef) -> Option<RemoteAccess> {
+        self.find(key).ok().map(|m| m.access)
+    }
+
     fn find(&self, key: &KeyRef) -> Result<&Mapped, Refusal> {
         let slot = self.slots.get(key.region as usize).ok_or(Refusal::BadKey)?;
         if key.generation > slot.generation {
@@ -514,6 +519,10 @@ pub enum RefusalKind {
     Unaligned,
     /// [`Refusal::NotPermitted`].
     NotPermitted,
+    /// Over RDMA: the target's NIC refused the access — a stale key, an access outside the
+    /// region or one it does not grant (the verbs do not tell which). The queue pair is
+    /// broken by it: the connection closes.
+    RemoteAccess,
 }
 
 impl fmt::Display for RefusalKind {
@@ -532,6 +541,10 @@ impl RefusalKind {
             RefusalKind::Unaligned => "the atomic word is not 8-byte aligned",
             RefusalKind::NotPermitted => {
                 "the remote region was not mapped with the access the operation needs"
+            }
+            RefusalKind::RemoteAccess => {
+                "the target's NIC refused the access (a stale key, outside the region, or not \
+                 granted), which broke the connection"
             }
         }
     }
@@ -558,7 +571,8 @@ impl RefusalKind {
             RefusalKind::StaleKey => WireStatus::StaleKey,
             RefusalKind::OutOfBounds => WireStatus::OutOfBounds,
             RefusalKind::Unaligned => WireStatus::Unaligned,
-            RefusalKind::NotPermitted => WireStatus::NotPermitted,
+            // (Never on the wire: only a NIC refuses so; a target's checks never do.)
+            RefusalKind::NotPermitted | RefusalKind::RemoteAccess => WireStatus::NotPermitted,
         }
     }
 

@@ -240,10 +240,12 @@ fn a_connection_reads_rendezvous_in_its_own_chunks() {
     let limits = [
         ConnLimits {
             rndv_chunk: 0,
+            verbs_rma: false,
             ..e[0].default_limits()
         },
         ConnLimits {
             rndv_chunk: 10_000,
+            verbs_rma: false,
             ..e[1].default_limits()
         },
     ];

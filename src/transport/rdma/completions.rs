@@ -95,14 +95,26 @@ impl RdmaLockedIface {
                     )
                 }),
             }),
-            (_, COOKIE_READ) => {
+            (kind, COOKIE_READ) => {
                 if !ok {
-                    log::debug!("RDMA READ failed: {}", wc.status.description());
+                    log::debug!("RDMA {kind:?} failed: {}", wc.status.description());
                 }
+                let (piece, value) = match (kind, wc.buffer) {
+                    // An atomic operation's result buffer goes back to its pool.
+                    (WorkKind::Atomic, Some(result)) => {
+                        let mut word = [0u8; 8];
+                        word.copy_from_slice(&result[..8]);
+                        self.atomic_results.push(result);
+                        (None, u64::from_ne_bytes(word))
+                    }
+                    (_, piece) => (piece, 0),
+                };
                 Some(LinkEvent::ReadDone {
                     key: wc.cookie & !COOKIE_KIND,
-                    piece: wc.buffer,
+                    piece,
                     ok,
+                    refused: wc.status == WcStatus::REMOTE_ACCESS,
+                    value,
                     posted: true,
                 })
             }

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rdmx_conn::{Completion, Device, RegisteredBuf};
+use rdmx_conn::{Access, Completion, Device, ProtectionDomain, RegisteredBuf};
 use rdmx_proto::{ConnId, UserBufId, HEADER_LEN};
 use rustc_hash::FxHashMap as HashMap;
 
@@ -177,6 +177,8 @@ pub(crate) struct RdmaLockedIface {
     pub(super) parked: Vec<Parked>,
     /// Receive buffers whose repost failed, retried at housekeeping.
     spare_recv: Vec<(RegisteredBuf, u64)>,
+    /// 8-byte buffers for one-sided atomic operations' results, registered a page at a time.
+    pub(super) atomic_results: Vec<RegisteredBuf>,
 }
 
 impl RdmaLockedIface {
@@ -192,7 +194,20 @@ impl RdmaLockedIface {
             qp_map: HashMap::default(),
             parked: Vec::new(),
             spare_recv: Vec::new(),
+            atomic_results: Vec::new(),
         }
+    }
+
+    /// A buffer for an atomic operation's result, from the pool (which grows by a page of
+    /// them, one registration, when it runs out).
+    pub(super) fn atomic_result(&mut self, pd: &ProtectionDomain) -> Result<RegisteredBuf, String> {
+        if self.atomic_results.is_empty() {
+            let page = pd
+                .register_chunks(8, 512, Access::LOCAL_WRITE)
+                .map_err(|e| e.to_string())?;
+            self.atomic_results.extend(page);
+        }
+        Ok(self.atomic_results.pop().expect("just filled"))
     }
 
     /// Kills the memory window of `buf`, if it has one: false while its bind is still posted.

@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use rdmx_conn::{Access, CmEventKind, Connection, MemoryWindow, RegisteredBuf, RemoteBuf};
-use rdmx_proto::{ConnId, UserBufId};
+use rdmx_proto::rma::AtomicOp;
+use rdmx_proto::{ConnId, UserBufId, VerbsOp};
 
 use super::{Rdma, COOKIE_BIND, COOKIE_KIND, COOKIE_READ, COOKIE_SEND};
 use crate::transport::{
-    LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, Transport, TransportLink,
+    LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, RmaWork, Transport, TransportLink,
 };
 use crate::usermem::UserMem;
 
@@ -33,6 +34,20 @@ pub(super) enum Outgoing {
         target: RegisteredBuf,
         len: usize,
         remote: RemoteBuf,
+        cookie: u64,
+    },
+    /// A one-sided RDMA WRITE from a piece of a user buffer.
+    Write {
+        source: RegisteredBuf,
+        len: usize,
+        remote: RemoteBuf,
+        cookie: u64,
+    },
+    /// A one-sided atomic operation, its result into a buffer of the worker's pool.
+    Atomic {
+        result: RegisteredBuf,
+        remote: RemoteBuf,
+        op: rdmx_conn::AtomicOp,
         cookie: u64,
     },
     /// Bind a memory window on the connection's QP (before the RTS that announces it).
@@ -150,6 +165,44 @@ impl RdmaLink {
                             target,
                             len,
                             remote,
+                            cookie,
+                        },
+                    )
+                }),
+            Outgoing::Write {
+                source,
+                len,
+                remote,
+                cookie,
+            } => self
+                .conn
+                .post_write(source, len, remote, cookie)
+                .map_err(|(e, source)| {
+                    (
+                        e,
+                        Outgoing::Write {
+                            source,
+                            len,
+                            remote,
+                            cookie,
+                        },
+                    )
+                }),
+            Outgoing::Atomic {
+                result,
+                remote,
+                op,
+                cookie,
+            } => self
+                .conn
+                .post_atomic(result, remote.addr, remote.rkey, op, cookie)
+                .map_err(|(e, result)| {
+                    (
+                        e,
+                        Outgoing::Atomic {
+                            result,
+                            remote,
+                            op,
                             cookie,
                         },
                     )
@@ -349,6 +402,67 @@ impl TransportLink for RdmaLink {
         Ok(())
     }
 
+    /// A READ into `mem` as a rendezvous's ([`RdmaLink::start_read`]), a WRITE from a piece
+    /// of it registered in place (or staged), or an atomic operation whose result goes into
+    /// a buffer of the worker's pool (`mem` is not used). Reported under the READs' cookie
+    /// kind: the completion's kind tells them apart.
+    fn start_rma(
+        &self,
+        st: &mut LockedIfaces,
+        work: RmaWork,
+        mem: &mut UserMem,
+    ) -> Result<(), String> {
+        let cookie = COOKIE_READ | work.key;
+        let remote = RemoteBuf {
+            addr: work.remote.addr,
+            len: u32::try_from(work.len).map_err(|_| "a one-sided work request over 4 GiB")?,
+            rkey: work.remote.rkey,
+        };
+        match work.op {
+            VerbsOp::Read => self.start_read(
+                st,
+                ReadOp {
+                    key: work.key,
+                    remote: work.remote,
+                    len: work.len,
+                    buf: UserBufId(0),
+                    offset: work.offset,
+                },
+                mem,
+            ),
+            VerbsOp::Write => {
+                let st = &mut st.rdma;
+                mem.register(st.mode, &self.rdma.pd, &mut st.rcache, Access::SEND, false)?;
+                let source = mem
+                    .take_range(work.offset, work.len)
+                    .ok_or("the WRITE falls outside the put's buffer")?;
+                self.push(Outgoing::Write {
+                    source,
+                    len: work.len as usize,
+                    remote,
+                    cookie,
+                });
+                Ok(())
+            }
+            VerbsOp::Atomic(op) => {
+                let result = st.rdma.atomic_result(&self.rdma.pd)?;
+                let op = match op {
+                    AtomicOp::FetchAdd(v) => rdmx_conn::AtomicOp::FetchAdd(v),
+                    AtomicOp::CompareSwap { expected, new } => {
+                        rdmx_conn::AtomicOp::CompareSwap { expected, new }
+                    }
+                };
+                self.push(Outgoing::Atomic {
+                    result,
+                    remote,
+                    op,
+                    cookie,
+                });
+                Ok(())
+            }
+        }
+    }
+
     /// Through a memory window bound to this QP where the device has them (see
     /// [`super::Windows::expose`]).
     fn expose(
@@ -387,12 +501,34 @@ impl TransportLink for RdmaLink {
                     reason: "cannot post a keepalive probe".to_string(),
                     reads_lost: false,
                 }),
-                Outgoing::Read { target, cookie, .. } => out.push(LinkEvent::ReadDone {
+                Outgoing::Read {
+                    target: piece,
+                    cookie,
+                    ..
+                }
+                | Outgoing::Write {
+                    source: piece,
+                    cookie,
+                    ..
+                } => out.push(LinkEvent::ReadDone {
                     key: cookie & !COOKIE_KIND,
-                    piece: Some(target),
+                    piece: Some(piece),
                     ok: false,
+                    refused: false,
+                    value: 0,
                     posted: false,
                 }),
+                Outgoing::Atomic { result, cookie, .. } => {
+                    st.rdma.atomic_results.push(result);
+                    out.push(LinkEvent::ReadDone {
+                        key: cookie & !COOKIE_KIND,
+                        piece: None,
+                        ok: false,
+                        refused: false,
+                        value: 0,
+                        posted: false,
+                    });
+                }
                 // The RTS behind it would announce a key that grants nothing.
                 Outgoing::Bind(_) => out.push(LinkEvent::Down {
                     conn,

@@ -331,6 +331,8 @@ impl Shared {
                     key,
                     piece: None,
                     ok,
+                    refused: false,
+                    value: 0,
                     posted: true,
                 });
             }

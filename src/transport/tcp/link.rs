@@ -225,6 +225,8 @@ impl TransportLink for TcpLink {
                     key: read_id,
                     piece: None,
                     ok,
+                    refused: false,
+                    value: 0,
                     posted: true,
                 }),
                 Event::Closed { reason } => out.push(LinkEvent::Down {

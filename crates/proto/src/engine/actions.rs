@@ -14,6 +14,17 @@ pub struct RemoteBuf {
     pub rkey: u32,
 }
 
+/// A one-sided operation the NIC performs ([`Action::RmaVerbs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerbsOp {
+    /// RDMA WRITE.
+    Write,
+    /// RDMA READ.
+    Read,
+    /// An atomic operation on an 8-byte word.
+    Atomic(crate::rma::AtomicOp),
+}
+
 /// Final status of a user request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Status {
@@ -161,6 +172,29 @@ pub enum Action {
         dst: UserBufId,
         /// Offset in the destination.
         dst_offset: u64,
+    },
+    /// Perform a one-sided operation with the NIC's verbs (on a connection whose limits
+    /// said [`ConnLimits::verbs_rma`](super::ConnLimits::verbs_rma)): an RDMA WRITE of the
+    /// first `len` bytes of `buf` to `remote`, a READ of `len` bytes at `remote` into the
+    /// start of `buf`, or an atomic operation on the word at `remote`; then report it with
+    /// [`Engine::handle_rma_verbs_done`](super::Engine::handle_rma_verbs_done) (every one,
+    /// failed ones included).
+    RmaVerbs {
+        /// Connection to perform it on.
+        conn: ConnId,
+        /// The one-sided request.
+        request: RequestId,
+        /// What to perform.
+        op: VerbsOp,
+        /// The request's buffer (a put's source, a get's destination; unused by an atomic
+        /// operation, whose result the report carries).
+        buf: UserBufId,
+        /// Where in `buf` the bytes start.
+        offset: u64,
+        /// Bytes (8 for an atomic operation).
+        len: u64,
+        /// The remote address (already offset) and key.
+        remote: RemoteBuf,
     },
     /// Copy `len` bytes at `src_offset` of SRQ buffer `src` into `dst` at `dst_offset`.
     /// `src` is the buffer of the frame being handled (see [`Engine::handle_frame`](super::Engine::handle_frame)).

@@ -73,6 +73,7 @@ impl Engine {
                 data_q: VecDeque::new(),
                 rma_pending: 0,
                 fence_next: false,
+                verbs_rma: limits.verbs_rma,
             },
         );
         Ok(())

@@ -16,9 +16,12 @@ mod one_sided;
 mod rendezvous;
 mod send;
 
-pub use actions::{Action, CloseReason, Completion, PayloadRef, RemoteBuf, RequestKind, Status};
+pub use actions::{
+    Action, CloseReason, Completion, PayloadRef, RemoteBuf, RequestKind, Status, VerbsOp,
+};
 pub use credits::CreditStats;
 pub use frames::Delivery;
+pub use one_sided::VerbsFailure;
 
 use conn_table::ConnTable;
 use credits::CreditPool;
@@ -61,6 +64,10 @@ pub struct ConnLimits {
     /// engine's `Config::rndv_chunk_size`). A transport whose READ is one system call copying
     /// the bytes (shared memory's CMA) wants larger chunks than a NIC's pipeline does.
     pub rndv_chunk: u64,
+    /// Whether the link performs one-sided operations itself, with the NIC's verbs (RDMA
+    /// WRITE, READ and atomics: [`Action::RmaVerbs`]), on keys that carry an RDMA part;
+    /// otherwise they go as messages the target's engine performs.
+    pub verbs_rma: bool,
 }
 
 /// An unexpected message found by [`Engine::probe`].
@@ -248,6 +255,8 @@ struct Conn {
     rma_pending: u32,
     /// A fence was made: the next one-sided operation waits for every earlier one.
     fence_next: bool,
+    /// Whether one-sided operations go by verbs where their keys allow ([`ConnLimits::verbs_rma`]).
+    verbs_rma: bool,
 }
 
 /// An id for a request that completes as it is made and is never stored, from the engine's
@@ -371,6 +380,7 @@ impl Engine {
             credits: self.cfg.initial_credits,
             pooled: true,
             rndv_chunk: self.cfg.rndv_chunk_size,
+            verbs_rma: false,
         }
     }
 

@@ -29,7 +29,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::rma::{AtomicOp, KeyRef, PackedKey, Refusal, RefusalKind, RmaMemory, RmaOp};
+use crate::rma::{AtomicOp, KeyRef, PackedKey, RdmaPart, Refusal, RefusalKind, RmaMemory, RmaOp};
 use crate::wire::RmaBody;
 
 /// The driver's regions, if it gave the engine any ([`Engine::set_rma_memory`]).
@@ -74,6 +74,9 @@ pub(super) struct WorkerFlush {
 pub(super) struct RmaState {
     op: Op,
     key: KeyRef,
+    /// Where the target's NIC finds the region, if it registered it for RDMA: the
+    /// operation goes by verbs on a connection that performs them ([`Conn::verbs_rma`]).
+    rdma: Option<RdmaPart>,
     /// Offset of the access in the remote region.
     remote: u64,
     /// Bytes whose frames went out.
@@ -165,6 +168,9 @@ impl RmaState {
             self.started = true;
             c.rma_pending += 1;
         }
+        if let (true, Some(rdma)) = (c.verbs_rma, self.rdma) {
+            return self.step_verbs(rdma, conn, id, buf, len, actions);
+        }
         let (opcode, n, word, rreq) = match self.op {
             Op::Put => (Opcode::Put, put_chunk(c).min(len - self.sent), 0, 0),
             Op::Get => {
@@ -208,6 +214,61 @@ impl RmaState {
             Step::More
         }
     }
+}
+
+/// The most bytes one RDMA WRITE or READ of a one-sided operation moves (a work request's
+/// length is 32 bits).
+const VERBS_CHUNK: u64 = 1 << 30;
+
+impl RmaState {
+    /// [`RmaState::step`] of an operation the NIC performs: its next work request.
+    fn step_verbs(
+        &mut self,
+        rdma: RdmaPart,
+        conn: ConnId,
+        id: RequestId,
+        buf: UserBufId,
+        len: u64,
+        actions: &mut VecDeque<Action>,
+    ) -> Step {
+        let (op, n) = match self.op {
+            Op::Put => (VerbsOp::Write, VERBS_CHUNK.min(len - self.sent)),
+            Op::Get => (VerbsOp::Read, VERBS_CHUNK.min(len - self.sent)),
+            Op::Atomic(a) => (VerbsOp::Atomic(a), 8),
+            Op::Flush | Op::WorkerFlush => unreachable!("never by verbs"),
+        };
+        actions.push_back(Action::RmaVerbs {
+            conn,
+            request: id,
+            op,
+            buf,
+            offset: self.sent,
+            len: n,
+            remote: RemoteBuf {
+                addr: rdma.addr.wrapping_add(self.remote + self.sent),
+                rkey: rdma.rkey,
+            },
+        });
+        self.sent += n;
+        self.replies += 1;
+        if self.sent >= len {
+            Step::AllSent
+        } else {
+            Step::More
+        }
+    }
+}
+
+/// Why a one-sided operation the NIC performed failed ([`Engine::handle_rma_verbs_done`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerbsFailure {
+    /// The target's NIC refused the access (`IBV_WC_REM_ACCESS_ERR`): the request completes
+    /// with [`RefusalKind::RemoteAccess`], and the connection, whose queue pair it broke,
+    /// closes.
+    RemoteAccess,
+    /// Any other failure (the connection broke, or the work was flushed): the connection
+    /// fails with its requests.
+    Broken,
 }
 
 /// The most bytes one put frame carries on `c`: what the peer's receive buffers hold.
@@ -310,7 +371,7 @@ impl Engine {
             generation: 0,
             secret: 0,
         };
-        self.queue_rma(conn, key, Op::Flush, 0, buf, 0)
+        self.queue_rma(conn, key, None, Op::Flush, 0, buf, 0)
     }
 
     /// Starts a flush of every connection: it completes once every one-sided operation made
@@ -338,6 +399,7 @@ impl Engine {
                     generation: 0,
                     secret: 0,
                 },
+                rdma: None,
                 remote: 0,
                 sent: 0,
                 // (Nothing to withdraw: it cannot be cancelled.)
@@ -419,13 +481,17 @@ impl Engine {
             _ => RmaOp::Atomic,
         };
         key.allows(check, offset, len).map_err(Error::Refused)?;
-        self.queue_rma(conn, key.key, op, offset, buf, len)
+        // (Zero bytes move nothing: as a message, which orders it like any other.)
+        let rdma = if len > 0 { key.rdma } else { None };
+        self.queue_rma(conn, key.key, rdma, op, offset, buf, len)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn queue_rma(
         &mut self,
         conn: ConnId,
         key: KeyRef,
+        rdma: Option<RdmaPart>,
         op: Op,
         remote: u64,
         buf: UserBufId,
@@ -444,6 +510,7 @@ impl Engine {
             phase: SendPhase::Rma(Box::new(RmaState {
                 op,
                 key,
+                rdma,
                 remote,
                 sent: 0,
                 started: false,
@@ -458,6 +525,53 @@ impl Engine {
         }
         self.flush(conn);
         Ok(id)
+    }
+
+    /// The NIC performed (or failed) a work request of the one-sided operation `request`
+    /// ([`Action::RmaVerbs`]): `Ok` with an atomic operation's old value (anything for the
+    /// others). A report for a request that is gone (its connection failed first) is
+    /// ignored.
+    pub fn handle_rma_verbs_done(&mut self, request: RequestId, result: Result<u64, VerbsFailure>) {
+        let Some(s) = self.reqs.get_mut(request) else {
+            return;
+        };
+        let (conn, len) = (s.conn, s.len);
+        let SendPhase::Rma(r) = &mut s.phase else {
+            return;
+        };
+        if r.replies == 0 {
+            return;
+        }
+        r.replies -= 1;
+        match result {
+            Ok(v) => {
+                if let Op::Atomic(_) = r.op {
+                    r.value = v;
+                }
+            }
+            Err(VerbsFailure::RemoteAccess) => {
+                r.failed.get_or_insert(RefusalKind::RemoteAccess);
+            }
+            Err(VerbsFailure::Broken) => {
+                self.fail_conn(conn, Some(CloseReason::SendFailed));
+                return;
+            }
+        }
+        let refused = r.failed.is_some();
+        if r.started && r.replies == 0 && r.sent == len {
+            let (kind, value) = (r.kind(), r.value);
+            let status = r.failed.map_or(Status::Ok, Status::Refused);
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.rma_pending -= 1;
+            }
+            self.complete(request, kind, status, len, value, Some(conn));
+        }
+        if refused {
+            // The refusal broke the queue pair: everything else on it fails.
+            self.fail_conn(conn, Some(CloseReason::SendFailed));
+        } else {
+            self.flush(conn);
+        }
     }
 
     /// A put, get or atomic operation of the peer's, or the reply to one of this side's,

@@ -316,6 +316,9 @@ impl Sim {
                             dst_offset,
                         });
                 }
+                Action::RmaVerbs { .. } => {
+                    panic!("the simulated fabric's connections perform no verbs")
+                }
                 Action::CopyFromRecvBuf {
                     src,
                     src_offset,

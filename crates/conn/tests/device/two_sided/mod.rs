@@ -11,6 +11,7 @@ use super::*;
 mod connections;
 mod reads;
 mod windows;
+mod word_regions;
 
 /// Runs `body` once per side: a node each when `scripts/softroce-twonode` runs this binary,
 /// a thread each otherwise.
