@@ -40,13 +40,18 @@ pub(crate) use table::SharedRegions;
 /// ([`MemHandle::read`], [`MemHandle::write`]) or applies one atomic operation to a word
 /// ([`MemHandle::fetch_add`], [`MemHandle::compare_swap`], [`MemHandle::load`],
 /// [`MemHandle::store`]). [`MemHandle::unmap`] revokes remote access first and then hands
-/// the bytes back as a `Vec<u8>`, which nobody else can reach any more.
+/// the bytes back as a `Vec<u8>`, which nobody else can reach any more. Over RDMA the NIC
+/// writes the words by DMA: another writer the atomic words allow for. (Its atomic
+/// operations are atomic among themselves, as the verbs promise, not with respect to this
+/// handle's: use one side's atomics on a word, not both at once.)
 ///
 /// ## Unmapping
 ///
 /// Unmapping (or dropping the handle) revokes the key at once: every later access with it
-/// fails as stale. The memory itself is shared by the worker's table of regions and by each
-/// operation executing on it, and is freed only after the last of them lets go, so an
+/// fails as stale (over RDMA the region is deregistered from the NIC first, which refuses
+/// the key from then on). The memory itself is shared by the worker's table of regions, by
+/// each operation executing on it and by the NIC's registration (until it is
+/// deregistered), and is freed only after the last of them lets go, so an
 /// operation in flight never touches freed memory; `mem::forget` of a handle leaves the
 /// region mapped (and leaked) rather than freed under a peer.
 pub struct MemHandle {

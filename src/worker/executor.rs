@@ -199,25 +199,16 @@ impl Protocol {
         read: ReadOp,
         out: &mut AfterUnlock,
     ) -> Result<(), String> {
-        let cs = self.conns.get(&conn).ok_or("the connection is closed")?;
-        let mem = self
-            .requests
-            .mem_mut(read.buf)
-            .ok_or("the receive buffer is gone")?;
-        cs.link.start_read(&mut self.ifaces, read, mem)?;
-        self.next_read = (self.next_read + 1) & READ_KEY_MASK;
-        self.reads.insert(
-            read.key,
-            ReadCtx {
-                conn,
-                request,
-                buf: read.buf,
-                off: read.offset,
-                rma: false,
-            },
-        );
-        out.flush(cs);
-        Ok(())
+        let ctx = ReadCtx {
+            conn,
+            request,
+            buf: read.buf,
+            off: read.offset,
+            rma: false,
+        };
+        self.post_work(read.key, ctx, out, |cs, ifaces, mem| {
+            cs.link.start_read(ifaces, read, mem)
+        })
     }
 
     /// Starts the one-sided `work` on `conn` for `request`, whose buffer is `buf`.
@@ -229,23 +220,39 @@ impl Protocol {
         work: RmaWork,
         out: &mut AfterUnlock,
     ) -> Result<(), String> {
-        let cs = self.conns.get(&conn).ok_or("the connection is closed")?;
+        let ctx = ReadCtx {
+            conn,
+            request,
+            buf,
+            off: work.offset,
+            rma: true,
+        };
+        self.post_work(work.key, ctx, out, |cs, ifaces, mem| {
+            cs.link.start_rma(ifaces, work, mem)
+        })
+    }
+
+    /// Starts the work `start` posts on the connection `ctx` names with the request's
+    /// buffer, and records it under `key` (the next of the READs' keys) until its link
+    /// reports it.
+    fn post_work(
+        &mut self,
+        key: u64,
+        ctx: ReadCtx,
+        out: &mut AfterUnlock,
+        start: impl FnOnce(&Arc<Conn>, &mut LockedIfaces, &mut UserMem) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let cs = self
+            .conns
+            .get(&ctx.conn)
+            .ok_or("the connection is closed")?;
         let mem = self
             .requests
-            .mem_mut(buf)
+            .mem_mut(ctx.buf)
             .ok_or("the request's buffer is gone")?;
-        cs.link.start_rma(&mut self.ifaces, work, mem)?;
+        start(cs, &mut self.ifaces, mem)?;
         self.next_read = (self.next_read + 1) & READ_KEY_MASK;
-        self.reads.insert(
-            work.key,
-            ReadCtx {
-                conn,
-                request,
-                buf,
-                off: work.offset,
-                rma: true,
-            },
-        );
+        self.reads.insert(key, ctx);
         out.flush(cs);
         Ok(())
     }
