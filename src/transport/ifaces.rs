@@ -152,6 +152,15 @@ pub(crate) struct LockedIfaces {
 }
 
 impl LockedIfaces {
+    /// Takes back a bounce buffer a one-sided operation went through (its report's piece:
+    /// see [`TransportLink::start_rma`]).
+    pub(crate) fn give_bounce(&mut self, piece: super::ReadPiece) {
+        #[cfg(feature = "rdma")]
+        self.rdma.give_bounce(piece);
+        #[cfg(not(feature = "rdma"))]
+        match piece {}
+    }
+
     /// The next event of what [`Ifaces::poll`] found (RDMA: work completions), in order,
     /// deferring what must wait for the lock's release; `None` once all were taken.
     /// `recv_buf_size` is the receive buffers' size, for errors.

@@ -228,15 +228,17 @@ pub(crate) trait TransportLink: Send + Sync {
     ) -> Result<(), String>;
 
     /// Starts a one-sided operation the NIC performs (`rdmx_proto::Action::RmaVerbs`) on
-    /// `mem` (the request's buffer, `work.buf`); it is reported as [`LinkEvent::ReadDone`]
-    /// under `work.key`, whatever its outcome, unless this fails. Only a link that said
-    /// `verbs_rma` in its limits (RDMA) is given any.
+    /// `mem` (the request's buffer); it is reported as [`LinkEvent::ReadDone`] under
+    /// `work.key`, whatever its outcome, unless this fails. Only a link that said
+    /// `verbs_rma` in its limits (RDMA) is given any. `Ok(true)`: the bytes go through a
+    /// bounce buffer of the worker's ([`LockedIfaces::give_bounce`] takes it back), which
+    /// the report hands back as its piece: a get's bytes are then to be copied from it.
     fn start_rma(
         &self,
         st: &mut LockedIfaces,
         work: RmaWork,
         mem: &mut UserMem,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let _ = (st, work, mem);
         Err(format!(
             "{} links perform no one-sided operations by verbs",

@@ -106,8 +106,24 @@ impl Protocol {
             cs.link.read_finished(r.buf, self.requests.mem_mut(r.buf));
             out.flush(cs);
         }
-        if let (Some(piece), Some(mem)) = (piece, self.requests.mem_mut(r.buf)) {
-            mem.put_back(r.off, piece);
+        match (piece, r.bounce) {
+            // Through a bounce buffer: a get's bytes are copied out of it, and it goes back.
+            (Some(piece), Some((len, copy))) => {
+                if let (true, true, Some(mem)) = (end.ok, copy, self.requests.mem_mut(r.buf)) {
+                    #[cfg(feature = "rdma")]
+                    if !mem.write_at(r.off, &piece[..len as usize]) {
+                        log::error!("a get's {len} bytes do not fit its buffer");
+                    }
+                    let _ = (mem, len);
+                }
+                self.ifaces.give_bounce(piece);
+            }
+            (Some(piece), None) => {
+                if let Some(mem) = self.requests.mem_mut(r.buf) {
+                    mem.put_back(r.off, piece);
+                }
+            }
+            (None, _) => {}
         }
         if self.orphans.contains(&r.buf) {
             if self.requests.mem(r.buf).map_or(true, |m| !m.in_flight()) {

@@ -205,9 +205,10 @@ impl Protocol {
             buf: read.buf,
             off: read.offset,
             rma: false,
+            bounce: None,
         };
         self.post_work(read.key, ctx, out, |cs, ifaces, mem| {
-            cs.link.start_read(ifaces, read, mem)
+            cs.link.start_read(ifaces, read, mem).map(|()| None)
         })
     }
 
@@ -226,21 +227,25 @@ impl Protocol {
             buf,
             off: work.offset,
             rma: true,
+            bounce: None,
         };
+        let copy = work.op == rdmx_proto::VerbsOp::Read;
         self.post_work(work.key, ctx, out, |cs, ifaces, mem| {
-            cs.link.start_rma(ifaces, work, mem)
+            let bounced = cs.link.start_rma(ifaces, work, mem)?;
+            Ok(bounced.then_some((work.len, copy)))
         })
     }
 
     /// Starts the work `start` posts on the connection `ctx` names with the request's
     /// buffer, and records it under `key` (the next of the READs' keys) until its link
-    /// reports it.
+    /// reports it. `start` says whether it went through a bounce buffer
+    /// ([`ReadCtx::bounce`]).
     fn post_work(
         &mut self,
         key: u64,
-        ctx: ReadCtx,
+        mut ctx: ReadCtx,
         out: &mut AfterUnlock,
-        start: impl FnOnce(&Arc<Conn>, &mut LockedIfaces, &mut UserMem) -> Result<(), String>,
+        start: impl FnOnce(&Arc<Conn>, &mut LockedIfaces, &mut UserMem) -> Bounced,
     ) -> Result<(), String> {
         let cs = self
             .conns
@@ -250,7 +255,7 @@ impl Protocol {
             .requests
             .mem_mut(ctx.buf)
             .ok_or("the request's buffer is gone")?;
-        start(cs, &mut self.ifaces, mem)?;
+        ctx.bounce = start(cs, &mut self.ifaces, mem)?;
         self.next_read = (self.next_read + 1) & READ_KEY_MASK;
         self.reads.insert(key, ctx);
         out.flush(cs);
@@ -485,6 +490,10 @@ fn out_of_range(d: &rdmx_proto::Delivery) {
         d.dst
     );
 }
+
+/// What starting a READ or one-sided operation gave: `Some((len, copy))` when it went
+/// through a bounce buffer (see [`ReadCtx::bounce`]).
+type Bounced = Result<Option<(u64, bool)>, String>;
 
 #[cfg(test)]
 mod tests {

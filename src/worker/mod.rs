@@ -223,6 +223,9 @@ struct ReadCtx {
     buf: UserBufId,
     off: u64,
     rma: bool,
+    /// A one-sided operation through a bounce buffer: its bytes, and whether they are to be
+    /// copied from the buffer into the request's (a get's).
+    bounce: Option<(u64, bool)>,
 }
 
 /// How a READ or one-sided operation ended, as its link reported it.

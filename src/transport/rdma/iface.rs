@@ -179,6 +179,8 @@ pub(crate) struct RdmaLockedIface {
     spare_recv: Vec<(RegisteredBuf, u64)>,
     /// 8-byte buffers for one-sided atomic operations' results, registered a page at a time.
     pub(super) atomic_results: Vec<RegisteredBuf>,
+    /// [`super::BOUNCE_LEN`]-byte buffers small one-sided WRITEs and READs go through.
+    bounce: Vec<RegisteredBuf>,
 }
 
 impl RdmaLockedIface {
@@ -195,7 +197,25 @@ impl RdmaLockedIface {
             parked: Vec::new(),
             spare_recv: Vec::new(),
             atomic_results: Vec::new(),
+            bounce: Vec::new(),
         }
+    }
+
+    /// A bounce buffer for a small one-sided WRITE or READ, from the pool (which grows by
+    /// 64 of them, one registration, when it runs out).
+    pub(super) fn bounce(&mut self, pd: &ProtectionDomain) -> Result<RegisteredBuf, String> {
+        if self.bounce.is_empty() {
+            let run = pd
+                .register_chunks(super::BOUNCE_LEN, 64, Access::LOCAL_WRITE)
+                .map_err(|e| e.to_string())?;
+            self.bounce.extend(run);
+        }
+        Ok(self.bounce.pop().expect("just filled"))
+    }
+
+    /// Takes a bounce buffer back.
+    pub(crate) fn give_bounce(&mut self, buf: RegisteredBuf) {
+        self.bounce.push(buf);
     }
 
     /// A buffer for an atomic operation's result, from the pool (which grows by a page of

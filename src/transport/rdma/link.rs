@@ -411,25 +411,55 @@ impl TransportLink for RdmaLink {
         st: &mut LockedIfaces,
         work: RmaWork,
         mem: &mut UserMem,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let cookie = COOKIE_READ | work.key;
         let remote = RemoteBuf {
             addr: work.remote.addr,
             len: u32::try_from(work.len).map_err(|_| "a one-sided work request over 4 GiB")?,
             rkey: work.remote.rkey,
         };
+        // Small ones go through a registered bounce buffer: a copy of a few KiB costs less
+        // than staging the user's buffer (or registering it).
+        if work.len <= super::BOUNCE_LEN as u64 && !matches!(work.op, VerbsOp::Atomic(_)) {
+            let mut piece = st.rdma.bounce(&self.rdma.pd)?;
+            let len = work.len as usize;
+            if work.op == VerbsOp::Write {
+                let at = work.offset as usize;
+                let src = mem
+                    .head(at + len)
+                    .and_then(|b| b.get(at..))
+                    .ok_or("the WRITE falls outside the put's buffer")?;
+                piece[..len].copy_from_slice(src);
+                self.push(Outgoing::Write {
+                    source: piece,
+                    len,
+                    remote,
+                    cookie,
+                });
+            } else {
+                self.push(Outgoing::Read {
+                    target: piece,
+                    len,
+                    remote,
+                    cookie,
+                });
+            }
+            return Ok(true);
+        }
         match work.op {
-            VerbsOp::Read => self.start_read(
-                st,
-                ReadOp {
-                    key: work.key,
-                    remote: work.remote,
-                    len: work.len,
-                    buf: UserBufId(0),
-                    offset: work.offset,
-                },
-                mem,
-            ),
+            VerbsOp::Read => self
+                .start_read(
+                    st,
+                    ReadOp {
+                        key: work.key,
+                        remote: work.remote,
+                        len: work.len,
+                        buf: UserBufId(0),
+                        offset: work.offset,
+                    },
+                    mem,
+                )
+                .map(|()| false),
             VerbsOp::Write => {
                 let st = &mut st.rdma;
                 mem.register(st.mode, &self.rdma.pd, &mut st.rcache, Access::SEND, false)?;
@@ -442,7 +472,7 @@ impl TransportLink for RdmaLink {
                     remote,
                     cookie,
                 });
-                Ok(())
+                Ok(false)
             }
             VerbsOp::Atomic(op) => {
                 let result = st.rdma.atomic_result(&self.rdma.pd)?;
@@ -458,7 +488,7 @@ impl TransportLink for RdmaLink {
                     op,
                     cookie,
                 });
-                Ok(())
+                Ok(false)
             }
         }
     }

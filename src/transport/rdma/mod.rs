@@ -40,6 +40,9 @@ use crate::transport::Transport;
 
 /// Cookie tags: the top two bits of a work request's cookie say what it was (a READ's key
 /// leaves them free: [`super::READ_KEY_MASK`]).
+/// The largest one-sided WRITE or READ that goes through a bounce buffer (see
+/// [`link::RdmaLink`]'s `start_rma`).
+const BOUNCE_LEN: usize = 4096;
 const COOKIE_SEND: u64 = 1 << 62;
 const COOKIE_READ: u64 = 2 << 62;
 const COOKIE_BIND: u64 = 3 << 62;
