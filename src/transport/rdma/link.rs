@@ -402,10 +402,12 @@ impl TransportLink for RdmaLink {
         Ok(())
     }
 
-    /// A READ into `mem` as a rendezvous's ([`RdmaLink::start_read`]), a WRITE from a piece
-    /// of it registered in place (or staged), or an atomic operation whose result goes into
-    /// a buffer of the worker's pool (`mem` is not used). Reported under the READs' cookie
-    /// kind: the completion's kind tells them apart.
+    /// Up to [`super::BOUNCE_LEN`] bytes, a WRITE or READ through a bounce buffer of the
+    /// worker's pool (a put's bytes copied into it now); above, a READ into `mem` as a
+    /// rendezvous's ([`RdmaLink::start_read`]) or a WRITE from a piece of it registered in
+    /// place (or staged); an atomic operation's result goes into an 8-byte buffer of another
+    /// pool (`mem` is not used). Reported under the READs' cookie kind: the completion's
+    /// kind tells them apart.
     fn start_rma(
         &self,
         st: &mut LockedIfaces,
