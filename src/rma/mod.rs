@@ -127,7 +127,7 @@ impl MemHandle {
             key: self.key,
             len: self.mem.len() as u64,
             access: self.access,
-            rdma: self.worker.driver.nic_part(&self.key),
+            rdma: self.worker.driver.nic_part(&self.key, self.access),
         }
         .encode()
     }

@@ -73,15 +73,9 @@ impl Ep {
     /// [`crate::RemoteAccess::WRITE`].
     pub fn put(&self, key: &RemoteKey, offset: u64, buf: Vec<u8>) -> Result<Request> {
         let len = buf.len() as u64;
-        self.start(
-            key,
-            RmaOp::Put,
-            RequestKind::Put,
-            offset,
-            len,
-            buf,
-            &mut |e, b| e.rma_put(self.id(), &key.packed, offset, b, len),
-        )
+        self.start(key, RmaOp::Put, offset, len, buf, &mut |e, b| {
+            e.rma_put(self.id(), &key.packed, offset, b, len)
+        })
     }
 
     /// Reads `buf.len()` bytes at `offset` of the remote region `key` names into `buf`
@@ -89,15 +83,9 @@ impl Ep {
     /// the key's [`crate::RemoteAccess::READ`].
     pub fn get(&self, key: &RemoteKey, offset: u64, buf: Vec<u8>) -> Result<Request> {
         let len = buf.len() as u64;
-        self.start(
-            key,
-            RmaOp::Get,
-            RequestKind::Get,
-            offset,
-            len,
-            buf,
-            &mut |e, b| e.rma_get(self.id(), &key.packed, offset, b, len),
-        )
+        self.start(key, RmaOp::Get, offset, len, buf, &mut |e, b| {
+            e.rma_get(self.id(), &key.packed, offset, b, len)
+        })
     }
 
     /// Adds `value` (wrapping) to the 8-byte word at `offset` (a multiple of 8) of the
@@ -129,15 +117,9 @@ impl Ep {
     }
 
     fn atomic(&self, key: &RemoteKey, offset: u64, op: AtomicOp) -> Result<Request> {
-        self.start(
-            key,
-            RmaOp::Atomic,
-            RequestKind::Atomic,
-            offset,
-            8,
-            Vec::new(),
-            &mut |e, b| e.rma_atomic(self.id(), &key.packed, offset, op, b),
-        )
+        self.start(key, RmaOp::Atomic, offset, 8, Vec::new(), &mut |e, b| {
+            e.rma_atomic(self.id(), &key.packed, offset, op, b)
+        })
     }
 
     /// A request that completes once every one-sided operation made on this endpoint
@@ -145,13 +127,9 @@ impl Ep {
     /// at once with [`crate::Status::ConnectionClosed`].
     pub fn rma_flush(&self) -> Request {
         let w = self.worker();
-        let what = Describe {
-            kind: RequestKind::Flush,
-            tag: 0,
-        };
         let id = self.id();
         w.driver
-            .one_sided(w, Some(self.conn()), what, Vec::new(), &mut |e, b| {
+            .one_sided(w, Some(self.conn()), FLUSH, Vec::new(), &mut |e, b| {
                 e.rma_flush(id, b)
             })
             // (A flush is never refused: only its connection can be gone, a completion.)
@@ -165,12 +143,10 @@ impl Ep {
     }
 
     /// Checks `key` allows `op` on `len` bytes at `offset` here, then makes the request.
-    #[allow(clippy::too_many_arguments)]
     fn start(
         &self,
         key: &RemoteKey,
         op: RmaOp,
-        kind: RequestKind,
         offset: u64,
         len: u64,
         buf: Vec<u8>,
@@ -185,10 +161,21 @@ impl Ep {
         }
         key.packed.allows(op, offset, len).map_err(Error::Rma)?;
         let w = self.worker();
+        let kind = match op {
+            RmaOp::Put => RequestKind::Put,
+            RmaOp::Get => RequestKind::Get,
+            RmaOp::Atomic => RequestKind::Atomic,
+        };
         let what = Describe { kind, tag: offset };
         w.driver.one_sided(w, Some(self.conn()), what, buf, start)
     }
 }
+
+/// What a flush request is, for its errors.
+const FLUSH: Describe = Describe {
+    kind: RequestKind::Flush,
+    tag: 0,
+};
 
 /// A flush failed to start: it cannot (it is refused nothing), so this only logs.
 fn unreachable_flush(e: Error) -> Request {
@@ -208,12 +195,8 @@ impl Worker {
     /// endpoint) before it completed, each with its own status (UCP's
     /// `ucp_worker_flush_nbx`).
     pub fn rma_flush(&self) -> Request {
-        let what = Describe {
-            kind: RequestKind::Flush,
-            tag: 0,
-        };
         self.driver
-            .one_sided(self, None, what, Vec::new(), &mut |e, b| {
+            .one_sided(self, None, FLUSH, Vec::new(), &mut |e, b| {
                 Ok(e.rma_flush_all(b))
             })
             .unwrap_or_else(unreachable_flush)

@@ -59,14 +59,15 @@ impl RegionTable {
         true
     }
 
-    /// Where the NIC on `pd` finds the region `key` names, registering it for its
-    /// `access` on first use; `None` when it has no remote access or no bytes (peers then
+    /// Where the NIC on `pd` finds the region `key` names, mapped with `access`, registering
+    /// it for that access on first use; `None` when it has no remote access or no bytes (peers then
     /// reach it by messages). A registration that fails is logged and leaves the region to
     /// messages.
     #[cfg(feature = "rdma")]
     pub(crate) fn nic_part(
         &mut self,
         key: &KeyRef,
+        access: RemoteAccess,
         pd: &rdmx_conn::ProtectionDomain,
     ) -> Option<rdmx_proto::rma::RdmaPart> {
         let part = |r: &rdmx_conn::WordRegion| rdmx_proto::rma::RdmaPart {
@@ -77,7 +78,6 @@ impl RegionTable {
             return Some(part(r));
         }
         let mem = self.memory.get(&key.region)?;
-        let access = self.keys.access_of(key)?;
         if mem.len() == 0 || access == RemoteAccess::NONE {
             return None;
         }

@@ -69,20 +69,20 @@ impl Driver {
             let _ = st.engine.rma_fence(cs.id);
         });
     }
-}
 
-impl Driver {
-    /// Where the worker's NIC finds the mapped region `key` names, once the worker uses an
-    /// RDMA device (`crate::rma::SharedRegions`'s table registers it on first use).
+    /// Where the worker's NIC finds the mapped region `key` names (mapped with `access`),
+    /// once the worker uses an RDMA device (`crate::rma::SharedRegions`'s table registers
+    /// it on first use).
     pub(crate) fn nic_part(
         &self,
         key: &rdmx_proto::rma::KeyRef,
+        access: rdmx_proto::rma::RemoteAccess,
     ) -> Option<rdmx_proto::rma::RdmaPart> {
         #[cfg(feature = "rdma")]
         if let Some(rdma) = self.ifaces.rdma.get() {
-            return self.regions.lock().nic_part(key, &rdma.pd);
+            return self.regions.lock().nic_part(key, access, &rdma.pd);
         }
-        let _ = key;
+        let _ = (key, access);
         None
     }
 }

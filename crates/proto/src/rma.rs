@@ -480,11 +480,6 @@ impl Regions {
         Ok(RegionId(key.region))
     }
 
-    /// The access the region `key` names was mapped with, if it is mapped.
-    pub fn access_of(&self, key: &KeyRef) -> Option<RemoteAccess> {
-        self.find(key).ok().map(|m| m.access)
-    }
-
     fn find(&self, key: &KeyRef) -> Result<&Mapped, Refusal> {
         let slot = self.slots.get(key.region as usize).ok_or(Refusal::BadKey)?;
         if key.generation > slot.generation {

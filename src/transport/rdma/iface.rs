@@ -204,13 +204,7 @@ impl RdmaLockedIface {
     /// A bounce buffer for a small one-sided WRITE or READ, from the pool (which grows by
     /// 64 of them, one registration, when it runs out).
     pub(super) fn bounce(&mut self, pd: &ProtectionDomain) -> Result<RegisteredBuf, String> {
-        if self.bounce.is_empty() {
-            let run = pd
-                .register_chunks(super::BOUNCE_LEN, 64, Access::LOCAL_WRITE)
-                .map_err(|e| e.to_string())?;
-            self.bounce.extend(run);
-        }
-        Ok(self.bounce.pop().expect("just filled"))
+        take_pooled(&mut self.bounce, pd, super::BOUNCE_LEN, 64)
     }
 
     /// Takes a bounce buffer back.
@@ -221,13 +215,7 @@ impl RdmaLockedIface {
     /// A buffer for an atomic operation's result, from the pool (which grows by a page of
     /// them, one registration, when it runs out).
     pub(super) fn atomic_result(&mut self, pd: &ProtectionDomain) -> Result<RegisteredBuf, String> {
-        if self.atomic_results.is_empty() {
-            let page = pd
-                .register_chunks(8, 512, Access::LOCAL_WRITE)
-                .map_err(|e| e.to_string())?;
-            self.atomic_results.extend(page);
-        }
-        Ok(self.atomic_results.pop().expect("just filled"))
+        take_pooled(&mut self.atomic_results, pd, 8, 512)
     }
 
     /// Kills the memory window of `buf`, if it has one: false while its bind is still posted.
@@ -265,4 +253,22 @@ impl RdmaLockedIface {
     pub(crate) fn waiting(&self) -> bool {
         !self.parked.is_empty()
     }
+}
+
+/// A buffer of `pool`, which, when empty, first gets `count` more of `len` bytes each, of
+/// one registration with local write access on `pd`.
+fn take_pooled(
+    pool: &mut Vec<RegisteredBuf>,
+    pd: &ProtectionDomain,
+    len: usize,
+    count: usize,
+) -> Result<RegisteredBuf, String> {
+    if pool.is_empty() {
+        let run = pd
+            .register_chunks(len, count, Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        pool.extend(run);
+    }
+    pool.pop()
+        .ok_or_else(|| "an empty pool of registered buffers".to_string())
 }

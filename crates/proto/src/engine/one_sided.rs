@@ -60,6 +60,13 @@ enum Op {
 /// The connection a worker-wide flush names: none (the driver never names one so).
 const NO_CONN: ConnId = ConnId(u64::MAX);
 
+/// The key a flush names: none (it reaches no region).
+const NO_KEY: KeyRef = KeyRef {
+    region: 0,
+    generation: 0,
+    secret: 0,
+};
+
 /// A worker-wide flush, waiting for the one-sided operations that were outstanding when it
 /// was made.
 #[derive(Debug)]
@@ -116,6 +123,31 @@ pub(super) struct Reply {
 }
 
 impl RmaState {
+    /// `op` on `key`'s region (`rdma`: where its NIC finds it) at `remote`, not started.
+    fn new(op: Op, key: KeyRef, rdma: Option<RdmaPart>, remote: u64, fenced: bool) -> Self {
+        RmaState {
+            op,
+            key,
+            rdma,
+            remote,
+            sent: 0,
+            started: false,
+            fenced,
+            replies: 0,
+            failed: None,
+            value: 0,
+        }
+    }
+
+    /// What it completes with once every byte of its `len` went out and every reply or
+    /// report came back: its kind, its status and an atomic operation's old value.
+    fn outcome(&self, len: u64) -> Option<(RequestKind, Status, u64)> {
+        (self.started && self.replies == 0 && self.sent == len).then(|| {
+            let status = self.failed.map_or(Status::Ok, Status::Refused);
+            (self.kind(), status, self.value)
+        })
+    }
+
     pub(super) fn kind(&self) -> RequestKind {
         match self.op {
             Op::Put => RequestKind::Put,
@@ -366,12 +398,7 @@ impl Engine {
     /// Starts a flush of `conn`: it completes once every one-sided operation made on it
     /// before completed. `buf` names the request for the driver.
     pub fn rma_flush(&mut self, conn: ConnId, buf: UserBufId) -> Result<RequestId, Error> {
-        let key = KeyRef {
-            region: 0,
-            generation: 0,
-            secret: 0,
-        };
-        self.queue_rma(conn, key, None, Op::Flush, 0, buf, 0)
+        self.queue_rma(conn, NO_KEY, None, Op::Flush, 0, buf, 0)
     }
 
     /// Starts a flush of every connection: it completes once every one-sided operation made
@@ -393,21 +420,9 @@ impl Engine {
             buf,
             len: 0,
             phase: SendPhase::Rma(Box::new(RmaState {
-                op: Op::WorkerFlush,
-                key: KeyRef {
-                    region: 0,
-                    generation: 0,
-                    secret: 0,
-                },
-                rdma: None,
-                remote: 0,
-                sent: 0,
                 // (Nothing to withdraw: it cannot be cancelled.)
                 started: true,
-                fenced: false,
-                replies: 0,
-                failed: None,
-                value: 0,
+                ..RmaState::new(Op::WorkerFlush, NO_KEY, None, 0, false)
             })),
         });
         if waiting.is_empty() {
@@ -507,18 +522,7 @@ impl Engine {
             tag: 0,
             buf,
             len,
-            phase: SendPhase::Rma(Box::new(RmaState {
-                op,
-                key,
-                rdma,
-                remote,
-                sent: 0,
-                started: false,
-                fenced,
-                replies: 0,
-                failed: None,
-                value: 0,
-            })),
+            phase: SendPhase::Rma(Box::new(RmaState::new(op, key, rdma, remote, fenced))),
         });
         if let Some(c) = self.conns.get_mut(&conn) {
             c.data_q.push_back(id);
@@ -558,13 +562,8 @@ impl Engine {
             }
         }
         let refused = r.failed.is_some();
-        if r.started && r.replies == 0 && r.sent == len {
-            let (kind, value) = (r.kind(), r.value);
-            let status = r.failed.map_or(Status::Ok, Status::Refused);
-            if let Some(c) = self.conns.get_mut(&conn) {
-                c.rma_pending -= 1;
-            }
-            self.complete(request, kind, status, len, value, Some(conn));
+        if let Some(done) = r.outcome(len) {
+            self.finish_rma(conn, request, len, done);
         }
         if refused {
             // The refusal broke the queue pair: everything else on it fails.
@@ -727,10 +726,7 @@ impl Engine {
                 }
             }
         }
-        let done = (r.started && r.replies == 0 && r.sent == len).then(|| {
-            let status = r.failed.map_or(Status::Ok, Status::Refused);
-            (r.kind(), status, r.value)
-        });
+        let done = r.outcome(len);
         if let Some(off) = copy {
             let data = self.payload_copy(data);
             self.actions.push_back(Action::CopyToUser {
@@ -739,12 +735,24 @@ impl Engine {
                 data,
             });
         }
-        if let Some((kind, status, value)) = done {
-            if let Some(c) = self.conns.get_mut(&conn) {
-                c.rma_pending -= 1;
-            }
-            self.complete(id, kind, status, len, value, Some(conn));
+        if let Some(done) = done {
+            self.finish_rma(conn, id, len, done);
         }
         Ok(())
+    }
+
+    /// The one-sided operation `request` of `len` bytes on `conn` is over, with `done`
+    /// ([`RmaState::outcome`]): no longer pending on its connection, it completes.
+    fn finish_rma(
+        &mut self,
+        conn: ConnId,
+        request: RequestId,
+        len: u64,
+        (kind, status, value): (RequestKind, Status, u64),
+    ) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.rma_pending -= 1;
+        }
+        self.complete(request, kind, status, len, value, Some(conn));
     }
 }
