@@ -11,8 +11,10 @@ use rdmx::{Context, Ep, Listener, Transport, Worker, TAG_MASK_ALL};
 
 /// A hang guard for the tests (not a timing: nothing is asserted against it but progress).
 pub const LONG: Duration = Duration::from_secs(60);
+/// A mebibyte.
 pub const MIB: usize = 1 << 20;
 
+/// Logs to the test's output (`RUST_LOG`).
 pub fn init_log() {
     let _ = env_logger::builder().is_test(true).try_init();
 }
