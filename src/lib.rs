@@ -214,6 +214,17 @@
 //! wrapping buffer — closes that endpoint only, and [`Ep::close_reason`] says what was
 //! wrong. Errors are [`Error`]; logging goes through `log`.
 //!
+//! ## Bounds: what a peer can make a worker spend
+//!
+//! A worker is reachable by every process that can open a socket to it. Every resource a
+//! peer can make it spend — memory, queue entries, file descriptors, time inside accept or
+//! connect — has a bound that does not depend on what the peer declares, and reaching it
+//! costs only that peer: its endpoint fails, or it waits on credit; never another peer or
+//! the process. The accept path never blocks on one connection.
+//!
+//! | what | default | set by | at the bound |
+//! | --- | --- | --- | --- |
+//!
 //! These promises are tests: a peer process SIGKILLed during an eager stream and during a
 //! rendezvous READ in either direction (every pending request fails within 5 s; memory
 //! regions, file descriptors, buffers and connections return to where they were), 64
