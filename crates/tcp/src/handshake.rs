@@ -1,123 +1,13 @@
-//! Listening, connecting and the HELLO / ACCEPT / REJECT exchange.
+//! Connecting, answering, and the HELLO / ACCEPT / REJECT messages.
 
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use crate::link::Link;
 use crate::wire::{self, HANDSHAKE_PREFIX, HEADER_LEN};
 use crate::{Error, Result, MAX_PRIVATE_DATA};
-
-/// Longest sleep of [`Listener::get_request`]'s accept loop.
-const ACCEPT_BACKOFF_MAX: Duration = Duration::from_millis(5);
-/// First sleep of [`Listener::get_request`]'s accept loop.
-const ACCEPT_BACKOFF_MIN: Duration = Duration::from_micros(100);
-/// Bound on writing ACCEPT / REJECT (a few hundred bytes into an empty send buffer: this
-/// only guards against a pathological peer).
-const ANSWER_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A listening TCP socket (nonblocking) on which peers [`connect`].
-pub struct Listener {
-    inner: TcpListener,
-    local: Option<SocketAddr>,
-}
-
-impl fmt::Debug for Listener {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Listener")
-            .field("local_addr", &self.local)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Listener {
-    /// Binds `addr` (`"host:port"`; port 0 picks a free port, see [`Listener::local_addr`])
-    /// and listens, with std's default socket options.
-    pub fn bind(addr: &str) -> Result<Listener> {
-        let inner =
-            TcpListener::bind(addr).map_err(|e| Error::io(format!("bind {addr}"), None, e))?;
-        inner
-            .set_nonblocking(true)
-            .map_err(|e| Error::io(format!("set {addr} nonblocking"), None, e))?;
-        let local = inner.local_addr().ok();
-        Ok(Listener { inner, local })
-    }
-
-    /// The address the listener is bound to.
-    pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.local
-    }
-
-    /// The listening socket's descriptor: it polls readable when a connection waits to be
-    /// taken by [`Listener::get_request`].
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.inner.as_fd()
-    }
-
-    /// Takes the next waiting connection and reads its HELLO.
-    ///
-    /// Waits up to `timeout` (`None`: forever; `Some(Duration::ZERO)`: only looks) for a
-    /// connection, then reads the connector's HELLO within the same deadline. Returns
-    /// `Ok(None)` when no connection arrived in time, and the [`ConnectionRequest`] to
-    /// [`accept`](ConnectionRequest::accept) or [`reject`](ConnectionRequest::reject)
-    /// otherwise.
-    ///
-    /// The wait is a nonblocking `accept` retried after sleeps growing from 100 µs to at most
-    /// 5 ms. That costs up to 5 ms of latency per connection and a few hundred wake-ups per
-    /// second while waiting, which is acceptable only because accepting is not a hot path;
-    /// a worker with an event loop polls [`Listener::fd`] instead and calls this with
-    /// `Some(Duration::ZERO)` when it is readable.
-    ///
-    /// # Errors
-    ///
-    /// An error accepting (other than a connection aborted before it was taken), or an
-    /// error concerning the one connector taken: its HELLO did not arrive before the
-    /// deadline ([`Error::is_timeout`]), it closed the connection, or it sent something
-    /// other than a valid HELLO. Such a connection is dropped; the error carries its address
-    /// and the listener stays usable. With `timeout = None` a connector that never sends its
-    /// HELLO blocks this call forever.
-    pub fn get_request(&self, timeout: Option<Duration>) -> Result<Option<ConnectionRequest>> {
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        let mut backoff = ACCEPT_BACKOFF_MIN;
-        let (stream, peer) = loop {
-            match self.inner.accept() {
-                Ok(accepted) => break accepted,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let nap = match deadline {
-                        Some(d) => {
-                            let left = d.saturating_duration_since(Instant::now());
-                            if left.is_zero() {
-                                return Ok(None);
-                            }
-                            left.min(backoff)
-                        }
-                        None => backoff,
-                    };
-                    std::thread::sleep(nap);
-                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
-                }
-                Err(e) => return Err(Error::io("accept", self.local, e)),
-            }
-        };
-        let peer = Some(peer);
-        let setup = |e| Error::io("configure accepted socket", peer, e);
-        stream.set_nonblocking(false).map_err(setup)?;
-        stream.set_nodelay(true).map_err(setup)?;
-        let (kind, data) = read_handshake(&stream, peer, "read HELLO", deadline)?;
-        if kind != wire::KIND_HELLO {
-            return Err(Error::protocol(
-                "read HELLO",
-                peer,
-                format!("expected HELLO, got {}", wire::kind_name(kind)),
-            ));
-        }
-        Ok(Some(ConnectionRequest { stream, peer, data }))
-    }
-}
 
 /// A connection whose HELLO arrived, waiting to be accepted or rejected. Dropping it closes
 /// the connection without an answer.
@@ -137,6 +27,10 @@ impl fmt::Debug for ConnectionRequest {
 }
 
 impl ConnectionRequest {
+    pub(crate) fn new(stream: TcpStream, peer: Option<SocketAddr>, data: Vec<u8>) -> Self {
+        ConnectionRequest { stream, peer, data }
+    }
+
     /// The connector's address.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.peer
@@ -152,8 +46,8 @@ impl ConnectionRequest {
     ///
     /// # Errors
     ///
-    /// `private_data` too long (the connection is then dropped unanswered), or writing the
-    /// answer or configuring the socket failed.
+    /// `private_data` too long (the connection is then dropped unanswered), writing the
+    /// answer failed (see [`ConnectionRequest::reject`]), or configuring the socket did.
     pub fn accept(self, private_data: &[u8]) -> Result<Link> {
         self.answer(wire::KIND_ACCEPT, private_data)?;
         let peer = self.peer;
@@ -167,7 +61,10 @@ impl ConnectionRequest {
     /// # Errors
     ///
     /// `private_data` too long (the connection is then dropped unanswered), or writing the
-    /// answer failed.
+    /// answer failed. The answer is written without waiting: it is the first thing sent
+    /// on the connection and a few hundred bytes, so an empty socket send buffer always
+    /// takes it whole; anything else (the peer reset the connection) fails, and the
+    /// connection is dropped.
     pub fn reject(self, private_data: &[u8]) -> Result<()> {
         self.answer(wire::KIND_REJECT, private_data)?;
         // The connector sends nothing after its HELLO, which was read exactly, so closing
@@ -179,9 +76,23 @@ impl ConnectionRequest {
     fn answer(&self, kind: u8, private_data: &[u8]) -> Result<()> {
         let what = format!("send {}", wire::kind_name(kind));
         check_private_data(&what, self.peer, private_data)?;
-        let deadline = Instant::now().checked_add(ANSWER_WRITE_TIMEOUT);
-        write_all_by(&self.stream, &wire::handshake(kind, private_data), deadline)
-            .map_err(|e| Error::io(what, self.peer, e))
+        // The stream is nonblocking (see the listener): one write, never a wait on the peer.
+        let msg = wire::handshake(kind, private_data);
+        loop {
+            return match (&self.stream).write(&msg) {
+                Ok(n) if n == msg.len() => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(Error::io(what, self.peer, e)),
+                Ok(n) => Err(Error::io(
+                    what,
+                    self.peer,
+                    io::Error::other(format!(
+                        "the socket's send buffer took {n} of the answer's {} bytes",
+                        msg.len()
+                    )),
+                )),
+            };
+        }
     }
 }
 
@@ -283,7 +194,20 @@ fn read_handshake(
 ) -> Result<(u8, Vec<u8>)> {
     let mut hdr = [0u8; HEADER_LEN];
     read_exact_by(stream, &mut hdr, deadline).map_err(|e| hs_io_error(what, peer, e))?;
-    let (kind, len) = wire::parse_header(&hdr).map_err(|m| Error::protocol(what, peer, m))?;
+    let (kind, len) = check_header(what, peer, &hdr)?;
+    let mut body = vec![0u8; len];
+    read_exact_by(stream, &mut body, deadline).map_err(|e| hs_io_error(what, peer, e))?;
+    Ok((kind, check_body(what, peer, body)?))
+}
+
+/// Checks the envelope header of a handshake message: its kind (HELLO, ACCEPT or REJECT)
+/// and body length (`HANDSHAKE_PREFIX..=HANDSHAKE_PREFIX + MAX_PRIVATE_DATA`).
+pub(crate) fn check_header(
+    what: &str,
+    peer: Option<SocketAddr>,
+    hdr: &[u8; HEADER_LEN],
+) -> Result<(u8, usize)> {
+    let (kind, len) = wire::parse_header(hdr).map_err(|m| Error::protocol(what, peer, m))?;
     if !matches!(
         kind,
         wire::KIND_HELLO | wire::KIND_ACCEPT | wire::KIND_REJECT
@@ -308,8 +232,19 @@ fn read_handshake(
             ),
         ));
     }
-    let mut body = vec![0u8; len];
-    read_exact_by(stream, &mut body, deadline).map_err(|e| hs_io_error(what, peer, e))?;
+    Ok((kind, len))
+}
+
+/// Checks the magic and version of a handshake message's body (of a length
+/// [`check_header`] allowed) and returns its private data.
+pub(crate) fn check_body(
+    what: &str,
+    peer: Option<SocketAddr>,
+    mut body: Vec<u8>,
+) -> Result<Vec<u8>> {
+    if body.len() < HANDSHAKE_PREFIX {
+        return Err(Error::protocol(what, peer, "a truncated handshake body"));
+    }
     if body[..4] != wire::MAGIC {
         return Err(Error::protocol(
             what,
@@ -329,7 +264,7 @@ fn read_handshake(
         ));
     }
     body.drain(..HANDSHAKE_PREFIX);
-    Ok((kind, body))
+    Ok(body)
 }
 
 fn hs_io_error(what: &str, peer: Option<SocketAddr>, e: io::Error) -> Error {

@@ -14,7 +14,11 @@
 //!
 //! * [`Listener`] → [`Listener::get_request`] → [`ConnectionRequest::accept`] /
 //!   [`ConnectionRequest::reject`], and [`connect`]: connections with a handshake carrying
-//!   up to [`MAX_PRIVATE_DATA`] bytes of private data each way (like rdmacm's).
+//!   up to [`MAX_PRIVATE_DATA`] bytes of private data each way (like rdmacm's). No
+//!   connector can hold a listener up: the connections it takes wait for their HELLO in a
+//!   bounded table ([`Listener::set_max_pending`], the oldest closed for room), each with a
+//!   deadline ([`Listener::set_handshake_timeout`]), read only when they have input; one
+//!   that fails its handshake is closed and logged, never returned as an error.
 //! * [`Link`]: the output side queues frames ([`Link::queue_frame`]), read requests
 //!   ([`Link::queue_read_request`]) and read answers ([`Link::queue_read_data`]), and
 //!   [`Link::flush`] writes them without blocking; the input side
@@ -59,7 +63,7 @@
 //! [`Link::expect_read`]), READ_DATA whose data length differs from the expected one (or is
 //! not 0 on failure), an unknown READ_DATA status, and EOF or a reset. During the handshake,
 //! a bad magic or version, a wrong kind or a body outside `6..=262` bytes fails
-//! [`connect`] or [`Listener::get_request`].
+//! [`connect`], and makes [`Listener::get_request`] close that connection (and go on).
 //!
 //! ## Example
 //!
@@ -92,13 +96,15 @@
 mod error;
 mod handshake;
 mod link;
+mod listener;
 mod output;
 mod parser;
 mod wire;
 
 pub use error::Error;
-pub use handshake::{connect, ConnectionRequest, Listener};
+pub use handshake::{connect, ConnectionRequest};
 pub use link::{Event, Link};
+pub use listener::Listener;
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -207,49 +207,7 @@ fn get_request_without_connector_returns_none() {
         .is_none());
 }
 
-#[test]
-fn get_request_times_out_on_missing_hello_and_stays_usable() {
-    let (listener, addr) = listener();
-    let silent = TcpStream::connect(&addr).unwrap();
-    let err = listener
-        .get_request(Some(Duration::from_millis(200)))
-        .unwrap_err();
-    assert!(err.is_timeout(), "{err}");
-    assert_eq!(err.peer_addr(), silent.local_addr().ok());
-
-    let client = std::thread::spawn(move || connect(&addr, b"next", TIMEOUT));
-    let request = listener
-        .get_request(Some(TIMEOUT))
-        .unwrap()
-        .expect("a request");
-    assert_eq!(request.private_data(), b"next");
-    request.accept(b"").unwrap();
-    client.join().unwrap().unwrap();
-}
-
-#[test]
-fn get_request_rejects_bad_hello() {
-    let (listener, addr) = listener();
-    let mut raw = TcpStream::connect(&addr).unwrap();
-    let mut bad = envelope(1, 6);
-    bad.extend_from_slice(b"XXXX\x01\x00");
-    raw.write_all(&bad).unwrap();
-    let err = listener.get_request(Some(TIMEOUT)).unwrap_err();
-    assert!(!err.is_timeout() && !err.is_refused(), "{err}");
-    assert!(err.to_string().contains("magic"), "{err}");
-
-    let mut raw = TcpStream::connect(&addr).unwrap();
-    let mut bad = envelope(1, 6);
-    bad.extend_from_slice(b"RXTC\x02\x00");
-    raw.write_all(&bad).unwrap();
-    let err = listener.get_request(Some(TIMEOUT)).unwrap_err();
-    assert!(err.to_string().contains("version"), "{err}");
-
-    let mut raw = TcpStream::connect(&addr).unwrap();
-    raw.write_all(&envelope(4, 3)).unwrap();
-    let err = listener.get_request(Some(TIMEOUT)).unwrap_err();
-    assert!(err.to_string().contains("handshake"), "{err}");
-}
+// (What a listener does with silent, slow and malformed connectors: tests/listener.rs.)
 
 // ---- 2. frames
 
