@@ -150,6 +150,10 @@ impl ContextBuilder {
         /// How often idle connections check that their peer is alive (zero: never); see
         /// [`crate::Config::keepalive`].
         keepalive: Duration => keepalive);
+    setter!(
+        /// Connections a listener holds at once while their handshake arrives; see
+        /// [`crate::Config::max_pending_handshakes`].
+        max_pending_handshakes: u32 => max_pending_handshakes);
     /// The transport: `Auto`, or the only one to use.
     pub fn transport(self, transport: Transport) -> Self {
         self.transports(&[transport])

@@ -359,6 +359,14 @@ impl Listener {
 
     /// Waits up to `timeout` (`None`: without limit) for a connection request on any of its
     /// transports, to accept or reject. `Ok(None)` when the time passed.
+    ///
+    /// No one connection holds this up. Over TCP, each connection taken has the connect
+    /// timeout (`RDMX_CONNECT_TIMEOUT_MS`) for its handshake to arrive, while others are
+    /// taken and read meanwhile (at most `RDMX_MAX_PENDING_HANDSHAKES` wait at once; one
+    /// more closes the oldest); a connection that sends nothing, too little, too slowly or
+    /// something malformed is closed and logged, never returned as an error. Errors are the
+    /// listener's own (such as the process out of file descriptors with no pending
+    /// connection to close for room); the listener stays usable.
     pub fn next_request(&self, timeout: Option<Duration>) -> Result<Option<ConnRequest>> {
         #[cfg(not(feature = "rdma"))]
         let raw = match &self.tcp {
@@ -368,9 +376,9 @@ impl Listener {
         #[cfg(feature = "rdma")]
         let raw = match (&self.rdma, &self.tcp, &self.both) {
             (Some(r), Some(t), Some(both)) => {
-                // Each listener is asked only once epoll says it has a connection waiting; a
-                // TCP connector's HELLO then gets the connect timeout to arrive.
-                let hello = self.worker.config().connect_timeout();
+                // Each listener is asked only once epoll says it has something to do (the
+                // TCP listener's descriptor covers its pending handshakes and their
+                // deadlines too), and then only looks: neither waits on one connector.
                 let deadline = timeout.map(|t| Instant::now() + t);
                 let mut ready = Vec::new();
                 loop {
@@ -383,7 +391,7 @@ impl Listener {
                         found = r.get_request(Some(Duration::ZERO))?.map(RawRequest::Rdma);
                     }
                     if found.is_none() && has(LISTEN_TCP) {
-                        found = t.get_request(Some(hello))?.map(RawRequest::Tcp);
+                        found = t.get_request(Some(Duration::ZERO))?.map(RawRequest::Tcp);
                     }
                     if found.is_some() || left == Some(Duration::ZERO) {
                         break found;
@@ -401,12 +409,31 @@ impl Listener {
     }
 
     /// Waits for the next connection request and accepts it.
+    ///
+    /// A request that cannot be accepted — a peer with an incompatible or malformed rdmx
+    /// handshake (rejected with the reason, as [`ConnRequest::accept`] does), or one whose
+    /// connection failed while it was being set up — costs only that peer: it is logged
+    /// (`log`, warning level) and the next request is awaited, as a UCP listener drops a
+    /// connection request that fails. Errors are the listener's own (see
+    /// [`Listener::next_request`]); to see each request's outcome, use `next_request` and
+    /// [`ConnRequest::accept`].
     pub fn accept(&self) -> Result<Ep> {
         loop {
-            if let Some(req) = self.next_request(None)? {
-                return req.accept();
+            let Some(req) = self.next_request(None)? else {
+                continue;
+            };
+            let peer = req.peer_addr();
+            match req.accept() {
+                Ok(ep) => return Ok(ep),
+                Err(e) => log::warn!("accepting {peer:?} failed: {e}; waiting for the next"),
             }
         }
+    }
+
+    /// How many TCP connections wait for their handshake (taken from the listening socket,
+    /// their HELLO not all arrived); at most `RDMX_MAX_PENDING_HANDSHAKES`.
+    pub fn pending_handshakes(&self) -> usize {
+        self.tcp.as_ref().map_or(0, |t| t.pending_handshakes())
     }
 }
 

@@ -224,6 +224,8 @@
 //!
 //! | what | default | set by | at the bound |
 //! | --- | --- | --- | --- |
+//! | TCP connections a listener holds while their handshake (HELLO) arrives: a descriptor and under 1 KiB each, read only when they have input | 4096 per listener | `RDMX_MAX_PENDING_HANDSHAKES` | one more closes the oldest pending connection (so does `EMFILE` on accept); a client whose HELLO follows its connect, as rdmx's does, is read as soon as it is taken and is not held up |
+//! | time a connection taken by a listener has to send its whole HELLO (no one connection is ever waited on: [`Listener::accept`] takes and reads many at once) | the connect timeout, 5 s | `RDMX_CONNECT_TIMEOUT_MS` | the connection is closed and logged; a malformed HELLO is closed at once; neither is an error of `accept` or `next_request` |
 //!
 //! These promises are tests: a peer process SIGKILLed during an eager stream and during a
 //! rendezvous READ in either direction (every pending request fails within 5 s; memory
@@ -267,10 +269,10 @@ mod worker;
 
 pub use config::{
     Config, Entry, RndvRegistration, Source, WaitMode, CONNECT_TIMEOUT_VAR, CREDITS_VAR,
-    DEVICE_VAR, EAGER_THRESHOLD_VAR, KEEPALIVE_VAR, PROGRESS_THREAD_VAR, RCACHE_SIZE_VAR,
-    RECV_BUF_SIZE_VAR, RNDV_REG_VAR, SEND_BUFS_VAR, SHM_CMA_VAR, SHM_EAGER_THRESHOLD,
-    SHM_RECV_BUF_SIZE, SHM_RNDV_CHUNK, SRQ_DEPTH_VAR, TCP_EAGER_THRESHOLD, TCP_RECV_BUF_SIZE,
-    TRANSPORT_VAR, WAIT_MODE_VAR,
+    DEVICE_VAR, EAGER_THRESHOLD_VAR, KEEPALIVE_VAR, MAX_PENDING_HANDSHAKES_VAR,
+    PROGRESS_THREAD_VAR, RCACHE_SIZE_VAR, RECV_BUF_SIZE_VAR, RNDV_REG_VAR, SEND_BUFS_VAR,
+    SHM_CMA_VAR, SHM_EAGER_THRESHOLD, SHM_RECV_BUF_SIZE, SHM_RNDV_CHUNK, SRQ_DEPTH_VAR,
+    TCP_EAGER_THRESHOLD, TCP_RECV_BUF_SIZE, TRANSPORT_VAR, WAIT_MODE_VAR,
 };
 pub use context::{Context, ContextBuilder};
 pub use ep::{ConnRequest, Ep, Listener};

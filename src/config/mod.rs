@@ -164,6 +164,7 @@ pub struct Config {
     pub(crate) rndv_chunk: Setting<u64>,
     pub(crate) connect_timeout: Setting<Duration>,
     pub(crate) keepalive: Setting<Duration>,
+    pub(crate) max_pending_handshakes: Setting<u32>,
     pub(crate) transport: Setting<Vec<Transport>>,
     /// The transports a context resolved `transport` to (usable here, in order of
     /// preference); empty before a context resolved them (then RDMA's values apply).
@@ -225,6 +226,9 @@ pub const CONNECT_TIMEOUT_VAR: &str = "RDMX_CONNECT_TIMEOUT_MS";
 /// `RDMX_KEEPALIVE_MS`: how often an idle connection checks that its peer is alive (`0`:
 /// never); see [`Config::keepalive`].
 pub const KEEPALIVE_VAR: &str = "RDMX_KEEPALIVE_MS";
+/// `RDMX_MAX_PENDING_HANDSHAKES`: connections a listener holds at once while their
+/// handshake arrives; see [`Config::max_pending_handshakes`].
+pub const MAX_PENDING_HANDSHAKES_VAR: &str = "RDMX_MAX_PENDING_HANDSHAKES";
 
 impl Default for Config {
     fn default() -> Self {
@@ -244,6 +248,9 @@ impl Default for Config {
             rndv_chunk: Setting::default(proto.rndv_chunk_size),
             connect_timeout: Setting::default(Duration::from_secs(5)),
             keepalive: Setting::default(Duration::from_secs(1)),
+            max_pending_handshakes: Setting::default(
+                rdmx_tcp::Listener::DEFAULT_MAX_PENDING.min(u32::MAX as usize) as u32,
+            ),
             transport: Setting::default(vec![Transport::Auto]),
             resolved: Vec::new(),
         }
@@ -351,6 +358,10 @@ impl Config {
         if let Some(v) = env(KEEPALIVE_VAR) {
             let ms = parse_count(KEEPALIVE_VAR, &v, 0, 3_600_000)?;
             put(&mut c.keepalive, Duration::from_millis(ms), source);
+        }
+        if let Some(v) = env(MAX_PENDING_HANDSHAKES_VAR) {
+            let n = parse_count(MAX_PENDING_HANDSHAKES_VAR, &v, 1, 1 << 20)?;
+            put(&mut c.max_pending_handshakes, n as u32, source);
         }
         Ok(())
     }
@@ -549,7 +560,9 @@ impl Config {
     pub fn transports(&self) -> &[Transport] {
         &self.transport.value
     }
-    /// How long connect and accept wait (`RDMX_CONNECT_TIMEOUT_MS`).
+    /// How long connect and accept wait (`RDMX_CONNECT_TIMEOUT_MS`); also how long each
+    /// connection a listener takes has for its handshake to arrive (see
+    /// [`Config::max_pending_handshakes`]).
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout.value
     }
@@ -578,6 +591,15 @@ impl Config {
     /// [`crate::Status::ConnectionClosed`].
     pub fn keepalive(&self) -> Duration {
         self.keepalive.value
+    }
+
+    /// How many connections a listener holds at once while their handshake arrives
+    /// (`RDMX_MAX_PENDING_HANDSHAKES`, default 4096). A connection taken by a listener has
+    /// the connect timeout ([`Config::connect_timeout`]) for its handshake to arrive, and is
+    /// closed if it has not; one more than this closes the oldest pending one. Each pending
+    /// connection holds a descriptor and under 1 KiB. See "Bounds" in the crate docs.
+    pub fn max_pending_handshakes(&self) -> usize {
+        self.max_pending_handshakes.value as usize
     }
 
     /// The RC ACK timeout exponent (4.096 µs × 2^e per try) that the keepalive implies:
@@ -709,6 +731,12 @@ impl Config {
                 &c.keepalive,
                 c.keepalive.value.as_millis().to_string(),
                 "how often idle connections check their peer is alive (ms; 0: never)",
+            ),
+            e(
+                MAX_PENDING_HANDSHAKES_VAR,
+                &c.max_pending_handshakes,
+                c.max_pending_handshakes.value.to_string(),
+                "connections a listener holds while their handshake arrives (more: the oldest is closed)",
             ),
         ]
     }

@@ -58,6 +58,8 @@ fn invalid_values_name_the_variable() {
         ("RDMX_CONNECT_TIMEOUT_MS", "0"),
         ("RDMX_KEEPALIVE_MS", "soon"),
         ("RDMX_KEEPALIVE_MS", "-1"),
+        ("RDMX_MAX_PENDING_HANDSHAKES", "0"),
+        ("RDMX_MAX_PENDING_HANDSHAKES", "many"),
         ("RDMX_TRANSPORT", "carrier-pigeon"),
         ("RDMX_TRANSPORT", "rdma,rdma"),
         ("RDMX_TRANSPORT", "auto,tcp"),

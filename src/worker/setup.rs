@@ -19,7 +19,10 @@ impl Worker {
         let mut addr = addr.to_string();
         // (Shared-memory connections are set up over TCP.)
         if sh.transports.contains(&Transport::Tcp) || sh.transports.contains(&Transport::Shm) {
-            let l = rdmx_tcp::Listener::bind(&addr)?;
+            let mut l = rdmx_tcp::Listener::bind(&addr)?;
+            // Each connection taken has the connect timeout for its handshake to arrive.
+            l.set_handshake_timeout(sh.cfg.connect_timeout());
+            l.set_max_pending(sh.cfg.max_pending_handshakes());
             if let Some(bound) = l.local_addr() {
                 addr = bound.to_string();
             }
