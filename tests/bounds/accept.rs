@@ -1,8 +1,9 @@
 //! Time inside accept, and the descriptors of connections whose handshake has not arrived
 //! (issue 48, item 1): no one connection blocks the listener. Idle, partial, slow and
-//! malformed connectors, a thousand idle sockets, the bound on pending handshakes —
-//! meanwhile a legitimate client connects (within the connect timeout) and exchanges
-//! messages, the application's accept loop ([`Listener::accept`], as `examples/pingpong --server` runs it) keeps
+//! malformed connectors, a thousand idle sockets, the bound on pending handshakes, and a
+//! shared-memory offer naming a socket that takes no connection — meanwhile a legitimate
+//! client connects (within the connect timeout) and exchanges messages, the application's
+//! accept loop ([`Listener::accept`], as `examples/pingpong --server` runs it) keeps
 //! going, and the victim's descriptors for the attacker's connections stay within the bound
 //! and are released when those close or time out.
 //!
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use rdmx::{Context, Ep, Listener, Transport, Worker, CONNECT_TIMEOUT_VAR};
 
-use super::{context, exchange, init_log, listening, LONG};
+use super::{context, exchange, init_log, listening, test_env, LONG};
 
 /// The connect timeout of these tests: a connection taken has this long for its handshake,
 /// and the legitimate client this long to connect (the old code failed it with "wait for
@@ -313,7 +314,82 @@ fn pending_handshakes_are_bounded() {
     drop(idle);
 }
 
+/// A shared-memory offer naming an abstract socket that takes no connection (its backlog
+/// full): the acceptor's connect to it waited for room for as long as its owner liked,
+/// holding up every accept. Now it fails at once, the offer is declined (the connection
+/// stays TCP) and a legitimate shared-memory client connects and exchanges messages.
+#[test]
+fn an_offer_naming_a_full_socket_blocks_no_one() {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    init_log();
+    let ctx = Context::builder()
+        .env_lookup(test_env)
+        .transports(&[Transport::Shm, Transport::Tcp])
+        .set(CONNECT_TIMEOUT_VAR, CONNECT_TIMEOUT_MS)
+        .build()
+        .expect("context");
+    let (server, listener, addr) = listening(&ctx);
+    let (accepted, _listener) = accept_loop(listener, 2);
+
+    // The trap: an abstract socket listening with a backlog of 0, filled by one connect.
+    let name = format!("rdmx-shm-trap-{}-{:x}", std::process::id(), rand_u64());
+    let sock_addr = SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap();
+    let new_socket = || {
+        rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap()
+    };
+    let trap = new_socket();
+    rustix::net::bind(&trap, &sock_addr).unwrap();
+    rustix::net::listen(&trap, 0).unwrap();
+    let filler = new_socket();
+    rustix::net::connect(&filler, &sock_addr).unwrap();
+    let another = new_socket();
+    assert_eq!(
+        rustix::net::connect(&another, &sock_addr),
+        Err(rustix::io::Errno::AGAIN),
+        "the trap's backlog is full"
+    );
+
+    // A TCP HELLO offering shared memory over the trap.
+    let mut private = default_hello_data();
+    private.resize(rdmx::proto::MAX_HANDSHAKE_LEN.max(private.len()), 0);
+    private.extend_from_slice(b"RXSO\x01\x00\x00\x00");
+    private.extend_from_slice(&rdmx_shm::HostIdentity::this().unwrap().encode());
+    private.extend_from_slice(&0x5eed_u64.to_le_bytes());
+    private.extend_from_slice(&[0u8; 16]);
+    private.push(name.len() as u8);
+    private.extend_from_slice(name.as_bytes());
+    let hostile = rdmx_tcp::connect(&addr, &private, LONG)
+        .expect("the offer is declined and the connection stays TCP");
+    let answer = &hostile.peer_private_data()[rdmx::proto::MAX_HANDSHAKE_LEN..];
+    assert!(
+        String::from_utf8_lossy(answer).contains("backlog is full"),
+        "declined, saying why: {:?}",
+        String::from_utf8_lossy(answer)
+    );
+    let hostile_ep = accepted
+        .recv_timeout(LONG)
+        .expect("the accept loop answered")
+        .expect("the hostile connection, on TCP");
+    assert_eq!(hostile_ep.transport(), Transport::Tcp);
+
+    let (_client, cep, sep) = legitimate(&ctx, &server, &addr, &accepted);
+    assert_eq!(cep.transport(), Transport::Shm);
+    assert_eq!(sep.transport(), Transport::Shm);
+    drop((hostile, filler, another, trap));
+}
+
 /// The rdmx handshake of a default engine, as the private data of a TCP HELLO.
 fn default_hello_data() -> Vec<u8> {
     super::default_handshake().encode()
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(Instant::now())
 }

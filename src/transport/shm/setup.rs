@@ -4,8 +4,9 @@
 //!    [`MAX_HANDSHAKE_LEN`] bytes) and then an [`Offer`]: its [`HostIdentity`], a token, the
 //!    address and value of a word the acceptor may read by CMA, and the name of its worker's
 //!    abstract Unix socket.
-//! 2. An acceptor that takes shared memory checks the identity, connects to that socket,
-//!    checks the kernel's word for who is there (pid and uid), reads the probe word by CMA,
+//! 2. An acceptor that takes shared memory checks the identity, connects to that socket
+//!    (without waiting: one that takes no connection now is a reason to decline), checks
+//!    the kernel's word for who is there (pid and uid), reads the probe word by CMA,
 //!    creates the connection's segment and hands it over with its worker's doorbell, under
 //!    the token, with its own probe word ([`HandOver`]). Then it ACCEPTs over TCP with an
 //!    [`Answer`], and waits for the connector's doorbell on the Unix socket.
@@ -226,6 +227,33 @@ fn peer_of(sock: &UnixStream, identity: &HostIdentity) -> Result<i32, String> {
     Ok(pid)
 }
 
+/// Connects to the abstract Unix socket `name` without waiting: a socket whose backlog is
+/// full (a peer that named a socket nobody accepts on) is an error at once, where a
+/// blocking connect would wait for room for as long as that socket's owner likes, holding
+/// up the acceptor. (A stream connect on a Unix socket never completes later: it is made,
+/// or refused with `EAGAIN`.) The stream returned is blocking.
+fn connect_now(name: &str) -> Result<UnixStream, String> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let what = |e: rustix::io::Errno| match e {
+        rustix::io::Errno::AGAIN => "the peer's shared-memory socket takes no connection \
+                                     now (its backlog is full)"
+            .to_string(),
+        e => format!("connecting to the peer's shared-memory socket: {e}"),
+    };
+    let addr = SocketAddrUnix::new_abstract_name(name.as_bytes()).map_err(what)?;
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(what)?;
+    rustix::net::connect(&fd, &addr).map_err(what)?;
+    let sock = UnixStream::from(fd);
+    sock.set_nonblocking(false).map_err(|e| e.to_string())?;
+    Ok(sock)
+}
+
 /// The acceptor's side, before its TCP ACCEPT: checks the offer and hands the segment over.
 /// An `Err` is the reason to decline.
 pub(crate) struct Accepting {
@@ -246,11 +274,7 @@ impl Accepting {
         if !diff.is_empty() {
             return Err(format!("the peer runs on {}", diff.join(", ")));
         }
-        use std::os::linux::net::SocketAddrExt;
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(offer.name.as_bytes())
-            .map_err(|e| e.to_string())?;
-        let sock = UnixStream::connect_addr(&addr)
-            .map_err(|e| format!("connecting to the peer's shared-memory socket: {e}"))?;
+        let sock = connect_now(&offer.name)?;
         sock.set_read_timeout(Some(timeout))
             .and_then(|()| sock.set_write_timeout(Some(timeout)))
             .map_err(|e| e.to_string())?;
@@ -277,7 +301,10 @@ impl Accepting {
         RING_CAPACITY as u32
     }
 
-    /// After the TCP ACCEPT: the connector's doorbell, and the data path.
+    /// After the TCP ACCEPT: the connector's doorbell, and the data path. The doorbell is
+    /// waited for up to the connect timeout (the socket's read timeout, set in
+    /// [`Accepting::start`]): the one wait on a peer left on the accept path, which only a
+    /// process of this user on this host can make (`start` checked the socket's peer).
     pub(crate) fn finish(self) -> Result<DataPath, String> {
         let mut buf = [0u8; 8];
         let (n, mut fds) = fdpass::recv_with_fds(&self.sock, &mut buf)
