@@ -225,7 +225,7 @@
 //! | what | default | set by | at the bound |
 //! | --- | --- | --- | --- |
 //! | TCP connections a listener holds while their handshake (HELLO) arrives: a descriptor and under 1 KiB each, read only when they have input | 4096 per listener | `RDMX_MAX_PENDING_HANDSHAKES` | one more closes the oldest pending connection (so does `EMFILE` on accept); a client whose HELLO follows its connect, as rdmx's does, is read as soon as it is taken and is not held up |
-//! | time a connection taken by a listener has to send its whole HELLO (no one connection is ever waited on: [`Listener::accept`] takes and reads many at once) | the connect timeout, 5 s | `RDMX_CONNECT_TIMEOUT_MS` | the connection is closed and logged; a malformed HELLO is closed at once; neither is an error of `accept` or `next_request` |
+//! | time a TCP connection taken by a listener has to send its whole HELLO; until then no one connection is waited on ([`Listener::accept`] takes and reads many at once) | the connect timeout, 5 s | `RDMX_CONNECT_TIMEOUT_MS` | the connection is closed and logged (a malformed HELLO at once); neither is an error of `accept` or `next_request`. Accepting a request then waits on that one peer, up to the connect timeout: over RDMA for the connection to be established, over shared memory for the connector's doorbell (which only a process of the same user can withhold) |
 //!
 //! These promises are tests: a peer process SIGKILLed during an eager stream and during a
 //! rendezvous READ in either direction (every pending request fails within 5 s; memory

@@ -105,8 +105,9 @@ impl Error {
         Self::new(what, peer, Kind::Failed(message.into()))
     }
 
-    /// Whether a deadline passed: the TCP connect, or the handshake exchange of [`connect`]
-    /// or [`Listener::get_request`](crate::Listener::get_request), took longer than allowed.
+    /// Whether a deadline passed: the TCP connect, or the handshake exchange of
+    /// [`connect`], took longer than allowed. (A connector that misses its deadline at a
+    /// [`Listener`](crate::Listener) is closed there, not reported.)
     ///
     /// [`connect`]: crate::connect
     pub fn is_timeout(&self) -> bool {
