@@ -22,9 +22,9 @@ use rdmx::{Context, Ep, Listener, Transport, Worker, CONNECT_TIMEOUT_VAR};
 
 use super::{context, exchange, init_log, listening, test_env, LONG};
 
-/// The connect timeout of these tests: a connection taken has this long for its handshake,
-/// and the legitimate client this long to connect (the old code failed it with "wait for
-/// ACCEPT: timed out").
+/// The connect timeout of most of these tests: a connection taken has this long for its
+/// handshake, and the legitimate client this long to connect (the old code failed it with
+/// "wait for ACCEPT: timed out").
 const CONNECT_TIMEOUT_MS: &str = "3000";
 
 /// The descriptors of this process that are TCP sockets accepted on `port` (the listener
@@ -174,7 +174,9 @@ fn a_thousand_idle_connections() {
     const IDLE: usize = 1000;
     init_log();
     raise_fd_limit(2 * IDLE as u64 + 200);
-    let ctx = context(Transport::Tcp, &[(CONNECT_TIMEOUT_VAR, CONNECT_TIMEOUT_MS)]);
+    // (Long enough that none expires before all are taken and counted, however busy the
+    // machine: their expiry is a phase of its own.)
+    let ctx = context(Transport::Tcp, &[(CONNECT_TIMEOUT_VAR, "10000")]);
     let (server, listener, addr) = listening(&ctx);
     let port = listener.local_addr().unwrap().port();
     let (accepted, _listener) = accept_loop(listener, 2);
@@ -277,8 +279,9 @@ fn partial_slow_and_garbage_handshakes_block_no_one() {
 }
 
 /// Past `RDMX_MAX_PENDING_HANDSHAKES`, the oldest pending connection is closed for room:
-/// 300 idle connections against a bound of 100 cost the victim at most 100 descriptors, and
-/// a legitimate client still connects and exchanges messages.
+/// 300 idle connections against a bound of 100 cost the victim at most 101 descriptors
+/// (100, and one for the moment the newest is read before the oldest is closed), and a
+/// legitimate client still connects and exchanges messages.
 #[test]
 fn pending_handshakes_are_bounded() {
     const BOUND: usize = 100;
@@ -308,7 +311,8 @@ fn pending_handshakes_are_bounded() {
             matches!(s.read(&mut [0u8; 8]), Ok(0))
         })
     });
-    assert!(most <= BOUND, "{most} descriptors");
+    // (One more for the moment a new connection is read before the oldest is closed.)
+    assert!(most <= BOUND + 1, "{most} descriptors");
     let (_client, _cep, _sep) = legitimate(&ctx, &server, &addr, &accepted);
     assert!(accepted_fds(port) <= BOUND + 1, "{}", accepted_fds(port));
     drop(idle);
@@ -325,7 +329,6 @@ fn an_offer_naming_a_full_socket_blocks_no_one() {
     let ctx = Context::builder()
         .env_lookup(test_env)
         .transports(&[Transport::Shm, Transport::Tcp])
-        .set(CONNECT_TIMEOUT_VAR, CONNECT_TIMEOUT_MS)
         .build()
         .expect("context");
     let (server, listener, addr) = listening(&ctx);

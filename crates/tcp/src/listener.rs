@@ -211,10 +211,12 @@ impl Listener {
         self.handshake_timeout = timeout;
     }
 
-    /// Sets how many connections may wait for their HELLO at once (at least 1). Taking one
-    /// more closes the oldest pending one: a peer that holds many connections open without
-    /// sending a HELLO then only delays its own, and a client whose HELLO follows its
-    /// connect (as [`connect`](crate::connect)'s does) is read as soon as it is taken.
+    /// Sets how many connections may wait for their HELLO at once (at least 1). A
+    /// connection taken is read at once; if its HELLO is not complete and the table is
+    /// past the bound, the oldest pending one is closed (a descriptor more for that
+    /// moment). A peer that holds many connections open without sending a HELLO then only
+    /// delays its own, and a client whose HELLO follows its connect (as
+    /// [`connect`](crate::connect)'s does) is read as soon as it is taken.
     pub fn set_max_pending(&mut self, max: usize) {
         self.max_pending = max.max(1);
     }

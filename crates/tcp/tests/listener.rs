@@ -248,7 +248,10 @@ fn the_bound_closes_the_oldest() {
         assert_eq!(e.kind(), ErrorKind::WouldBlock);
     }
     legitimate(&listener, &addr, b"past the bound");
-    assert_eq!(listener.pending_handshakes(), 10);
+    // (Taken before its HELLO arrived, the legitimate connection was pending for a moment
+    // and closed the oldest silent one for room.)
+    let pending = listener.pending_handshakes();
+    assert!(pending == 9 || pending == 10, "{pending}");
 }
 
 /// Many handshakes at once, each arriving in two halves in an order of their own: every
