@@ -224,6 +224,8 @@
 //!
 //! | what | default | set by | at the bound |
 //! | --- | --- | --- | --- |
+//! | GETs a shared-memory peer has unanswered (rendezvous by copy: their answers wait for room in its ring) | 64 per connection | fixed | that peer's endpoint fails (protocol error); an rdmx reader holds its own GETs back past 64, so it never gets there |
+//! | bytes waiting to go into a shared-memory ring the peer leaves full | 1024 frames (the ring's window) of the receive buffer size, 64 B more each: 16.1 MiB | `RDMX_RECV_BUF_SIZE` (on shared memory) | that peer's endpoint fails ("left its ring full"); a peer that returns credits only for frames it took never gets there |
 //!
 //! These promises are tests: a peer process SIGKILLed during an eager stream and during a
 //! rendezvous READ in either direction (every pending request fails within 5 s; memory

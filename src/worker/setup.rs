@@ -363,6 +363,7 @@ impl Driver {
             peer_data: shm_setup::split(tcp.peer_private_data()).0.to_vec(),
             peer_addr: tcp.peer_addr(),
             local_addr: tcp.local_addr(),
+            recv_buf_size: self.cfg.recv_buf_size_for(Transport::Shm),
         };
         let link = ShmLink::new(id, parts, shared, self.ifaces.tcp.exposure_table())
             .map_err(|e| Error::os("setting the shared-memory socket up", e))?;

@@ -84,6 +84,8 @@ pub(crate) struct Shared {
     /// Links whose frames wait for room in their ring.
     blocked: Mutex<Vec<Arc<Outbox>>>,
     blocked_count: AtomicUsize,
+    /// Bytes waiting in the links' outboxes, as counted against their bounds.
+    queued: Arc<AtomicUsize>,
     /// Where peers that accepted our offer hand the segment over: an abstract Unix socket
     /// (no file), made on the first offer.
     listener: OnceLock<(UnixListener, String)>,
@@ -132,6 +134,7 @@ impl ShmIface {
             done_count: AtomicUsize::new(0),
             blocked: Mutex::new(Vec::new()),
             blocked_count: AtomicUsize::new(0),
+            queued: Arc::default(),
             listener: OnceLock::new(),
             arrived: Mutex::new(HashMap::new()),
         });
@@ -279,6 +282,17 @@ impl Shared {
         }
     }
 
+    /// The count of bytes waiting in the links' outboxes, for a new link's to add to.
+    pub(crate) fn queued_total(&self) -> Arc<AtomicUsize> {
+        self.queued.clone()
+    }
+
+    /// Bytes waiting in the links' outboxes for room in their rings, as counted against
+    /// their bounds.
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
     /// A READ finished.
     pub(crate) fn read_done(&self, key: u64, ok: bool) {
         let mut done = self.done.lock();
@@ -374,6 +388,8 @@ impl Shared {
                     Ok(None) => break,
                     Err(e) => {
                         broken_ring(r.conn, e, out);
+                        // Nothing more goes to that peer: what waits for it is dropped.
+                        r.sink.close();
                         broken.push(i);
                         break;
                     }

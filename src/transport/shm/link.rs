@@ -7,7 +7,7 @@ use std::io::Read;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -25,6 +25,27 @@ use crate::transport::{
 };
 use crate::usermem::UserMem;
 
+/// GETs a peer may have unanswered on one connection: answers queued behind a full ring.
+/// A GET past them is a protocol error that fails the connection. An rdmx reader holds its
+/// own GETs back past as many (they wait in its link, see [`Reads`]), so no rdmx peer ever
+/// reaches the bound; 64 keep far more rendezvous data asked for than a ring holds (the
+/// engine asks for 1 MiB a READ by default, the ring holds 256 KiB).
+pub(crate) const MAX_GETS: usize = 64;
+
+/// What a record waiting in an outbox is counted for beyond its bytes (its buffer and its
+/// place in the queue), against the outbox's bound.
+const ENTRY_COST: usize = 64;
+
+/// The most bytes a link's outbox holds (see [`Outbox`]) with peers whose receive buffers
+/// are `recv_buf_size` bytes, as this side's (`RDMX_RECV_BUF_SIZE`): every frame the
+/// window lets out at once, each as large as the peer takes, and every GET and answer to
+/// one that may wait beside them. A peer that takes frames out of its ring as it returns
+/// their credits never makes an outbox hold more.
+pub(crate) fn outbox_bound(recv_buf_size: u32) -> usize {
+    usize::from(super::WINDOW) * (recv_buf_size as usize + ENTRY_COST)
+        + 2 * MAX_GETS * (super::copy::GET_LEN + ENTRY_COST)
+}
+
 /// A record waiting for room in the send ring.
 enum Pending {
     /// A record of `kind` with these bytes.
@@ -33,13 +54,55 @@ enum Pending {
     Serve(Serving),
 }
 
-/// A link's way out: its send ring and what waits for room in it.
+/// The records of an [`Outbox`] waiting for room, in order (nothing goes into the ring while
+/// one waits), and what they hold.
+#[derive(Default)]
+struct Waiting {
+    queue: VecDeque<Pending>,
+    /// Bytes counted against the outbox's bound: each record's bytes and [`ENTRY_COST`] (an
+    /// answer to a GET copies no bytes: its data is the exposed buffer).
+    bytes: usize,
+    /// Answers to the peer's GETs among them.
+    serves: usize,
+}
+
+impl Waiting {
+    fn cost(p: &Pending) -> usize {
+        match p {
+            Pending::Record(_, bytes) => bytes.len() + ENTRY_COST,
+            Pending::Serve(_) => ENTRY_COST,
+        }
+    }
+
+    /// Takes the first record out (it went into the ring); `total` counts the worker's.
+    fn pop(&mut self, total: &AtomicUsize) {
+        if let Some(p) = self.queue.pop_front() {
+            let cost = Self::cost(&p);
+            self.bytes -= cost;
+            total.fetch_sub(cost, Ordering::Relaxed);
+            self.serves -= usize::from(matches!(p, Pending::Serve(_)));
+        }
+    }
+
+    /// Drops every record.
+    fn clear(&mut self, total: &AtomicUsize) {
+        total.fetch_sub(self.bytes, Ordering::Relaxed);
+        *self = Waiting::default();
+    }
+}
+
+/// A link's way out: its send ring and what waits for room in it — at most `bound` bytes
+/// (see [`outbox_bound`]): the peer's credits keep an rdmx peer's frames below it, and
+/// [`MAX_GETS`] its GETs. A peer that returns credits for frames it never took from its
+/// ring makes a record find the outbox full: the connection fails.
 pub(crate) struct Outbox {
     conn: ConnId,
     tx: HotLock<Producer>,
-    /// Records waiting for room, in order (nothing goes into the ring while one waits).
-    waiting: Mutex<VecDeque<Pending>>,
+    waiting: Mutex<Waiting>,
     has_waiting: AtomicBool,
+    bound: usize,
+    /// Bytes waiting in all the worker's outboxes, as counted against their bounds.
+    total: Arc<AtomicUsize>,
     peer_bell: Doorbell,
     /// Why the send ring cannot be used any more (the peer corrupted it): the first reason
     /// found, set once (read on every send without a lock).
@@ -63,7 +126,7 @@ impl Outbox {
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
         let mut waiting = self.waiting.lock();
-        waiting.clear();
+        waiting.clear(&self.total);
         self.has_waiting.store(false, Ordering::Release);
     }
 
@@ -71,13 +134,13 @@ impl Outbox {
     pub(crate) fn push_waiting(&self) -> bool {
         let mut waiting = self.waiting.lock();
         if self.closed.load(Ordering::Acquire) {
-            waiting.clear();
+            waiting.clear(&self.total);
             self.has_waiting.store(false, Ordering::Release);
             return false;
         }
         let mut tx = self.tx.lock();
         let mut pushed = false;
-        while let Some(f) = waiting.front_mut() {
+        while let Some(f) = waiting.queue.front_mut() {
             let done = match f {
                 Pending::Record(kind, bytes) => tx.push_kind(*kind, &[bytes]),
                 Pending::Serve(s) => {
@@ -90,13 +153,13 @@ impl Outbox {
             };
             match done {
                 Ok(true) => {
-                    waiting.pop_front();
+                    waiting.pop(&self.total);
                     pushed = true;
                 }
                 Ok(false) => break,
                 Err(e) => {
                     self.broke(e.to_string());
-                    waiting.clear();
+                    waiting.clear(&self.total);
                     break;
                 }
             }
@@ -105,7 +168,7 @@ impl Outbox {
         if pushed {
             self.wake_peer(&mut tx);
         }
-        let left = !waiting.is_empty();
+        let left = !waiting.queue.is_empty();
         self.has_waiting.store(left, Ordering::Release);
         left
     }
@@ -144,7 +207,7 @@ impl Outbox {
                 }
             }
         }
-        self.send_later(shared, kind, head, pieces);
+        self.send_later(shared, kind, head, pieces)?;
         Ok(false)
     }
 
@@ -152,43 +215,70 @@ impl Outbox {
     /// what waits. (Out of line, as a cold call: `send` is inlined into every send.)
     #[cold]
     #[inline(never)]
-    fn send_later(self: &Arc<Self>, shared: &Shared, kind: u8, head: &[u64], pieces: &[&[u8]]) {
+    fn send_later(
+        self: &Arc<Self>,
+        shared: &Shared,
+        kind: u8,
+        head: &[u64],
+        pieces: &[&[u8]],
+    ) -> Result<(), String> {
         let mut bytes: Vec<u8> = head.iter().flat_map(|w| w.to_ne_bytes()).collect();
         for p in pieces {
             bytes.extend_from_slice(p);
         }
-        self.enqueue(shared, Pending::Record(kind, bytes));
+        self.enqueue(shared, Pending::Record(kind, bytes))
     }
 
-    /// Answers a GET: what the ring has room for now, the rest as room appears.
-    fn serve(self: &Arc<Self>, shared: &Shared, mut s: Serving) {
+    /// Answers a GET: what the ring has room for now, the rest as room appears. `Err`: the
+    /// peer has [`MAX_GETS`] answers waiting already, or the outbox is full.
+    fn serve(self: &Arc<Self>, shared: &Shared, mut s: Serving) -> Result<(), String> {
         if self.closed.load(Ordering::Acquire) {
-            return;
+            return Ok(());
         }
         if !self.has_waiting.load(Ordering::Acquire) {
             let mut tx = self.tx.lock();
             let done = s.push(&mut tx);
             self.wake_peer(&mut tx);
             match done {
-                Ok(true) => return,
+                Ok(true) => return Ok(()),
                 Ok(false) => {}
                 Err(e) => {
                     self.broke(e.to_string());
-                    return;
+                    return Ok(());
                 }
             }
         }
-        self.enqueue(shared, Pending::Serve(s));
+        self.enqueue(shared, Pending::Serve(s))
     }
 
-    fn enqueue(self: &Arc<Self>, shared: &Shared, p: Pending) {
+    /// Queues `p` behind what waits, for `shared` to retry; `Err` (the connection fails)
+    /// when the outbox would hold more than its bound.
+    fn enqueue(self: &Arc<Self>, shared: &Shared, p: Pending) -> Result<(), String> {
         {
             // (Flag and queue change together: a retry draining the queue clears the flag.)
             let mut waiting = self.waiting.lock();
-            waiting.push_back(p);
+            let serve = matches!(p, Pending::Serve(_));
+            if serve && waiting.serves >= MAX_GETS {
+                // (Each answer waiting is a GET of the peer's not yet answered in full.)
+                return Err(too_many_gets());
+            }
+            let cost = Waiting::cost(&p);
+            if waiting.bytes + cost > self.bound {
+                drop(waiting);
+                let why = outbox_full(self.bound);
+                self.broke(why.clone());
+                // (What waits is dropped at once, not when the link is.)
+                self.close();
+                return Err(why);
+            }
+            waiting.bytes += cost;
+            waiting.serves += usize::from(serve);
+            waiting.queue.push_back(p);
+            self.total.fetch_add(cost, Ordering::Relaxed);
             self.has_waiting.store(true, Ordering::Release);
         }
         shared.blocked(self.clone());
+        Ok(())
     }
 
     fn broke(&self, why: String) {
@@ -196,6 +286,24 @@ impl Outbox {
         // (The first reason stays.)
         let _ = self.broken.set(why);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn too_many_gets() -> String {
+    format!(
+        "the peer asked for more than {MAX_GETS} GETs while their answers waited for room \
+         in its ring"
+    )
+}
+
+#[cold]
+#[inline(never)]
+fn outbox_full(bound: usize) -> String {
+    format!(
+        "the peer left its ring full while {bound} bytes waited to go to it (more than its \
+         credits let out)"
+    )
 }
 
 /// A READ to make: `len` bytes at `addr` in the peer into the lent buffer `buf` at `offset`.
@@ -220,7 +328,42 @@ pub(crate) struct Reads {
     queued: VecDeque<QueuedRead>,
     /// READs by copy waiting for DATA, by key.
     copying: HashMap<u64, Copying>,
+    /// GETs sent for them and not yet answered in full: at most [`MAX_GETS`], what the peer
+    /// answers without failing the connection.
+    asked: usize,
+    /// GETs of READs by copy waiting for one of those places, in order.
+    held_back: VecDeque<Get>,
     lent: HashMap<u64, Lent>,
+}
+
+impl Reads {
+    /// `get`, the GET of a READ by copy just added: to send now, taking one of the
+    /// [`MAX_GETS`] places, or `None` when it is held back, behind any held back before it
+    /// (sent by [`Reads::next_get`] as answers complete).
+    fn ask(&mut self, get: Get) -> Option<Get> {
+        if self.asked < MAX_GETS && self.held_back.is_empty() {
+            self.asked += 1;
+            return Some(get);
+        }
+        if let Some(c) = self.copying.get_mut(&get.key) {
+            c.asked = false;
+        }
+        self.held_back.push_back(get);
+        None
+    }
+
+    /// The GET held back that takes a free place, if any (its READ still waits for DATA).
+    fn next_get(&mut self) -> Option<Get> {
+        while self.asked < MAX_GETS {
+            let get = self.held_back.pop_front()?;
+            if let Some(c) = self.copying.get_mut(&get.key) {
+                c.asked = true;
+                self.asked += 1;
+                return Some(get);
+            }
+        }
+        None
+    }
 }
 
 /// What the worker's ring poller needs of a link to handle the records that are not frames.
@@ -233,6 +376,11 @@ pub(crate) struct RecordSink {
 }
 
 impl RecordSink {
+    /// The connection broke: nothing more goes out, what waits is dropped.
+    pub(crate) fn close(&self) {
+        self.out.close();
+    }
+
     /// A GET from the peer: answered from the exposure table. `Err`: a protocol error.
     pub(crate) fn get(&self, shared: &Shared, record: &[u8]) -> Result<(), String> {
         let g = Get::decode(record)?;
@@ -264,8 +412,7 @@ impl RecordSink {
                 ))
             }
         };
-        self.out.serve(shared, serving);
-        Ok(())
+        self.out.serve(shared, serving)
     }
 
     /// DATA for one of this link's READs: copied into its lent buffer; the READ is reported
@@ -278,6 +425,12 @@ impl RecordSink {
             // Reclaimed meanwhile (the connection is closing).
             return Ok(());
         };
+        if !c.asked {
+            return Err(format!(
+                "DATA for a READ whose GET was not sent yet ({:#x})",
+                h.key
+            ));
+        }
         let ok = if h.refused {
             false
         } else {
@@ -307,8 +460,14 @@ impl RecordSink {
         if let Some(l) = lent.get_mut(&c.buf) {
             l.outstanding -= 1;
         }
+        // Its place goes to the next GET held back.
+        guard.asked -= 1;
+        let next = guard.next_get();
         drop(guard);
         shared.read_done(h.key, ok);
+        if let Some(get) = next {
+            self.out.send(shared, KIND_GET, &[], &[&get.encode()])?;
+        }
         Ok(())
     }
 }
@@ -340,6 +499,9 @@ pub(crate) struct Parts {
     pub(crate) peer_data: Vec<u8>,
     pub(crate) peer_addr: Option<SocketAddr>,
     pub(crate) local_addr: Option<SocketAddr>,
+    /// This side's receive buffers (`RDMX_RECV_BUF_SIZE` on shared memory), whose
+    /// [`outbox_bound`] the link's outbox has.
+    pub(crate) recv_buf_size: u32,
 }
 
 impl ShmLink {
@@ -364,8 +526,10 @@ impl ShmLink {
                 out: Arc::new(Outbox {
                     conn: id,
                     tx: HotLock::new(tx),
-                    waiting: Mutex::new(VecDeque::new()),
+                    waiting: Mutex::new(Waiting::default()),
                     has_waiting: AtomicBool::new(false),
+                    bound: outbox_bound(parts.recv_buf_size),
+                    total: shared.queued_total(),
                     peer_bell,
                     broken: OnceLock::new(),
                     closed: AtomicBool::new(false),
@@ -507,10 +671,14 @@ impl TransportLink for ShmLink {
         match self
             .sink
             .out
-            .send(&self.shared, KIND_FRAME, frame.words(), &[payload])?
+            .send(&self.shared, KIND_FRAME, frame.words(), &[payload])
         {
-            true => Ok(Queued::Posted),
-            false => Ok(Queued::ForFlush),
+            Ok(true) => Ok(Queued::Posted),
+            Ok(false) => Ok(Queued::ForFlush),
+            // The peer broke the ring or left it full past the outbox's bound: the flush
+            // reports the connection down, with why.
+            Err(_) if self.sink.out.broken.get().is_some() => Ok(Queued::ForFlush),
+            Err(e) => Err(e),
         }
     }
 
@@ -566,18 +734,21 @@ impl TransportLink for ShmLink {
                 offset: read.offset as usize,
                 len: read.len as usize,
                 got: 0,
+                asked: true,
             },
         );
-        drop(r);
-        let get = Get {
+        let get = r.ask(Get {
             key: read.key,
             rkey: read.remote.rkey,
             addr: read.remote.addr,
             len: read.len,
-        };
-        self.sink
-            .out
-            .send(&self.shared, KIND_GET, &[], &[&get.encode()])?;
+        });
+        drop(r);
+        if let Some(get) = get {
+            self.sink
+                .out
+                .send(&self.shared, KIND_GET, &[], &[&get.encode()])?;
+        }
         Ok(())
     }
 
@@ -630,6 +801,8 @@ impl TransportLink for ShmLink {
         let mut r = self.sink.reads.lock();
         r.queued.clear();
         r.copying.clear();
+        r.held_back.clear();
+        r.asked = 0;
         r.lent
             .drain()
             .filter_map(|(key, l)| l.vec.map(|v| (UserBufId(key), v)))
