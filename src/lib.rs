@@ -225,6 +225,10 @@
 //! | what | default | set by | at the bound |
 //! | --- | --- | --- | --- |
 //! | GETs a shared-memory peer has unanswered (rendezvous by copy: their answers wait for room in its ring) | 64 per connection | fixed | that peer's endpoint fails (protocol error); an rdmx reader holds its own GETs back past 64, so it never gets there |
+//! | who can connect to a worker's shared-memory hand-over socket | its user only (a socket in a 0700 directory; `SO_PEERCRED` checked) | fixed | another user's `connect` is refused by the kernel; a stream of another user (root's) is closed at once |
+//! | streams on the hand-over socket whose token has not arrived | 32, each until the connect timeout | fixed (`RDMX_CONNECT_TIMEOUT_MS`) | the oldest is closed; a stream is never waited on; none is kept while no connect of the worker is in flight |
+//! | streams on the hand-over socket under a token | one per connect of the worker in flight | fixed | a stream under a token no connect waits for is closed at once; a connect's is closed when it gives up |
+//! | time an acceptor spends reaching a connector's hand-over socket (its backlog full) | the connect timeout | `RDMX_CONNECT_TIMEOUT_MS` | shared memory is declined with the reason (the connection stays TCP where TCP is allowed) |
 //! | bytes waiting to go into a shared-memory ring the peer leaves full | 1024 frames (the ring's window) of the receive buffer size, 64 B more each: 16.1 MiB | `RDMX_RECV_BUF_SIZE` (on shared memory) | that peer's endpoint fails ("left its ring full"); a peer that returns credits only for frames it took never gets there |
 //!
 //! These promises are tests: a peer process SIGKILLed during an eager stream and during a

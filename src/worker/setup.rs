@@ -273,11 +273,13 @@ impl Worker {
         let (handshake, limits) = sh.local_handshake(Transport::Shm);
         let timeout = sh.cfg.connect_timeout();
         let id = sh.new_conn_id();
+        // (Given up when dropped: the hand-over, if it came, is closed.)
+        let expected = shared.hand_overs.expect(timeout);
         let offer = Offer {
             identity: shared.identity,
-            token: rand::random(),
+            token: expected.token(),
             probe: shared.probe(),
-            name: shared.listener_name()?.to_string(),
+            name: shared.hand_overs.name()?.to_string(),
         };
         let private = shm_setup::with_ext(&handshake, &offer.encode());
         let tcp = rdmx_tcp::connect(addr, &private, timeout)
@@ -287,7 +289,7 @@ impl Worker {
         let link = match answer {
             Some(Answer::Accepted { capacity }) => {
                 let path =
-                    shm_setup::connected(&shared, offer.token, capacity, timeout, sh.cfg.shm_cma())
+                    shm_setup::connected(&shared, expected, capacity, timeout, sh.cfg.shm_cma())
                         .map_err(|e| Error::Invalid(format!("shared memory with {addr}: {e}")))?;
                 sh.shm_link(id, path, &tcp)?
             }

@@ -3,8 +3,8 @@
 //! rings, to write what it likes into the victim's and never read its own.
 
 use std::os::fd::AsFd;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,13 +12,13 @@ use rdmx::proto::wire::Handshake;
 use rdmx::proto::MAX_HANDSHAKE_LEN;
 use rdmx::{Ep, Listener};
 use rdmx_shm::channel::{self, Side};
-use rdmx_shm::{fdpass, Consumer, Doorbell, HostIdentity, Producer, Segment};
+use rdmx_shm::{fdpass, Consumer, Doorbell, HostIdentity, Producer, Segment, IDENTITY_LEN};
 
 /// Kinds of the records in a ring (the transport's private numbering, as a peer sees it).
 pub const KIND_GET: u8 = 1;
 
 const OFFER_MAGIC: &[u8; 4] = b"RXSO";
-const OFFER_VERSION: u8 = 1;
+const OFFER_VERSION: u8 = 2;
 
 /// The bytes of an offer of shared memory under `token`, naming the socket `name`, with the
 /// probe word at `probe`.
@@ -34,20 +34,42 @@ fn offer(token: u64, probe: &u64, name: &str) -> Vec<u8> {
     b
 }
 
-/// A socket address for `name` as an offer carries it.
-pub fn socket_addr(name: &str) -> SocketAddr {
-    if name.starts_with('/') {
-        SocketAddr::from_pathname(name).expect("a path")
-    } else {
-        SocketAddr::from_abstract_name(name.as_bytes()).expect("an abstract name")
+/// The name of the hand-over socket a connector's TCP handshake (`private`) offers.
+pub fn offered_socket(private: &[u8]) -> String {
+    let ext = &private[MAX_HANDSHAKE_LEN..];
+    assert_eq!(&ext[..4], OFFER_MAGIC, "an offer of shared memory");
+    let at = 8 + IDENTITY_LEN + 24;
+    let len = ext[at] as usize;
+    String::from_utf8(ext[at + 1..at + 1 + len].to_vec()).expect("a name")
+}
+
+/// The hand-over socket of a raw peer: in a directory of its own, named as rdmx names them
+/// (removed when dropped).
+struct RawSocket {
+    listener: UnixListener,
+    dir: PathBuf,
+    name: String,
+}
+
+impl RawSocket {
+    fn new() -> RawSocket {
+        let dir = std::env::temp_dir().join(format!("rdmx-shm-raw-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir(&dir).expect("the raw peer's directory");
+        let path = dir.join("s");
+        let listener = UnixListener::bind(&path).expect("the raw peer's socket");
+        let name = path.to_str().expect("a path").to_string();
+        RawSocket {
+            listener,
+            dir,
+            name,
+        }
     }
 }
 
-/// The hand-over socket of a raw peer, and its name.
-fn raw_socket() -> (UnixListener, String) {
-    let name = format!("rdmx-shm-raw-{:016x}", rand::random::<u64>());
-    let l = UnixListener::bind_addr(&socket_addr(&name)).expect("the raw peer's socket");
-    (l, name)
+impl Drop for RawSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// A raw peer's end of a shared-memory connection with a victim, and the victim's endpoint.
@@ -68,16 +90,16 @@ pub struct RawShm {
 /// progress being its accept) with the rdmx handshake `hs`, over shared memory.
 pub fn connect(listener: &Listener, hs: &Handshake) -> RawShm {
     let addr = listener.local_addr().expect("bound").to_string();
-    let (unix, name) = raw_socket();
+    let unix = RawSocket::new();
     // (Leaked: the victim reads it by CMA during the setup.)
     let probe: &'static u64 = Box::leak(Box::new(0x5eed_u64));
     let mut private = hs.encode().to_vec();
     private.resize(MAX_HANDSHAKE_LEN, 0);
-    private.extend_from_slice(&offer(rand::random(), probe, &name));
+    private.extend_from_slice(&offer(rand::random(), probe, &unix.name));
     std::thread::scope(|scope| {
         let accepting = scope.spawn(|| listener.accept().expect("the victim accepts"));
         let tcp = rdmx_tcp::connect(&addr, &private, Duration::from_secs(10)).expect("tcp");
-        let (sock, _) = unix.accept().expect("the hand-over");
+        let (sock, _) = unix.listener.accept().expect("the hand-over");
         let mut buf = [0u8; 64];
         let (n, mut fds) = fdpass::recv_with_fds(&sock, &mut buf).expect("the segment");
         assert_eq!(

@@ -2,8 +2,8 @@
 //!
 //! 1. The connector's HELLO carries its rdmx handshake (padded to
 //!    [`MAX_HANDSHAKE_LEN`] bytes) and then an [`Offer`]: its [`HostIdentity`], a token, the
-//!    address and value of a word the acceptor may read by CMA, and the name of its worker's
-//!    abstract Unix socket.
+//!    address and value of a word the acceptor may read by CMA, and the path of its worker's
+//!    hand-over socket, in a directory only its user may enter ([`super::handover`]).
 //! 2. An acceptor that takes shared memory checks the identity, connects to that socket,
 //!    checks the kernel's word for who is there (pid and uid), reads the probe word by CMA,
 //!    creates the connection's segment and hands it over with its worker's doorbell, under
@@ -21,18 +21,20 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+
 use rdmx_proto::MAX_HANDSHAKE_LEN;
 use rdmx_shm::channel::{self, Side};
 use rdmx_shm::{cma, fdpass, Consumer, Doorbell, HostIdentity, Producer, Segment, IDENTITY_LEN};
 
+use super::handover::{self, Expected};
 use super::iface::Shared;
 use super::RING_CAPACITY;
 
 const OFFER_MAGIC: &[u8; 4] = b"RXSO";
 const ANSWER_MAGIC: &[u8; 4] = b"RXSA";
-const VERSION: u8 = 1;
-/// The longest socket name an offer carries.
-const MAX_NAME: usize = 64;
+/// 2: the offer names a socket by its path (1 named an abstract socket).
+const VERSION: u8 = 2;
 /// The longest reason a declining answer carries.
 const MAX_REASON: usize = 120;
 /// The largest ring a peer may ask us to map.
@@ -47,7 +49,7 @@ pub(crate) struct Offer {
     pub(crate) token: u64,
     /// Address and value of the connector's probe word.
     pub(crate) probe: (u64, u64),
-    /// Its worker's abstract Unix socket.
+    /// The path of its worker's hand-over socket.
     pub(crate) name: String,
 }
 
@@ -97,8 +99,14 @@ impl Offer {
             return Ok(None);
         }
         let fixed = 8 + IDENTITY_LEN + 24 + 1;
-        if ext.len() < fixed || &ext[..4] != OFFER_MAGIC || ext[4..8] != [VERSION, 0, 0, 0] {
+        if ext.len() < fixed || &ext[..4] != OFFER_MAGIC || ext[5..8] != [0, 0, 0] {
             return Err(malformed("offer"));
+        }
+        if ext[4] != VERSION {
+            return Err(format!(
+                "a shared-memory offer of version {}; this build speaks {VERSION}",
+                ext[4]
+            ));
         }
         let identity =
             HostIdentity::decode(&ext[8..8 + IDENTITY_LEN]).map_err(|e| e.to_string())?;
@@ -106,12 +114,12 @@ impl Offer {
         let word = |i: usize| u64::from_le_bytes(ext[i..i + 8].try_into().expect("8 bytes"));
         let name_len = ext[at + 24] as usize;
         let name = &ext[fixed..];
-        if name_len == 0 || name_len > MAX_NAME || name.len() != name_len {
+        if name.len() != name_len {
             return Err(malformed("offer (its socket name)"));
         }
         let name = std::str::from_utf8(name)
             .ok()
-            .filter(|n| n.starts_with("rdmx-shm-"))
+            .filter(|n| handover::is_socket_path(n))
             .ok_or_else(|| malformed("offer (its socket name)"))?;
         Ok(Some(Offer {
             identity,
@@ -246,14 +254,12 @@ impl Accepting {
         if !diff.is_empty() {
             return Err(format!("the peer runs on {}", diff.join(", ")));
         }
-        use std::os::linux::net::SocketAddrExt;
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(offer.name.as_bytes())
-            .map_err(|e| e.to_string())?;
-        let sock = UnixStream::connect_addr(&addr)
-            .map_err(|e| format!("connecting to the peer's shared-memory socket: {e}"))?;
-        sock.set_read_timeout(Some(timeout))
-            .and_then(|()| sock.set_write_timeout(Some(timeout)))
-            .map_err(|e| e.to_string())?;
+        let sock = connect_within(&offer.name, timeout).map_err(|e| {
+            format!(
+                "connecting to the peer's shared-memory socket {}: {e}",
+                offer.name
+            )
+        })?;
         let peer_pid = peer_of(&sock, &shared.identity)?;
         let cma = cma_to(peer_pid, offer.probe, use_cma);
         let seg = channel::create("rdmx-shm", RING_CAPACITY).map_err(|e| e.to_string())?;
@@ -302,17 +308,41 @@ impl Accepting {
     }
 }
 
+/// A connection to the socket at `path`, taking at most `timeout` to get one (the socket's
+/// backlog may be full: its worker drains it only while one of its connects waits), with
+/// reads and writes bounded by `timeout` each.
+fn connect_within(path: &str, timeout: Duration) -> std::io::Result<UnixStream> {
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    rustix::net::sockopt::set_socket_timeout(
+        &fd,
+        rustix::net::sockopt::Timeout::Send,
+        Some(timeout),
+    )?;
+    rustix::net::connect(&fd, &SocketAddrUnix::new(path)?)?;
+    let sock = UnixStream::from(fd);
+    sock.set_read_timeout(Some(timeout))?;
+    Ok(sock)
+}
+
 /// The connector's side, after an ACCEPT that took the offer: takes the hand-over made
-/// under `token`, checks it, and sends the worker's doorbell.
+/// under `expected`'s token, checks it, and sends the worker's doorbell; waits at most
+/// `timeout` for each step.
 pub(crate) fn connected(
     shared: &Shared,
-    token: u64,
+    expected: Expected<'_>,
     capacity: u32,
     timeout: Duration,
     use_cma: bool,
 ) -> Result<DataPath, String> {
-    let sock = shared.claim(token, timeout).map_err(|e| e.to_string())?;
-    sock.set_read_timeout(Some(timeout))
+    let token = expected.token();
+    let sock = expected.claim().map_err(|e| e.to_string())?;
+    sock.set_nonblocking(false)
+        .and_then(|()| sock.set_read_timeout(Some(timeout)))
         .and_then(|()| sock.set_write_timeout(Some(timeout)))
         .map_err(|e| e.to_string())?;
     let peer_pid = peer_of(&sock, &shared.identity)?;
@@ -355,7 +385,7 @@ mod tests {
             identity: HostIdentity::this().expect("identity"),
             token: 0x1122_3344_5566_7788,
             probe: (0x7fff_0000_1000, 42),
-            name: "rdmx-shm-1234-00000000deadbeef".into(),
+            name: "/tmp/rdmx-shm-1234-00000000deadbeef/s".into(),
         }
     }
 
@@ -380,6 +410,26 @@ mod tests {
     }
 
     #[test]
+    fn connecting_to_a_socket_with_a_full_backlog_gives_up_at_the_timeout() {
+        let dir = std::env::temp_dir().join(format!("rdmx-shm-t-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir(&dir).unwrap();
+        let path = dir.join("s").to_str().unwrap().to_string();
+        // A listener that never accepts, with room for one connection waiting.
+        let l = rustix::net::socket(AddressFamily::UNIX, SocketType::STREAM, None).unwrap();
+        rustix::net::bind(&l, &SocketAddrUnix::new(path.as_str()).unwrap()).unwrap();
+        rustix::net::listen(&l, 0).unwrap();
+        let _first = connect_within(&path, Duration::from_secs(10)).expect("room for one");
+        let (done, gave_up) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || done.send(connect_within(&p, Duration::from_millis(100))));
+        // (A hang guard: without the bound, the connect waits for as long as nobody accepts.)
+        let second = gave_up.recv_timeout(Duration::from_secs(30));
+        std::fs::remove_dir_all(&dir).unwrap();
+        let e = second.expect("the connect gave up").expect_err("no room");
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
+    }
+
+    #[test]
     fn malformed_offers_and_answers_are_refused() {
         let good = offer().encode();
         for i in [0, 4, 5, 8] {
@@ -391,9 +441,21 @@ mod tests {
         let mut long = good.clone();
         long.push(b'x');
         assert!(Offer::decode(&long).is_err());
-        let mut other_name = offer();
-        other_name.name = "/tmp/socket".into();
-        assert!(Offer::decode(&other_name.encode()).is_err());
+        for name in [
+            "/tmp/socket",
+            "rdmx-shm-1234-00000000deadbeef",
+            "/tmp/rdmx-shm-1/../s",
+        ] {
+            let mut other_name = offer();
+            other_name.name = name.into();
+            assert!(Offer::decode(&other_name.encode()).is_err(), "{name}");
+        }
+        let mut old = good.clone();
+        old[4] = 1;
+        assert_eq!(
+            Offer::decode(&old),
+            Err("a shared-memory offer of version 1; this build speaks 2".into())
+        );
         assert!(Answer::decode(b"RXSA\x01\x01\x00\x00\x00").is_err());
         assert!(Answer::decode(b"RXSA\x01\x02\x00\x05abc").is_err());
         assert!(Answer::decode(b"XXXX\x01\x01\x00\x00\x00\x00\x00\x00").is_err());
