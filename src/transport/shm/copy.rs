@@ -13,7 +13,7 @@
 //! record too short for its header is a protocol error that closes the connection.
 //!
 //! GETs cost the peer no credit, so their number is bounded on their own: a sender answers
-//! at most `MAX_GETS` (64) GETs of a peer's at once — answers waiting for room in the ring —
+//! at most [`MAX_GETS`] (64) GETs of a peer's at once — answers waiting for room in the ring —
 //! and a further one fails the connection; a reader sends at most as many unanswered and
 //! holds the rest back in its link until answers complete. Reading a ring never waits for an
 //! outbox, so two readers copying from each other never both stop.
@@ -28,6 +28,13 @@ pub(super) const KIND_FRAME: u8 = 0;
 pub(super) const KIND_GET: u8 = 1;
 /// Bytes answering a GET ([`DataHeader`], then the bytes).
 pub(super) const KIND_DATA: u8 = 2;
+/// GETs a peer may have unanswered on one connection: answers queued behind a full ring.
+/// A GET past them is a protocol error that fails the connection. An rdmx reader holds its
+/// own GETs back past as many (they wait in its link), so no rdmx peer ever reaches the
+/// bound; 64 keep far more rendezvous data asked for than a ring holds (the engine asks for
+/// 1 MiB a READ by default, the ring holds 256 KiB).
+pub(crate) const MAX_GETS: usize = 64;
+
 /// Bytes per DATA record at most (a record fits one of the worker's 64 KiB frame buffers).
 pub(super) const DATA_CHUNK: usize = (64 << 10) - 64;
 

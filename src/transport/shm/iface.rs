@@ -12,7 +12,8 @@ use rdmx_shm::{Consumer, Doorbell, HostIdentity, RecordBuf};
 
 use super::copy::{KIND_DATA, KIND_FRAME, KIND_GET};
 use super::handover::HandOvers;
-use super::link::{Outbox, RecordSink};
+use super::link::RecordSink;
+use super::outbox::Outbox;
 use crate::error::{Error, Result};
 use crate::readiness::{Interest, Registry};
 use crate::transport::{LinkEvent, RecvFrame};

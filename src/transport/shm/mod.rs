@@ -25,6 +25,7 @@ mod handover;
 mod hostile_tests;
 mod iface;
 mod link;
+mod outbox;
 pub(crate) mod setup;
 
 pub(crate) use iface::{ShmIface, ShmRings};
