@@ -142,6 +142,10 @@ pub struct WorkerStats {
     pub connections: usize,
     /// Regions mapped for remote access ([`Worker::mem_map`]) and not yet unmapped.
     pub mapped_regions: usize,
+    /// Bytes waiting to go into shared-memory rings that were full: frames, and answers to
+    /// peers' GETs (rendezvous by copy), counted as against each connection's bound (see the
+    /// crate docs' bounds).
+    pub shm_queued_bytes: usize,
 }
 
 /// What a completed receive got: the sender's tag and the message length.
@@ -713,6 +717,7 @@ impl Worker {
             reads_in_flight: st.reads.len(),
             connections: sh.conn_list.read().len(),
             mapped_regions: sh.regions.lock().len(),
+            shm_queued_bytes: sh.ifaces.shm.get().map_or(0, |s| s.queued_bytes()),
         }
     }
 }

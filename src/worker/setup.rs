@@ -276,11 +276,13 @@ impl Worker {
         let (handshake, limits) = sh.local_handshake(Transport::Shm);
         let timeout = sh.cfg.connect_timeout();
         let id = sh.new_conn_id();
+        // (Given up when dropped: the hand-over, if it came, is closed.)
+        let expected = shared.hand_overs.expect(timeout);
         let offer = Offer {
             identity: shared.identity,
-            token: rand::random(),
+            token: expected.token(),
             probe: shared.probe(),
-            name: shared.listener_name()?.to_string(),
+            name: shared.hand_overs.name()?.to_string(),
         };
         let private = shm_setup::with_ext(&handshake, &offer.encode());
         let tcp = rdmx_tcp::connect(addr, &private, timeout)
@@ -290,7 +292,7 @@ impl Worker {
         let link = match answer {
             Some(Answer::Accepted { capacity }) => {
                 let path =
-                    shm_setup::connected(&shared, offer.token, capacity, timeout, sh.cfg.shm_cma())
+                    shm_setup::connected(&shared, expected, capacity, timeout, sh.cfg.shm_cma())
                         .map_err(|e| Error::Invalid(format!("shared memory with {addr}: {e}")))?;
                 sh.shm_link(id, path, &tcp)?
             }
@@ -366,6 +368,7 @@ impl Driver {
             peer_data: shm_setup::split(tcp.peer_private_data()).0.to_vec(),
             peer_addr: tcp.peer_addr(),
             local_addr: tcp.local_addr(),
+            recv_buf_size: self.cfg.recv_buf_size_for(Transport::Shm),
         };
         let link = ShmLink::new(id, parts, shared, self.ifaces.tcp.exposure_table())
             .map_err(|e| Error::os("setting the shared-memory socket up", e))?;

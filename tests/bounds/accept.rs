@@ -318,7 +318,7 @@ fn pending_handshakes_are_bounded() {
     drop(idle);
 }
 
-/// A shared-memory offer naming an abstract socket that takes no connection (its backlog
+/// A shared-memory offer naming a socket that takes no connection (its backlog
 /// full): the acceptor's connect to it waited for room for as long as its owner liked,
 /// holding up every accept. Now it fails at once, the offer is declined (the connection
 /// stays TCP) and a legitimate shared-memory client connects and exchanges messages.
@@ -334,9 +334,16 @@ fn an_offer_naming_a_full_socket_blocks_no_one() {
     let (server, listener, addr) = listening(&ctx);
     let (accepted, _listener) = accept_loop(listener, 2);
 
-    // The trap: an abstract socket listening with a backlog of 0, filled by one connect.
-    let name = format!("rdmx-shm-trap-{}-{:x}", std::process::id(), rand_u64());
-    let sock_addr = SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap();
+    // The trap: a socket where a worker's hand-over socket would be, listening with a
+    // backlog of 0, filled by one connect.
+    let dir = std::env::temp_dir().join(format!(
+        "rdmx-shm-trap-{}-{:x}",
+        std::process::id(),
+        rand_u64()
+    ));
+    std::fs::create_dir(&dir).unwrap();
+    let name = dir.join("s").to_str().unwrap().to_string();
+    let sock_addr = SocketAddrUnix::new(name.as_str()).unwrap();
     let new_socket = || {
         rustix::net::socket_with(
             AddressFamily::UNIX,
@@ -361,7 +368,7 @@ fn an_offer_naming_a_full_socket_blocks_no_one() {
     // A TCP HELLO offering shared memory over the trap.
     let mut private = default_hello_data();
     private.resize(rdmx::proto::MAX_HANDSHAKE_LEN.max(private.len()), 0);
-    private.extend_from_slice(b"RXSO\x01\x00\x00\x00");
+    private.extend_from_slice(b"RXSO\x02\x00\x00\x00");
     private.extend_from_slice(&rdmx_shm::HostIdentity::this().unwrap().encode());
     private.extend_from_slice(&0x5eed_u64.to_le_bytes());
     private.extend_from_slice(&[0u8; 16]);
@@ -385,6 +392,7 @@ fn an_offer_naming_a_full_socket_blocks_no_one() {
     assert_eq!(cep.transport(), Transport::Shm);
     assert_eq!(sep.transport(), Transport::Shm);
     drop((hostile, filler, another, trap));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The rdmx handshake of a default engine, as the private data of a TCP HELLO.

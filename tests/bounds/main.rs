@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 use rdmx::{Context, Ep, Listener, Transport, Worker, TAG_MASK_ALL};
 
 mod accept;
+mod shm_gets;
+mod shm_handover;
+mod shm_raw;
 
 /// A hang guard for the tests (not a timing: nothing is asserted against it but progress).
 pub const LONG: Duration = Duration::from_secs(60);

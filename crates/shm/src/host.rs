@@ -11,7 +11,7 @@ pub struct HostIdentity {
     pub boot_id: [u8; 16],
     /// The process's real user id (CMA reads need the same user, and the ptrace policy).
     pub uid: u32,
-    /// The network namespace's inode: abstract Unix socket names are per namespace.
+    /// The network namespace's inode: a peer reached at a loopback address is in this one.
     pub net_ns: u64,
     /// The pid namespace's inode: a peer's pid means the same process only inside it.
     pub pid_ns: u64,

@@ -11,6 +11,12 @@
 //! Both records come from the peer, so every field is checked before use: a GET for a buffer
 //! exposed to another endpoint, a DATA record out of order or past its READ's length, or a
 //! record too short for its header is a protocol error that closes the connection.
+//!
+//! GETs cost the peer no credit, so their number is bounded on their own: a sender answers
+//! at most [`MAX_GETS`] (64) GETs of a peer's at once — answers waiting for room in the ring —
+//! and a further one fails the connection; a reader sends at most as many unanswered and
+//! holds the rest back in its link until answers complete. Reading a ring never waits for an
+//! outbox, so two readers copying from each other never both stop.
 
 use std::sync::Arc;
 
@@ -22,10 +28,17 @@ pub(super) const KIND_FRAME: u8 = 0;
 pub(super) const KIND_GET: u8 = 1;
 /// Bytes answering a GET ([`DataHeader`], then the bytes).
 pub(super) const KIND_DATA: u8 = 2;
+/// GETs a peer may have unanswered on one connection: answers queued behind a full ring.
+/// A GET past them is a protocol error that fails the connection. An rdmx reader holds its
+/// own GETs back past as many (they wait in its link), so no rdmx peer ever reaches the
+/// bound; 64 keep far more rendezvous data asked for than a ring holds (the engine asks for
+/// 1 MiB a READ by default, the ring holds 256 KiB).
+pub(crate) const MAX_GETS: usize = 64;
+
 /// Bytes per DATA record at most (a record fits one of the worker's 64 KiB frame buffers).
 pub(super) const DATA_CHUNK: usize = (64 << 10) - 64;
 
-const GET_LEN: usize = 32;
+pub(super) const GET_LEN: usize = 32;
 const DATA_HEADER_LEN: usize = 24;
 
 fn word(b: &[u8], at: usize) -> u64 {
@@ -139,12 +152,14 @@ impl Serving {
 }
 
 /// A READ of the reader's waiting for DATA: `len` bytes into the lent buffer `buf` at
-/// `offset`, `got` of them arrived.
+/// `offset`, `got` of them arrived; `asked`: its GET went to the sender (else it is held
+/// back, see the link's `Reads`).
 pub(super) struct Copying {
     pub(super) buf: u64,
     pub(super) offset: usize,
     pub(super) len: usize,
     pub(super) got: usize,
+    pub(super) asked: bool,
 }
 
 #[cfg(test)]

@@ -4,8 +4,6 @@
 //! its other endpoints working.
 
 use std::os::fd::AsFd;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixListener};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +11,7 @@ use rdmx_shm::channel;
 use rdmx_shm::ring::{ring_len, PUBLISHED, RING_HEADER_LEN};
 use rdmx_shm::{fdpass, Doorbell, HostIdentity, Producer, Segment};
 
+use super::handover::HandOvers;
 use super::setup::{self, Answer, Offer};
 use crate::worker::Worker;
 use crate::{Context, Ep, Transport, TAG_MASK_ALL};
@@ -53,16 +52,15 @@ struct Hostile {
 /// the letter, so that it ends up holding the connection's segment.
 fn hostile_connect(listener: &crate::Listener, helper: &Worker) -> Hostile {
     let addr = listener.local_addr().expect("bound").to_string();
-    let name = format!("rdmx-shm-hostile-{:016x}", rand::random::<u64>());
-    let unix = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap())
-        .expect("unix listener");
+    let hand_overs = HandOvers::new(rustix::process::getuid().as_raw());
+    let expected = hand_overs.expect(Duration::from_secs(10));
     // (Leaked: the victim may read it by CMA at any time during the setup.)
     let probe: &'static u64 = Box::leak(Box::new(0x5eed_u64));
     let offer = Offer {
         identity: HostIdentity::this().expect("identity"),
-        token: 7,
+        token: expected.token(),
         probe: (probe as *const u64 as u64, *probe),
-        name,
+        name: hand_overs.name().expect("a hand-over socket").to_string(),
     };
     let (handshake, _) = helper.driver.local_handshake(Transport::Shm);
     let private = setup::with_ext(&handshake, &offer.encode());
@@ -75,7 +73,8 @@ fn hostile_connect(listener: &crate::Listener, helper: &Worker) -> Hostile {
                 capacity: super::RING_CAPACITY as u32
             }))
         );
-        let (sock, _) = unix.accept().expect("the hand-over");
+        let sock = expected.claim().expect("the hand-over");
+        sock.set_nonblocking(false).expect("blocking");
         let mut buf = [0u8; 64];
         let (_, mut fds) = fdpass::recv_with_fds(&sock, &mut buf).expect("segment");
         let _their_bell = fds.pop();

@@ -1,19 +1,19 @@
 //! The shared-memory transport's worker-wide part: the receive rings of all the worker's
 //! shared-memory connections, polled together on every progress call; the worker's doorbell;
-//! READs finished by its links; the Unix socket peers hand segments over on.
+//! READs finished by its links; the Unix socket peers hand segments over on (see
+//! [`super::handover`]).
 
-use std::collections::HashMap;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rdmx_proto::ConnId;
 use rdmx_shm::{Consumer, Doorbell, HostIdentity, RecordBuf};
 
 use super::copy::{KIND_DATA, KIND_FRAME, KIND_GET};
-use super::link::{Outbox, RecordSink};
+use super::handover::HandOvers;
+use super::link::RecordSink;
+use super::outbox::Outbox;
 use crate::error::{Error, Result};
 use crate::readiness::{Interest, Registry};
 use crate::transport::{LinkEvent, RecvFrame};
@@ -84,11 +84,11 @@ pub(crate) struct Shared {
     /// Links whose frames wait for room in their ring.
     blocked: Mutex<Vec<Arc<Outbox>>>,
     blocked_count: AtomicUsize,
-    /// Where peers that accepted our offer hand the segment over: an abstract Unix socket
-    /// (no file), made on the first offer.
-    listener: OnceLock<(UnixListener, String)>,
-    /// Handed-over streams not yet claimed, by token.
-    arrived: Mutex<HashMap<u64, UnixStream>>,
+    /// Bytes waiting in the links' outboxes, as counted against their bounds.
+    queued: Arc<AtomicUsize>,
+    /// Where peers that accepted our offer hand the segment over: a Unix socket only this
+    /// user can reach, made on the first offer, and the streams taken from it.
+    pub(crate) hand_overs: HandOvers,
 }
 
 /// The worker-wide part, made on first use.
@@ -132,8 +132,8 @@ impl ShmIface {
             done_count: AtomicUsize::new(0),
             blocked: Mutex::new(Vec::new()),
             blocked_count: AtomicUsize::new(0),
-            listener: OnceLock::new(),
-            arrived: Mutex::new(HashMap::new()),
+            queued: Arc::default(),
+            hand_overs: HandOvers::new(identity.uid),
         });
         Ok(self.shared.get_or_init(|| shared))
     }
@@ -279,6 +279,17 @@ impl Shared {
         }
     }
 
+    /// The count of bytes waiting in the links' outboxes, for a new link's to add to.
+    pub(crate) fn queued_total(&self) -> Arc<AtomicUsize> {
+        self.queued.clone()
+    }
+
+    /// Bytes waiting in the links' outboxes for room in their rings, as counted against
+    /// their bounds.
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
     /// A READ finished.
     pub(crate) fn read_done(&self, key: u64, ok: bool) {
         let mut done = self.done.lock();
@@ -374,6 +385,8 @@ impl Shared {
                     Ok(None) => break,
                     Err(e) => {
                         broken_ring(r.conn, e, out);
+                        // Nothing more goes to that peer: what waits for it is dropped.
+                        r.sink.close();
                         broken.push(i);
                         break;
                     }
@@ -415,69 +428,6 @@ impl Shared {
             Ok(Some((KIND_DATA, len))) => r.sink.data(self, record.bytes(len)).map(|()| Some(len)),
             Ok(Some((kind, _))) => Err(unknown_kind(kind)),
             Err(e) => Err(e.to_string()),
-        }
-    }
-
-    /// The name of the worker's Unix socket for handed-over segments, made if there is none.
-    pub(crate) fn listener_name(&self) -> Result<&str> {
-        if let Some((_, name)) = self.listener.get() {
-            return Ok(name);
-        }
-        use std::os::linux::net::SocketAddrExt;
-        let name = format!(
-            "rdmx-shm-{}-{:016x}",
-            std::process::id(),
-            rand::random::<u64>()
-        );
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
-            .map_err(|e| Error::os("naming the shared-memory socket", e))?;
-        let l = UnixListener::bind_addr(&addr)
-            .map_err(|e| Error::os("binding the shared-memory socket", e))?;
-        l.set_nonblocking(true)
-            .map_err(|e| Error::os("making the shared-memory socket nonblocking", e))?;
-        let (_, name) = self.listener.get_or_init(|| (l, name));
-        Ok(name)
-    }
-
-    /// The stream a peer handed a segment over on under `token`, waiting up to `timeout`.
-    /// Streams under other tokens (other connects of this worker) are kept for them.
-    pub(crate) fn claim(&self, token: u64, timeout: Duration) -> Result<UnixStream> {
-        let deadline = Instant::now() + timeout;
-        let Some((listener, _)) = self.listener.get() else {
-            return Err(Error::Invalid(
-                "no shared-memory socket to be handed a segment on".into(),
-            ));
-        };
-        loop {
-            if let Some(s) = self.arrived.lock().remove(&token) {
-                return Ok(s);
-            }
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    let mut t = [0u8; 8];
-                    // The peer's first bytes are the token (sent with the descriptors, which
-                    // the stream keeps until read: only peeked here).
-                    stream
-                        .set_read_timeout(Some(Duration::from_secs(1)))
-                        .map_err(|e| Error::os("shared-memory socket", e))?;
-                    match rustix::net::recv(&stream, &mut t, rustix::net::RecvFlags::PEEK) {
-                        Ok((8, _)) => {
-                            self.arrived.lock().insert(u64::from_le_bytes(t), stream);
-                        }
-                        _ => log::debug!("a shared-memory hand-over without its token: dropped"),
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        return Err(Error::Timeout(
-                            timeout,
-                            "waiting for the peer to hand the shared segment over".into(),
-                        ));
-                    }
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                Err(e) => return Err(Error::os("accepting a shared-memory hand-over", e)),
-            }
         }
     }
 

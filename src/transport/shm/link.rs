@@ -1,6 +1,7 @@
-//! A shared-memory connection of a worker: its send ring (with the records waiting for room
-//! in it), the peer's doorbell, and the READs it makes into buffers lent to it — by CMA, or
-//! by copy through the rings where CMA is not allowed (see [`super::copy`]).
+//! A shared-memory connection of a worker: its way out ([`super::outbox`]: the send ring, the
+//! records waiting for room in it, the peer's doorbell), and the READs it makes into buffers
+//! lent to it — by CMA, or by copy through the rings where CMA is not allowed (see
+//! [`super::copy`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Read;
@@ -8,195 +9,22 @@ use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rdmx_proto::{ConnId, RemoteBuf, UserBufId};
-use rdmx_shm::{Consumer, Doorbell, Producer};
+use rdmx_shm::Consumer;
 
-use super::copy::{Copying, DataHeader, Get, Serving, KIND_FRAME, KIND_GET};
+use super::copy::{Copying, DataHeader, Get, Serving, KIND_FRAME, KIND_GET, MAX_GETS};
 use super::iface::Shared;
+use super::outbox::Outbox;
 use super::setup::DataPath;
-use crate::hot_lock::HotLock;
 use crate::transport::tcp::{Answer, Exposures};
 use crate::transport::{
     Deferred, LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, RecvFrame, Transport,
     TransportLink,
 };
 use crate::usermem::UserMem;
-
-/// A record waiting for room in the send ring.
-enum Pending {
-    /// A record of `kind` with these bytes.
-    Record(u8, Vec<u8>),
-    /// The answer to a GET, pushed a chunk at a time.
-    Serve(Serving),
-}
-
-/// A link's way out: its send ring and what waits for room in it.
-pub(crate) struct Outbox {
-    conn: ConnId,
-    tx: HotLock<Producer>,
-    /// Records waiting for room, in order (nothing goes into the ring while one waits).
-    waiting: Mutex<VecDeque<Pending>>,
-    has_waiting: AtomicBool,
-    peer_bell: Doorbell,
-    /// Why the send ring cannot be used any more (the peer corrupted it): the first reason
-    /// found, set once (read on every send without a lock).
-    broken: OnceLock<String>,
-    /// The peer is gone or the link dropped: what waits is dropped, nothing more is sent
-    /// (the worker's retry list lets go of this outbox, and with it the segment).
-    closed: AtomicBool,
-}
-
-impl Outbox {
-    /// Rings the peer's doorbell if it said it may sleep.
-    fn wake_peer(&self, tx: &mut Producer) {
-        if tx.consumer_waiting() {
-            if let Err(e) = self.peer_bell.ring() {
-                log::warn!("{:?}: ringing the peer's doorbell: {e}", self.conn);
-            }
-        }
-    }
-
-    /// Drops what waits and sends nothing more.
-    fn close(&self) {
-        self.closed.store(true, Ordering::Release);
-        let mut waiting = self.waiting.lock();
-        waiting.clear();
-        self.has_waiting.store(false, Ordering::Release);
-    }
-
-    /// Pushes the waiting records the ring has room for; returns whether some still wait.
-    pub(crate) fn push_waiting(&self) -> bool {
-        let mut waiting = self.waiting.lock();
-        if self.closed.load(Ordering::Acquire) {
-            waiting.clear();
-            self.has_waiting.store(false, Ordering::Release);
-            return false;
-        }
-        let mut tx = self.tx.lock();
-        let mut pushed = false;
-        while let Some(f) = waiting.front_mut() {
-            let done = match f {
-                Pending::Record(kind, bytes) => tx.push_kind(*kind, &[bytes]),
-                Pending::Serve(s) => {
-                    let before = s.sent;
-                    let done = s.push(&mut tx);
-                    // (An answer to a GET may push part of itself.)
-                    pushed |= s.sent != before;
-                    done
-                }
-            };
-            match done {
-                Ok(true) => {
-                    waiting.pop_front();
-                    pushed = true;
-                }
-                Ok(false) => break,
-                Err(e) => {
-                    self.broke(e.to_string());
-                    waiting.clear();
-                    break;
-                }
-            }
-        }
-        // (Only for what went in: a retry that found the ring still full rings nobody.)
-        if pushed {
-            self.wake_peer(&mut tx);
-        }
-        let left = !waiting.is_empty();
-        self.has_waiting.store(left, Ordering::Release);
-        left
-    }
-
-    /// Sends a record of `kind` made of `pieces`: into the ring now when nothing waits and
-    /// it has room (`Ok(true)`), else queued behind what waits (`Ok(false)`; `shared` retries
-    /// it on every progress call).
-    // (Once per message: inlined, as the request table's operations are; see
-    // `worker::requests`.)
-    #[inline(always)]
-    fn send(
-        self: &Arc<Self>,
-        shared: &Shared,
-        kind: u8,
-        head: &[u64],
-        pieces: &[&[u8]],
-    ) -> Result<bool, String> {
-        if let Some(why) = self.broken.get() {
-            return Err(why.clone());
-        }
-        if self.closed.load(Ordering::Acquire) {
-            return Err("the connection is closed".into());
-        }
-        if !self.has_waiting.load(Ordering::Acquire) {
-            let mut tx = self.tx.lock();
-            match tx.push_words_then(kind, head, pieces) {
-                Ok(true) => {
-                    self.wake_peer(&mut tx);
-                    return Ok(true);
-                }
-                Ok(false) => {}
-                Err(e @ rdmx_shm::Error::TooLong { .. }) => return Err(e.to_string()),
-                Err(e) => {
-                    self.broke(e.to_string());
-                    return Err(e.to_string());
-                }
-            }
-        }
-        self.send_later(shared, kind, head, pieces);
-        Ok(false)
-    }
-
-    /// [`Outbox::send`] of a record that waits for room: its bytes copied, and queued behind
-    /// what waits. (Out of line, as a cold call: `send` is inlined into every send.)
-    #[cold]
-    #[inline(never)]
-    fn send_later(self: &Arc<Self>, shared: &Shared, kind: u8, head: &[u64], pieces: &[&[u8]]) {
-        let mut bytes: Vec<u8> = head.iter().flat_map(|w| w.to_ne_bytes()).collect();
-        for p in pieces {
-            bytes.extend_from_slice(p);
-        }
-        self.enqueue(shared, Pending::Record(kind, bytes));
-    }
-
-    /// Answers a GET: what the ring has room for now, the rest as room appears.
-    fn serve(self: &Arc<Self>, shared: &Shared, mut s: Serving) {
-        if self.closed.load(Ordering::Acquire) {
-            return;
-        }
-        if !self.has_waiting.load(Ordering::Acquire) {
-            let mut tx = self.tx.lock();
-            let done = s.push(&mut tx);
-            self.wake_peer(&mut tx);
-            match done {
-                Ok(true) => return,
-                Ok(false) => {}
-                Err(e) => {
-                    self.broke(e.to_string());
-                    return;
-                }
-            }
-        }
-        self.enqueue(shared, Pending::Serve(s));
-    }
-
-    fn enqueue(self: &Arc<Self>, shared: &Shared, p: Pending) {
-        {
-            // (Flag and queue change together: a retry draining the queue clears the flag.)
-            let mut waiting = self.waiting.lock();
-            waiting.push_back(p);
-            self.has_waiting.store(true, Ordering::Release);
-        }
-        shared.blocked(self.clone());
-    }
-
-    fn broke(&self, why: String) {
-        log::warn!("{:?}: {why}", self.conn);
-        // (The first reason stays.)
-        let _ = self.broken.set(why);
-    }
-}
 
 /// A READ to make: `len` bytes at `addr` in the peer into the lent buffer `buf` at `offset`.
 struct QueuedRead {
@@ -220,7 +48,42 @@ pub(crate) struct Reads {
     queued: VecDeque<QueuedRead>,
     /// READs by copy waiting for DATA, by key.
     copying: HashMap<u64, Copying>,
+    /// GETs sent for them and not yet answered in full: at most [`MAX_GETS`], what the peer
+    /// answers without failing the connection.
+    asked: usize,
+    /// GETs of READs by copy waiting for one of those places, in order.
+    held_back: VecDeque<Get>,
     lent: HashMap<u64, Lent>,
+}
+
+impl Reads {
+    /// `get`, the GET of a READ by copy just added: to send now, taking one of the
+    /// [`MAX_GETS`] places, or `None` when it is held back, behind any held back before it
+    /// (sent by [`Reads::next_get`] as answers complete).
+    fn ask(&mut self, get: Get) -> Option<Get> {
+        if self.asked < MAX_GETS && self.held_back.is_empty() {
+            self.asked += 1;
+            return Some(get);
+        }
+        if let Some(c) = self.copying.get_mut(&get.key) {
+            c.asked = false;
+        }
+        self.held_back.push_back(get);
+        None
+    }
+
+    /// The GET held back that takes a free place, if any (its READ still waits for DATA).
+    fn next_get(&mut self) -> Option<Get> {
+        while self.asked < MAX_GETS {
+            let get = self.held_back.pop_front()?;
+            if let Some(c) = self.copying.get_mut(&get.key) {
+                c.asked = true;
+                self.asked += 1;
+                return Some(get);
+            }
+        }
+        None
+    }
 }
 
 /// What the worker's ring poller needs of a link to handle the records that are not frames.
@@ -233,6 +96,11 @@ pub(crate) struct RecordSink {
 }
 
 impl RecordSink {
+    /// The connection broke: nothing more goes out, what waits is dropped.
+    pub(crate) fn close(&self) {
+        self.out.close();
+    }
+
     /// A GET from the peer: answered from the exposure table. `Err`: a protocol error.
     pub(crate) fn get(&self, shared: &Shared, record: &[u8]) -> Result<(), String> {
         let g = Get::decode(record)?;
@@ -264,8 +132,7 @@ impl RecordSink {
                 ))
             }
         };
-        self.out.serve(shared, serving);
-        Ok(())
+        self.out.serve(shared, serving)
     }
 
     /// DATA for one of this link's READs: copied into its lent buffer; the READ is reported
@@ -278,6 +145,12 @@ impl RecordSink {
             // Reclaimed meanwhile (the connection is closing).
             return Ok(());
         };
+        if !c.asked {
+            return Err(format!(
+                "DATA for a READ whose GET was not sent yet ({:#x})",
+                h.key
+            ));
+        }
         let ok = if h.refused {
             false
         } else {
@@ -307,8 +180,14 @@ impl RecordSink {
         if let Some(l) = lent.get_mut(&c.buf) {
             l.outstanding -= 1;
         }
+        // Its place goes to the next GET held back.
+        guard.asked -= 1;
+        let next = guard.next_get();
         drop(guard);
         shared.read_done(h.key, ok);
+        if let Some(get) = next {
+            self.out.send(shared, KIND_GET, &[], &[&get.encode()])?;
+        }
         Ok(())
     }
 }
@@ -340,6 +219,9 @@ pub(crate) struct Parts {
     pub(crate) peer_data: Vec<u8>,
     pub(crate) peer_addr: Option<SocketAddr>,
     pub(crate) local_addr: Option<SocketAddr>,
+    /// This side's receive buffers (`RDMX_RECV_BUF_SIZE` on shared memory), which the
+    /// bound of the link's outbox derives from (see [`Outbox`]).
+    pub(crate) recv_buf_size: u32,
 }
 
 impl ShmLink {
@@ -361,15 +243,13 @@ impl ShmLink {
         Ok(ShmLink {
             sink: RecordSink {
                 conn: id,
-                out: Arc::new(Outbox {
-                    conn: id,
-                    tx: HotLock::new(tx),
-                    waiting: Mutex::new(VecDeque::new()),
-                    has_waiting: AtomicBool::new(false),
+                out: Arc::new(Outbox::new(
+                    id,
+                    tx,
                     peer_bell,
-                    broken: OnceLock::new(),
-                    closed: AtomicBool::new(false),
-                }),
+                    parts.recv_buf_size,
+                    shared.queued_total(),
+                )),
                 reads: Arc::new(Mutex::new(Reads::default())),
                 exposures,
             },
@@ -507,10 +387,14 @@ impl TransportLink for ShmLink {
         match self
             .sink
             .out
-            .send(&self.shared, KIND_FRAME, frame.words(), &[payload])?
+            .send(&self.shared, KIND_FRAME, frame.words(), &[payload])
         {
-            true => Ok(Queued::Posted),
-            false => Ok(Queued::ForFlush),
+            Ok(true) => Ok(Queued::Posted),
+            Ok(false) => Ok(Queued::ForFlush),
+            // The peer broke the ring or left it full past the outbox's bound: the flush
+            // reports the connection down, with why.
+            Err(_) if self.sink.out.broken.get().is_some() => Ok(Queued::ForFlush),
+            Err(e) => Err(e),
         }
     }
 
@@ -566,18 +450,21 @@ impl TransportLink for ShmLink {
                 offset: read.offset as usize,
                 len: read.len as usize,
                 got: 0,
+                asked: true,
             },
         );
-        drop(r);
-        let get = Get {
+        let get = r.ask(Get {
             key: read.key,
             rkey: read.remote.rkey,
             addr: read.remote.addr,
             len: read.len,
-        };
-        self.sink
-            .out
-            .send(&self.shared, KIND_GET, &[], &[&get.encode()])?;
+        });
+        drop(r);
+        if let Some(get) = get {
+            self.sink
+                .out
+                .send(&self.shared, KIND_GET, &[], &[&get.encode()])?;
+        }
         Ok(())
     }
 
@@ -630,6 +517,8 @@ impl TransportLink for ShmLink {
         let mut r = self.sink.reads.lock();
         r.queued.clear();
         r.copying.clear();
+        r.held_back.clear();
+        r.asked = 0;
         r.lent
             .drain()
             .filter_map(|(key, l)| l.vec.map(|v| (UserBufId(key), v)))

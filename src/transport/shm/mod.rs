@@ -5,7 +5,8 @@
 //! A connection starts over TCP (the user connects to `host:port` as always). The connector
 //! offers shared memory in its handshake ([`setup`]); an acceptor on the same host (same
 //! boot, user and namespaces) answers by handing the connection's
-//! segment and its doorbell over a Unix socket, and both sides then drop the TCP socket: the
+//! segment and its doorbell over the connector's Unix socket (one per worker, which only its
+//! user can reach: see `handover`), and both sides then drop the TCP socket: the
 //! Unix socket stays only to tell when the peer is gone (its hang-up). Where any check
 //! fails, the connection stays TCP, or is refused when TCP is not in the transports.
 //!
@@ -19,10 +20,12 @@
 //! not, its READs are copied through the rings instead: see `copy`.
 
 mod copy;
+mod handover;
 #[cfg(test)]
 mod hostile_tests;
 mod iface;
 mod link;
+mod outbox;
 pub(crate) mod setup;
 
 pub(crate) use iface::{ShmIface, ShmRings};

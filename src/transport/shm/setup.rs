@@ -2,8 +2,8 @@
 //!
 //! 1. The connector's HELLO carries its rdmx handshake (padded to
 //!    [`MAX_HANDSHAKE_LEN`] bytes) and then an [`Offer`]: its [`HostIdentity`], a token, the
-//!    address and value of a word the acceptor may read by CMA, and the name of its worker's
-//!    abstract Unix socket.
+//!    address and value of a word the acceptor may read by CMA, and the path of its worker's
+//!    hand-over socket, in a directory only its user may enter ([`super::handover`]).
 //! 2. An acceptor that takes shared memory checks the identity, connects to that socket
 //!    (without waiting: one that takes no connection now is a reason to decline), checks
 //!    the kernel's word for who is there (pid and uid), reads the probe word by CMA,
@@ -22,18 +22,20 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+
 use rdmx_proto::MAX_HANDSHAKE_LEN;
 use rdmx_shm::channel::{self, Side};
 use rdmx_shm::{cma, fdpass, Consumer, Doorbell, HostIdentity, Producer, Segment, IDENTITY_LEN};
 
+use super::handover::{self, Expected};
 use super::iface::Shared;
 use super::RING_CAPACITY;
 
 const OFFER_MAGIC: &[u8; 4] = b"RXSO";
 const ANSWER_MAGIC: &[u8; 4] = b"RXSA";
-const VERSION: u8 = 1;
-/// The longest socket name an offer carries.
-const MAX_NAME: usize = 64;
+/// 2: the offer names a socket by its path (1 named an abstract socket).
+const VERSION: u8 = 2;
 /// The longest reason a declining answer carries.
 const MAX_REASON: usize = 120;
 /// The largest ring a peer may ask us to map.
@@ -48,7 +50,7 @@ pub(crate) struct Offer {
     pub(crate) token: u64,
     /// Address and value of the connector's probe word.
     pub(crate) probe: (u64, u64),
-    /// Its worker's abstract Unix socket.
+    /// The path of its worker's hand-over socket.
     pub(crate) name: String,
 }
 
@@ -98,8 +100,14 @@ impl Offer {
             return Ok(None);
         }
         let fixed = 8 + IDENTITY_LEN + 24 + 1;
-        if ext.len() < fixed || &ext[..4] != OFFER_MAGIC || ext[4..8] != [VERSION, 0, 0, 0] {
+        if ext.len() < fixed || &ext[..4] != OFFER_MAGIC || ext[5..8] != [0, 0, 0] {
             return Err(malformed("offer"));
+        }
+        if ext[4] != VERSION {
+            return Err(format!(
+                "a shared-memory offer of version {}; this build speaks {VERSION}",
+                ext[4]
+            ));
         }
         let identity =
             HostIdentity::decode(&ext[8..8 + IDENTITY_LEN]).map_err(|e| e.to_string())?;
@@ -107,12 +115,12 @@ impl Offer {
         let word = |i: usize| u64::from_le_bytes(ext[i..i + 8].try_into().expect("8 bytes"));
         let name_len = ext[at + 24] as usize;
         let name = &ext[fixed..];
-        if name_len == 0 || name_len > MAX_NAME || name.len() != name_len {
+        if name.len() != name_len {
             return Err(malformed("offer (its socket name)"));
         }
         let name = std::str::from_utf8(name)
             .ok()
-            .filter(|n| n.starts_with("rdmx-shm-"))
+            .filter(|n| handover::is_socket_path(n))
             .ok_or_else(|| malformed("offer (its socket name)"))?;
         Ok(Some(Offer {
             identity,
@@ -227,33 +235,6 @@ fn peer_of(sock: &UnixStream, identity: &HostIdentity) -> Result<i32, String> {
     Ok(pid)
 }
 
-/// Connects to the abstract Unix socket `name` without waiting: a socket whose backlog is
-/// full (a peer that named a socket nobody accepts on) is an error at once, where a
-/// blocking connect would wait for room for as long as that socket's owner likes, holding
-/// up the acceptor. (A stream connect on a Unix socket never completes later: it is made,
-/// or refused with `EAGAIN`.) The stream returned is blocking.
-fn connect_now(name: &str) -> Result<UnixStream, String> {
-    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-    let what = |e: rustix::io::Errno| match e {
-        rustix::io::Errno::AGAIN => "the peer's shared-memory socket takes no connection \
-                                     now (its backlog is full)"
-            .to_string(),
-        e => format!("connecting to the peer's shared-memory socket: {e}"),
-    };
-    let addr = SocketAddrUnix::new_abstract_name(name.as_bytes()).map_err(what)?;
-    let fd = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::STREAM,
-        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
-        None,
-    )
-    .map_err(what)?;
-    rustix::net::connect(&fd, &addr).map_err(what)?;
-    let sock = UnixStream::from(fd);
-    sock.set_nonblocking(false).map_err(|e| e.to_string())?;
-    Ok(sock)
-}
-
 /// The acceptor's side, before its TCP ACCEPT: checks the offer and hands the segment over.
 /// An `Err` is the reason to decline.
 pub(crate) struct Accepting {
@@ -274,10 +255,7 @@ impl Accepting {
         if !diff.is_empty() {
             return Err(format!("the peer runs on {}", diff.join(", ")));
         }
-        let sock = connect_now(&offer.name)?;
-        sock.set_read_timeout(Some(timeout))
-            .and_then(|()| sock.set_write_timeout(Some(timeout)))
-            .map_err(|e| e.to_string())?;
+        let sock = connect_now(&offer.name, timeout)?;
         let peer_pid = peer_of(&sock, &shared.identity)?;
         let cma = cma_to(peer_pid, offer.probe, use_cma);
         let seg = channel::create("rdmx-shm", RING_CAPACITY).map_err(|e| e.to_string())?;
@@ -329,17 +307,50 @@ impl Accepting {
     }
 }
 
+/// Connects to the hand-over socket at `path` without waiting: a socket whose backlog is
+/// full (a peer that named a socket nobody accepts on) is an error at once, where a
+/// blocking connect would wait for room for as long as that socket's owner likes, holding
+/// up the acceptor. (A stream connect on a Unix socket never completes later: it is made,
+/// or refused with `EAGAIN`.) The stream returned is blocking, each read and write bounded
+/// by `timeout`.
+fn connect_now(path: &str, timeout: Duration) -> Result<UnixStream, String> {
+    let what = |e: rustix::io::Errno| match e {
+        rustix::io::Errno::AGAIN => format!(
+            "the peer's shared-memory socket {path} takes no connection now (its backlog is full)"
+        ),
+        e => format!("connecting to the peer's shared-memory socket {path}: {e}"),
+    };
+    let addr = SocketAddrUnix::new(path).map_err(what)?;
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(what)?;
+    rustix::net::connect(&fd, &addr).map_err(what)?;
+    let sock = UnixStream::from(fd);
+    sock.set_nonblocking(false)
+        .and_then(|()| sock.set_read_timeout(Some(timeout)))
+        .and_then(|()| sock.set_write_timeout(Some(timeout)))
+        .map_err(|e| e.to_string())?;
+    Ok(sock)
+}
+
 /// The connector's side, after an ACCEPT that took the offer: takes the hand-over made
-/// under `token`, checks it, and sends the worker's doorbell.
+/// under `expected`'s token, checks it, and sends the worker's doorbell; waits at most
+/// `timeout` for each step.
 pub(crate) fn connected(
     shared: &Shared,
-    token: u64,
+    expected: Expected<'_>,
     capacity: u32,
     timeout: Duration,
     use_cma: bool,
 ) -> Result<DataPath, String> {
-    let sock = shared.claim(token, timeout).map_err(|e| e.to_string())?;
-    sock.set_read_timeout(Some(timeout))
+    let token = expected.token();
+    let sock = expected.claim().map_err(|e| e.to_string())?;
+    sock.set_nonblocking(false)
+        .and_then(|()| sock.set_read_timeout(Some(timeout)))
         .and_then(|()| sock.set_write_timeout(Some(timeout)))
         .map_err(|e| e.to_string())?;
     let peer_pid = peer_of(&sock, &shared.identity)?;
@@ -382,7 +393,7 @@ mod tests {
             identity: HostIdentity::this().expect("identity"),
             token: 0x1122_3344_5566_7788,
             probe: (0x7fff_0000_1000, 42),
-            name: "rdmx-shm-1234-00000000deadbeef".into(),
+            name: "/tmp/rdmx-shm-1234-00000000deadbeef/s".into(),
         }
     }
 
@@ -407,6 +418,26 @@ mod tests {
     }
 
     #[test]
+    fn connecting_to_a_socket_with_a_full_backlog_fails_at_once() {
+        let dir = std::env::temp_dir().join(format!("rdmx-shm-t-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir(&dir).unwrap();
+        let path = dir.join("s").to_str().unwrap().to_string();
+        // A listener that never accepts, with room for one connection waiting.
+        let l = rustix::net::socket(AddressFamily::UNIX, SocketType::STREAM, None).unwrap();
+        rustix::net::bind(&l, &SocketAddrUnix::new(path.as_str()).unwrap()).unwrap();
+        rustix::net::listen(&l, 0).unwrap();
+        let _first = connect_now(&path, Duration::from_secs(10)).expect("room for one");
+        let (done, gave_up) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || done.send(connect_now(&p, Duration::from_secs(10))));
+        // (A hang guard: a blocking connect waits for as long as nobody accepts.)
+        let second = gave_up.recv_timeout(Duration::from_secs(30));
+        std::fs::remove_dir_all(&dir).unwrap();
+        let e = second.expect("the connect gave up").expect_err("no room");
+        assert!(e.contains("backlog is full"), "{e}");
+    }
+
+    #[test]
     fn malformed_offers_and_answers_are_refused() {
         let good = offer().encode();
         for i in [0, 4, 5, 8] {
@@ -418,9 +449,21 @@ mod tests {
         let mut long = good.clone();
         long.push(b'x');
         assert!(Offer::decode(&long).is_err());
-        let mut other_name = offer();
-        other_name.name = "/tmp/socket".into();
-        assert!(Offer::decode(&other_name.encode()).is_err());
+        for name in [
+            "/tmp/socket",
+            "rdmx-shm-1234-00000000deadbeef",
+            "/tmp/rdmx-shm-1/../s",
+        ] {
+            let mut other_name = offer();
+            other_name.name = name.into();
+            assert!(Offer::decode(&other_name.encode()).is_err(), "{name}");
+        }
+        let mut old = good.clone();
+        old[4] = 1;
+        assert_eq!(
+            Offer::decode(&old),
+            Err("a shared-memory offer of version 1; this build speaks 2".into())
+        );
         assert!(Answer::decode(b"RXSA\x01\x01\x00\x00\x00").is_err());
         assert!(Answer::decode(b"RXSA\x01\x02\x00\x05abc").is_err());
         assert!(Answer::decode(b"XXXX\x01\x01\x00\x00\x00\x00\x00\x00").is_err());
