@@ -224,6 +224,7 @@
 //!
 //! | what | default | set by | at the bound |
 //! | --- | --- | --- | --- |
+//! | a TCP connection's output queue: what its peer asked for or was sent and has not read (GET replies, READ answers, frames); copied bytes and a slot per item, a READ answer's data being the send buffer itself ([`WorkerStats::send_queue_bytes`]) | 16 MiB per connection, or 4 × `RDMX_CREDITS` × TCP's `RDMX_RECV_BUF_SIZE` if more | fixed (follows those two) | the worker stops reading that peer ([`WorkerStats::paused_inputs`]) until it has read half: its requests wait in its own socket, held up by TCP's flow control, and are answered once it reads. A legitimate peer never reaches it: it can make a connection queue only its credit window of frames and the answers to its READs, at most 64 in flight per connection (`rdmx_proto::MAX_READS_PER_CONN`) |
 //!
 //! These promises are tests: a peer process SIGKILLed during an eager stream and during a
 //! rendezvous READ in either direction (every pending request fails within 5 s; memory

@@ -29,6 +29,9 @@ pub(crate) enum Interest {
     Read,
     /// Input, and room for output.
     ReadWrite,
+    /// Room for output only (a TCP link whose input is paused until its peer reads: its
+    /// socket stays readable, and watching that would wake every wait at once).
+    Write,
 }
 
 impl Interest {
@@ -36,6 +39,7 @@ impl Interest {
         match self {
             Interest::Read => epoll::EventFlags::IN,
             Interest::ReadWrite => epoll::EventFlags::IN | epoll::EventFlags::OUT,
+            Interest::Write => epoll::EventFlags::OUT,
         }
     }
 }
@@ -223,8 +227,19 @@ mod tests {
                 writable: true
             }]
         );
-        reg.modify(b.as_fd(), 3, Interest::Read).unwrap();
+        // Readable, watched for output only: not reported while there is no room.
         a.write_all(b"x").unwrap();
+        reg.modify(b.as_fd(), 3, Interest::Write).unwrap();
+        reg.wait(&mut out, Some(SHORT)).unwrap();
+        assert_eq!(
+            out,
+            [Ready {
+                token: 3,
+                readable: false,
+                writable: true
+            }]
+        );
+        reg.modify(b.as_fd(), 3, Interest::Read).unwrap();
         reg.wait(&mut out, Some(SHORT)).unwrap();
         assert_eq!(
             out,

@@ -2,11 +2,12 @@
 
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use rdmx_proto::ConnId;
 
-use super::{Transport, TransportLink};
+use super::{Transport, TransportLink, Watch};
+use crate::readiness::Interest;
 
 /// A connection of a worker.
 pub(crate) struct Conn {
@@ -21,10 +22,11 @@ pub(crate) struct Conn {
     pub(crate) pending_sends: AtomicUsize,
     /// Why the connection closed (the first reason recorded wins).
     pub(crate) close_reason: parking_lot::Mutex<Option<String>>,
-    /// Whether the worker's readiness registry watches the link for room to write (a TCP
-    /// link with output a full socket buffer held back).
-    pub(crate) write_watched: AtomicBool,
-    /// Held while `write_watched` and the registration change together.
+    /// What the worker's readiness registry watches the link's fd for ([`Interest`] as
+    /// [`interest_code`]): input, and room to write while output a full socket buffer held
+    /// back waits (TCP) — room to write alone while its input is paused.
+    watched: AtomicU8,
+    /// Held while `watched` and the registration change together.
     pub(crate) watch_lock: parking_lot::Mutex<()>,
 }
 
@@ -38,7 +40,7 @@ impl Conn {
             closing: AtomicBool::new(false),
             close_reason: parking_lot::Mutex::new(None),
             pending_sends: AtomicUsize::new(0),
-            write_watched: AtomicBool::new(false),
+            watched: AtomicU8::new(interest_code(Interest::Read)),
             watch_lock: parking_lot::Mutex::new(()),
         }
     }
@@ -58,9 +60,26 @@ impl Conn {
         self.link.flush(self.is_closing())
     }
 
-    /// Whether output waits for room in the socket.
-    pub(crate) fn wants_write(&self) -> bool {
-        self.link.wants_write()
+    /// What the link's fd is to be watched for now (see [`TransportLink::watch`]).
+    #[inline]
+    pub(crate) fn watch(&self) -> Watch {
+        self.link.watch()
+    }
+
+    /// What the registry watches the link's fd for.
+    #[inline]
+    pub(crate) fn watched(&self) -> Interest {
+        match self.watched.load(Ordering::Acquire) {
+            0 => Interest::Read,
+            1 => Interest::ReadWrite,
+            _ => Interest::Write,
+        }
+    }
+
+    /// Records what the registry now watches the link's fd for (under `watch_lock`).
+    pub(crate) fn set_watched(&self, interest: Interest) {
+        self.watched
+            .store(interest_code(interest), Ordering::Release);
     }
 
     /// Whether nothing is posted or waiting to be written.
@@ -77,5 +96,14 @@ impl Conn {
     /// The fd that becomes readable when the connection has news (rdmacm events, or data).
     pub(crate) fn event_fd(&self) -> BorrowedFd<'_> {
         self.link.event_fd()
+    }
+}
+
+/// [`Interest`] as stored in [`Conn`]'s `watched`.
+const fn interest_code(interest: Interest) -> u8 {
+    match interest {
+        Interest::Read => 0,
+        Interest::ReadWrite => 1,
+        Interest::Write => 2,
     }
 }

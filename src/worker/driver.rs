@@ -268,32 +268,35 @@ impl Driver {
     }
 
     /// Posts or writes what `cs` has queued, and keeps the registry watching its link for
-    /// room to write exactly while output waits for it (TCP).
+    /// room to write exactly while output waits for it (TCP) — and not for input while its
+    /// input is paused (its socket stays readable: watching that would wake every wait
+    /// at once, and a paused link reads nothing). A link that resumed with input it held
+    /// back is polled by the next progress call ([`Driver::held_due`]).
     pub(super) fn flush_conn(&self, cs: &Conn) {
         if cs.flush() {
             self.failures_pending.store(true, Ordering::Release);
             self.waker.wake();
         }
-        if cs.wants_write() == cs.write_watched.load(Ordering::Acquire) {
+        let watch = cs.watch();
+        if watch.held_ready {
+            self.held_due.store(true, Ordering::Release);
+            self.waker.wake();
+        }
+        if watch.interest == cs.watched() {
             return;
         }
-        // The flag changes with the registration, under the connection's watch lock, and each
-        // flush checks after its own writing: the last check sees the final state.
+        // The interest changes with the registration, under the connection's watch lock,
+        // and each flush checks after its own writing: the last check sees the final state.
         let _guard = cs.watch_lock.lock();
-        let wants = cs.wants_write();
-        if cs.write_watched.load(Ordering::Acquire) == wants {
+        let interest = cs.watch().interest;
+        if cs.watched() == interest {
             return;
         }
-        let interest = if wants {
-            Interest::ReadWrite
-        } else {
-            Interest::Read
-        };
         match self
             .registry
             .modify(cs.event_fd(), TOKEN_CONN + cs.id.0, interest)
         {
-            Ok(()) => cs.write_watched.store(wants, Ordering::Release),
+            Ok(()) => cs.set_watched(interest),
             Err(e) => log::warn!("cannot watch {:?} for {interest:?}: {e}", cs.id),
         }
     }

@@ -142,6 +142,14 @@ pub struct WorkerStats {
     pub connections: usize,
     /// Regions mapped for remote access ([`Worker::mem_map`]) and not yet unmapped.
     pub mapped_regions: usize,
+    /// Bytes the connections' output queues hold for peers that have not read them yet, as
+    /// counted against each TCP connection's output limit: copied frames and small
+    /// messages, and the queue's slots for items (a READ answer's data is the send buffer
+    /// itself, not counted). See the crate docs, "Bounds".
+    pub send_queue_bytes: u64,
+    /// Connections whose input the worker stopped reading because their output queue went
+    /// above its limit: their peers asked for more than they read.
+    pub paused_inputs: usize,
 }
 
 /// What a completed receive got: the sender's tag and the message length.
@@ -182,6 +190,9 @@ pub(crate) struct Driver {
     /// Threads asleep in waits, woken by what they wait for.
     sleepers: Sleepers,
     cm_due: AtomicBool,
+    /// A link whose input was paused resumed with input it held back: the next progress
+    /// call polls the links that hold some (no readiness reports them).
+    held_due: AtomicBool,
     last_cm_check: AtomicU64,
     next_timer: AtomicU64,
     failures_pending: AtomicBool,
@@ -348,6 +359,7 @@ impl Worker {
             waker,
             sleepers: Sleepers::default(),
             cm_due: AtomicBool::new(false),
+            held_due: AtomicBool::new(false),
             last_cm_check: AtomicU64::new(0),
             next_timer: AtomicU64::new(u64::MAX),
             failures_pending: AtomicBool::new(false),
@@ -689,12 +701,12 @@ impl Worker {
             .progress_lock
             .try_lock()
             .map_or(64 * 1024, |s| s.transport.tcp_rbuf.capacity() as u64);
-        let held: u64 = sh
-            .conn_list
-            .read()
-            .values()
-            .map(|c| c.link.held_recv_bytes())
-            .sum();
+        let (mut held, mut send_queue_bytes, mut paused_inputs) = (0, 0, 0);
+        for c in sh.conn_list.read().values() {
+            held += c.link.held_recv_bytes();
+            send_queue_bytes += c.link.queued_bytes();
+            paused_inputs += usize::from(c.link.input_paused());
+        }
         let st = sh.state.lock();
         let usage = sh.ifaces.usage(&st.ifaces);
         WorkerStats {
@@ -713,6 +725,8 @@ impl Worker {
             reads_in_flight: st.reads.len(),
             connections: sh.conn_list.read().len(),
             mapped_regions: sh.regions.lock().len(),
+            send_queue_bytes,
+            paused_inputs,
         }
     }
 }
