@@ -24,6 +24,7 @@ const WAIT_BATCH: usize = 64;
 
 /// What a registered source is watched for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Interest {
     /// Input (or hang-up, or an error).
     Read,
@@ -35,6 +36,16 @@ pub(crate) enum Interest {
 }
 
 impl Interest {
+    /// Input, and room for output if `wants_write`.
+    #[inline]
+    pub(crate) fn for_output(wants_write: bool) -> Interest {
+        if wants_write {
+            Interest::ReadWrite
+        } else {
+            Interest::Read
+        }
+    }
+
     fn flags(self) -> epoll::EventFlags {
         match self {
             Interest::Read => epoll::EventFlags::IN,

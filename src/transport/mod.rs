@@ -16,6 +16,8 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use rdmx_proto::{ConnId, RemoteBuf, UserBufId};
 
@@ -339,6 +341,13 @@ pub(crate) trait TransportLink: Send + Sync {
         false
     }
 
+    /// The flags of a link whose input can pause, for the worker to read without calling
+    /// the link on every frame (see [`InputFlags`]); `None` for one whose input never
+    /// pauses.
+    fn input_flags(&self) -> Option<InputFlags> {
+        None
+    }
+
     /// Takes back, in order and ahead of anything it holds, events this link's
     /// [`poll`](TransportLink::poll) reported that the worker did not deliver because the
     /// link's input paused meanwhile: its next poll, once it is no longer paused, reports
@@ -376,6 +385,15 @@ pub(crate) trait TransportLink: Send + Sync {
         scratch: &mut PollScratch,
         out: &mut Vec<LinkEvent>,
     ) -> usize;
+}
+
+/// A pausing link's flags, set by the link alone (see [`TransportLink::input_flags`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct InputFlags {
+    /// Its input is paused ([`TransportLink::input_paused`]).
+    pub(crate) paused: Arc<AtomicBool>,
+    /// It holds back input it read while paused ([`TransportLink::hold_input`]).
+    pub(crate) holding: Arc<AtomicBool>,
 }
 
 /// What to watch a link's fd for, and whether input it held back waits for a poll (see

@@ -477,7 +477,7 @@ pub(super) fn give_back(
     match link {
         Some(cs) => {
             cs.link.give_back(frame, deferred);
-            cs.link.input_paused()
+            cs.input_paused()
         }
         None => {
             deferred.return_frame(frame);

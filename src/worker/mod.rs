@@ -190,8 +190,9 @@ pub(crate) struct Driver {
     /// Threads asleep in waits, woken by what they wait for.
     sleepers: Sleepers,
     cm_due: AtomicBool,
-    /// A link whose input was paused resumed with input it held back: the next progress
-    /// call polls the links that hold some (no readiness reports them).
+    /// A link whose input was paused resumed with input it held back: the next
+    /// housekeeping progress call polls the links that hold some (no readiness reports
+    /// them; see [`Driver::resume_held`]).
     held_due: AtomicBool,
     last_cm_check: AtomicU64,
     next_timer: AtomicU64,
@@ -209,6 +210,9 @@ struct Scratch {
     failed_posts: Vec<LinkEvent>,
     /// What the links reported, in order.
     events: Vec<LinkEvent>,
+    /// Links whose input paused as their events were delivered, and the rest of their
+    /// events, to give back to them (see `Driver::deliver_events`).
+    holding: Vec<(ConnId, Vec<LinkEvent>)>,
     transport: PollScratch,
     /// What a progress call leaves for after the state lock, not made and dropped call after
     /// call: [`Driver::after_unlock`] leaves it empty but for its receive buffers to repost,
@@ -348,6 +352,7 @@ impl Worker {
                 ready: Vec::with_capacity(64),
                 failed_posts: Vec::new(),
                 events: Vec::new(),
+                holding: Vec::new(),
                 transport: PollScratch::new(),
                 after: AfterUnlock::default(),
                 idle_calls: 0,

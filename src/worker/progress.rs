@@ -117,6 +117,7 @@ impl Driver {
             ready,
             failed_posts,
             events,
+            holding,
             transport,
             after: out,
             idle_calls,
@@ -156,10 +157,13 @@ impl Driver {
                     self.flush_conn(cs);
                 }
             }
-            if self.held_due.load(Ordering::Relaxed) && self.held_due.swap(false, Ordering::AcqRel)
+            if housekeeping
+                && self.held_due.load(Ordering::Acquire)
+                && self.held_due.swap(false, Ordering::AcqRel)
             {
                 // Links whose input resumed with events they held back while it was paused:
-                // no readiness reports those.
+                // no readiness reports those (whoever saw one resume asked for this
+                // housekeeping call, see `Driver::resume_held`).
                 for cs in conns.values().filter(|cs| cs.watch().held_ready) {
                     let queued = cs.link.poll(housekeeping, transport, events);
                     if queued > 0 {
@@ -199,7 +203,7 @@ impl Driver {
             }
             // (Draining an empty list is not free: each is checked first.)
             if !events.is_empty() {
-                self.deliver_events(&mut st, events, out);
+                self.deliver_events(&mut st, events, holding, out);
             }
             if failures {
                 let list: Vec<Arc<Conn>> = st.conns.values().cloned().collect();
@@ -246,25 +250,33 @@ impl Driver {
         &self,
         st: &mut Protocol,
         events: &mut Vec<LinkEvent>,
+        holding: &mut Vec<(ConnId, Vec<LinkEvent>)>,
         out: &mut AfterUnlock,
     ) {
-        // (Allocates only once a link paused.)
-        let mut holding: Vec<(ConnId, Vec<LinkEvent>)> = Vec::new();
         for ev in events.drain(..) {
             if !holding.is_empty() {
-                if let Some(held) = ev
-                    .stream_conn()
-                    .and_then(|c| holding.iter_mut().find(|h| h.0 == c))
-                {
-                    held.1.push(ev);
-                    continue;
+                if let Some(ev) = hold(holding, ev) {
+                    if let Some(paused) = st.on_link_event(ev, out) {
+                        holding.push((paused, Vec::new()));
+                    }
                 }
+                continue;
             }
             if let Some(paused) = st.on_link_event(ev, out) {
                 holding.push((paused, Vec::new()));
             }
         }
-        for (conn, held) in holding {
+        if !holding.is_empty() {
+            self.hold_back(st, holding);
+        }
+    }
+
+    /// Gives the links in `holding` the events [`Driver::deliver_events`] held back for
+    /// them.
+    #[cold]
+    #[inline(never)]
+    fn hold_back(&self, st: &mut Protocol, holding: &mut Vec<(ConnId, Vec<LinkEvent>)>) {
+        for (conn, held) in holding.drain(..) {
             let Some(cs) = st.conns.get(&conn) else {
                 continue;
             };
@@ -277,8 +289,7 @@ impl Driver {
             }
             // (Another thread's flush may have resumed it before it held them.)
             if !cs.link.input_paused() {
-                self.held_due.store(true, Ordering::SeqCst);
-                self.waker.wake();
+                self.resume_held();
             }
         }
     }
@@ -408,6 +419,23 @@ impl Driver {
     }
 }
 
+/// Keeps `ev` in `holding` if it is in the stream of a connection held there (see
+/// [`Driver::deliver_events`]); otherwise gives it back.
+#[cold]
+#[inline(never)]
+fn hold(holding: &mut [(ConnId, Vec<LinkEvent>)], ev: LinkEvent) -> Option<LinkEvent> {
+    match ev
+        .stream_conn()
+        .and_then(|c| holding.iter_mut().find(|h| h.0 == c))
+    {
+        Some(held) => {
+            held.1.push(ev);
+            None
+        }
+        None => Some(ev),
+    }
+}
+
 /// The worker's only link (`conns` holds one), a stream (TCP) with no output held back (nor
 /// its input paused):
 /// marks it readable in `ready` without asking epoll, and returns true. Its read is then the
@@ -422,7 +450,7 @@ fn read_the_only_link(conns: &HashMap<u64, Arc<Conn>>, ready: &mut Vec<Ready>) -
     let Some(cs) = conns.values().next() else {
         return false;
     };
-    if conns.len() != 1 || !cs.link.frames_on_event_fd() || cs.watched() != Interest::Read {
+    if conns.len() != 1 || !cs.link.frames_on_event_fd() || !cs.is_watched(Interest::Read) {
         return false;
     }
     ready.clear();

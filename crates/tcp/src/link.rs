@@ -94,7 +94,7 @@ pub struct Link {
     output: Mutex<Output>,
     input: Mutex<Input>,
     /// The output is above its limit: input is not read (see [`Link::input_paused`]).
-    paused: AtomicBool,
+    paused: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for Link {
@@ -117,7 +117,7 @@ impl Link {
             peer_data,
             output: Mutex::new(Output::default()),
             input: Mutex::new(Input::default()),
-            paused: AtomicBool::new(false),
+            paused: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -190,6 +190,12 @@ impl Link {
     #[inline]
     pub fn input_paused(&self) -> bool {
         self.paused.load(Ordering::Acquire)
+    }
+
+    /// The flag [`Link::input_paused`] reads, for a caller that checks it often without
+    /// holding the link (set and cleared by the link only).
+    pub fn input_paused_flag(&self) -> Arc<AtomicBool> {
+        self.paused.clone()
     }
 
     /// Pauses or resumes the input as what `out` holds now asks.
@@ -326,14 +332,6 @@ impl Link {
         if let Some(reason) = &out.failed {
             return Err(Error::failed("flush", self.peer, reason.clone()));
         }
-        let result = self.write_out(out);
-        self.settle(out);
-        result
-    }
-
-    /// [`Link::flush`]'s writing, under the output lock.
-    #[inline(always)]
-    fn write_out(&self, out: &mut Output) -> Result<bool> {
         loop {
             let written = match out.queue.front() {
                 None => return Ok(true),
@@ -358,13 +356,21 @@ impl Link {
                 Ok(0) => {
                     let e = io::Error::from(io::ErrorKind::WriteZero);
                     out.fail(e.to_string());
+                    self.settle(out);
                     return Err(Error::io("flush", self.peer, e));
                 }
-                Ok(written) => out.advance(written),
+                Ok(written) => {
+                    out.advance(written);
+                    // (Writing only shrinks the queue: it may resume a paused input.)
+                    if out.paused {
+                        self.settle(out);
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) => {
                     out.fail(format!("send failed: {e}"));
+                    self.settle(out);
                     return Err(Error::io("flush", self.peer, e));
                 }
             }
@@ -475,6 +481,9 @@ impl Link {
     ///
     /// None at present: every failure of the connection is reported as [`Event::Closed`].
     pub fn poll(&self, out: &mut Vec<Event>) -> Result<usize> {
+        if self.input_paused() {
+            return Ok(0);
+        }
         let mut guard = self.input.lock();
         let mut rbuf = std::mem::take(&mut guard.rbuf);
         let n = self.poll_input(&mut guard, &mut rbuf, out);
@@ -492,6 +501,9 @@ impl Link {
     ///
     /// None at present, as for [`Link::poll`].
     pub fn poll_with(&self, out: &mut Vec<Event>, rbuf: &mut Vec<u8>) -> Result<usize> {
+        if self.input_paused() {
+            return Ok(0);
+        }
         let mut guard = self.input.lock();
         Ok(self.poll_input(&mut guard, rbuf, out))
     }
@@ -505,11 +517,11 @@ impl Link {
 
     fn poll_input(&self, input: &mut Input, rbuf: &mut Vec<u8>, out: &mut Vec<Event>) -> usize {
         let before = out.len();
-        if input.dead || self.input_paused() {
+        if input.dead {
             return 0;
         }
         let mut budget = POLL_BUDGET;
-        while budget > 0 && out.len() - before < MAX_POLL_EVENTS {
+        while budget > 0 {
             let last_want;
             let res = if input.parser.in_payload() {
                 match input.parser.payload_dest() {
@@ -562,7 +574,12 @@ impl Link {
                     // WouldBlock (the caller learns of new data from epoll).
                     break;
                 }
-                Ok(n) => budget = budget.saturating_sub(n),
+                Ok(n) => {
+                    budget = budget.saturating_sub(n);
+                    if out.len() - before >= MAX_POLL_EVENTS {
+                        break;
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => {

@@ -21,8 +21,8 @@ use rdmx_tcp::Event;
 use super::{Answer, Exposures};
 use crate::readiness::Interest;
 use crate::transport::{
-    Deferred, LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, RecvFrame, Transport,
-    TransportLink, Watch,
+    Deferred, InputFlags, LinkEvent, LockedIfaces, PollScratch, Queued, ReadOp, RecvFrame,
+    Transport, TransportLink, Watch,
 };
 use crate::usermem::UserMem;
 
@@ -35,8 +35,9 @@ pub(crate) struct TcpLink {
     /// Input read but not delivered, held while the link's input was paused: reported by
     /// the next polls, before anything new is read.
     held: Mutex<VecDeque<Held>>,
-    /// Whether `held` has anything (read without its lock).
-    holding: AtomicBool,
+    /// Whether `held` has anything (read without its lock, also by the worker: see
+    /// [`TransportLink::input_flags`]).
+    holding: Arc<AtomicBool>,
 }
 
 /// Input a paused link holds back.
@@ -54,7 +55,7 @@ impl TcpLink {
             link,
             exposures,
             held: Mutex::new(VecDeque::new()),
-            holding: AtomicBool::new(false),
+            holding: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -113,6 +114,23 @@ impl TcpLink {
             }
         }
         (answered, false)
+    }
+
+    /// [`TransportLink::watch`] of a link whose input is paused or holds events back, were
+    /// it watched for `interest` otherwise.
+    #[cold]
+    #[inline(never)]
+    fn watch_paused(&self, interest: Interest) -> Watch {
+        if self.link.input_paused() {
+            return Watch {
+                interest: Interest::Write,
+                held_ready: false,
+            };
+        }
+        Watch {
+            interest,
+            held_ready: self.holding.load(Ordering::SeqCst),
+        }
     }
 
     /// The link's input paused as a READ request was answered: the rest of what its poll
@@ -280,22 +298,29 @@ impl TransportLink for TcpLink {
     /// Write interest alone while the input is paused (the socket stays readable with the
     /// peer's input the link does not read).
     fn watch(&self) -> Watch {
-        let paused = self.link.input_paused();
-        let interest = if paused {
-            Interest::Write
-        } else if self.link.wants_write() {
+        let interest = if self.link.wants_write() {
             Interest::ReadWrite
         } else {
             Interest::Read
         };
-        Watch {
-            interest,
-            held_ready: !paused && self.holding.load(Ordering::SeqCst),
+        if !(self.link.input_paused() || self.holding.load(Ordering::SeqCst)) {
+            return Watch {
+                interest,
+                held_ready: false,
+            };
         }
+        self.watch_paused(interest)
     }
 
     fn input_paused(&self) -> bool {
         self.link.input_paused()
+    }
+
+    fn input_flags(&self) -> Option<InputFlags> {
+        Some(InputFlags {
+            paused: self.link.input_paused_flag(),
+            holding: self.holding.clone(),
+        })
     }
 
     fn hold_input(&self, events: Vec<LinkEvent>) {
