@@ -72,14 +72,14 @@ impl Conn {
     /// Whether the link's input is paused (see [`TransportLink::input_paused`]).
     #[inline]
     pub(crate) fn input_paused(&self) -> bool {
-        self.input.paused.load(Ordering::Acquire)
+        self.input.paused.load(Ordering::SeqCst)
     }
 
     /// Whether the link's input is paused or it holds input back: what it is watched for
     /// is then not only a matter of output waiting (see [`TransportLink::watch`]).
     #[inline]
     pub(crate) fn input_stopped(&self) -> bool {
-        self.input.paused.load(Ordering::Acquire) || self.input.holding.load(Ordering::SeqCst)
+        self.input.paused.load(Ordering::SeqCst) || self.input.holding.load(Ordering::SeqCst)
     }
 
     /// Whether output waits for room in the socket.

@@ -189,7 +189,7 @@ impl Link {
     /// output side failed, which empties it).
     #[inline]
     pub fn input_paused(&self) -> bool {
-        self.paused.load(Ordering::Acquire)
+        self.paused.load(Ordering::SeqCst)
     }
 
     /// The flag [`Link::input_paused`] reads, for a caller that checks it often without
@@ -210,7 +210,9 @@ impl Link {
     #[inline(never)]
     fn settle_slow(&self, out: &mut Output) {
         out.paused = !out.paused;
-        self.paused.store(out.paused, Ordering::Release);
+        // (Sequentially consistent: a caller that holds input back while paused checks the
+        // flag after saying so, and one that sees the input resume checks for held input.)
+        self.paused.store(out.paused, Ordering::SeqCst);
         if out.paused {
             log::debug!(
                 "link to {:?}: {} bytes of output queued, above the limit of {}: not reading \
