@@ -24,18 +24,33 @@ const WAIT_BATCH: usize = 64;
 
 /// What a registered source is watched for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Interest {
     /// Input (or hang-up, or an error).
     Read,
     /// Input, and room for output.
     ReadWrite,
+    /// Room for output only (a TCP link whose input is paused until its peer reads: its
+    /// socket stays readable, and watching that would wake every wait at once).
+    Write,
 }
 
 impl Interest {
+    /// Input, and room for output if `wants_write`.
+    #[inline]
+    pub(crate) fn for_output(wants_write: bool) -> Interest {
+        if wants_write {
+            Interest::ReadWrite
+        } else {
+            Interest::Read
+        }
+    }
+
     fn flags(self) -> epoll::EventFlags {
         match self {
             Interest::Read => epoll::EventFlags::IN,
             Interest::ReadWrite => epoll::EventFlags::IN | epoll::EventFlags::OUT,
+            Interest::Write => epoll::EventFlags::OUT,
         }
     }
 }
@@ -223,8 +238,19 @@ mod tests {
                 writable: true
             }]
         );
-        reg.modify(b.as_fd(), 3, Interest::Read).unwrap();
+        // Readable, watched for output only: not reported while there is no room.
         a.write_all(b"x").unwrap();
+        reg.modify(b.as_fd(), 3, Interest::Write).unwrap();
+        reg.wait(&mut out, Some(SHORT)).unwrap();
+        assert_eq!(
+            out,
+            [Ready {
+                token: 3,
+                readable: false,
+                writable: true
+            }]
+        );
+        reg.modify(b.as_fd(), 3, Interest::Read).unwrap();
         reg.wait(&mut out, Some(SHORT)).unwrap();
         assert_eq!(
             out,

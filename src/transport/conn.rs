@@ -2,11 +2,12 @@
 
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use rdmx_proto::ConnId;
 
-use super::{Transport, TransportLink};
+use super::{InputFlags, Transport, TransportLink, Watch};
+use crate::readiness::Interest;
 
 /// A connection of a worker.
 pub(crate) struct Conn {
@@ -21,11 +22,14 @@ pub(crate) struct Conn {
     pub(crate) pending_sends: AtomicUsize,
     /// Why the connection closed (the first reason recorded wins).
     pub(crate) close_reason: parking_lot::Mutex<Option<String>>,
-    /// Whether the worker's readiness registry watches the link for room to write (a TCP
-    /// link with output a full socket buffer held back).
-    pub(crate) write_watched: AtomicBool,
-    /// Held while `write_watched` and the registration change together.
+    /// What the worker's readiness registry watches the link's fd for (an [`Interest`], as
+    /// its `u8`): input, and room to write while output a full socket buffer held back
+    /// waits (TCP) — room to write alone while its input is paused.
+    watched: AtomicU8,
+    /// Held while `watched` and the registration change together.
     pub(crate) watch_lock: parking_lot::Mutex<()>,
+    /// The link's input flags (never set for a link whose input does not pause).
+    input: InputFlags,
 }
 
 impl Conn {
@@ -34,12 +38,13 @@ impl Conn {
             id,
             peer: link.peer_addr(),
             local: link.local_addr(),
-            link,
             closing: AtomicBool::new(false),
             close_reason: parking_lot::Mutex::new(None),
             pending_sends: AtomicUsize::new(0),
-            write_watched: AtomicBool::new(false),
+            watched: AtomicU8::new(Interest::Read as u8),
             watch_lock: parking_lot::Mutex::new(()),
+            input: link.input_flags().unwrap_or_default(),
+            link,
         }
     }
 
@@ -58,9 +63,40 @@ impl Conn {
         self.link.flush(self.is_closing())
     }
 
+    /// What the link's fd is to be watched for now (see [`TransportLink::watch`]).
+    #[inline]
+    pub(crate) fn watch(&self) -> Watch {
+        self.link.watch()
+    }
+
+    /// Whether the link's input is paused (see [`TransportLink::input_paused`]).
+    #[inline]
+    pub(crate) fn input_paused(&self) -> bool {
+        self.input.paused.load(Ordering::SeqCst)
+    }
+
+    /// Whether the link's input is paused or it holds input back: what it is watched for
+    /// is then not only a matter of output waiting (see [`TransportLink::watch`]).
+    #[inline]
+    pub(crate) fn input_stopped(&self) -> bool {
+        self.input.paused.load(Ordering::SeqCst) || self.input.holding.load(Ordering::SeqCst)
+    }
+
     /// Whether output waits for room in the socket.
+    #[inline]
     pub(crate) fn wants_write(&self) -> bool {
         self.link.wants_write()
+    }
+
+    /// Whether the registry watches the link's fd for `interest`.
+    #[inline]
+    pub(crate) fn is_watched(&self, interest: Interest) -> bool {
+        self.watched.load(Ordering::Acquire) == interest as u8
+    }
+
+    /// Records what the registry now watches the link's fd for (under `watch_lock`).
+    pub(crate) fn set_watched(&self, interest: Interest) {
+        self.watched.store(interest as u8, Ordering::Release);
     }
 
     /// Whether nothing is posted or waiting to be written.

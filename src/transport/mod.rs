@@ -16,6 +16,8 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use rdmx_proto::{ConnId, RemoteBuf, UserBufId};
 
@@ -31,6 +33,7 @@ pub(crate) mod tcp;
 pub(crate) use conn::Conn;
 pub(crate) use ifaces::{Deferred, Ifaces, LockedIfaces, PollScratch};
 
+use crate::readiness::Interest;
 use crate::usermem::UserMem;
 
 /// A transport, as `RDMX_TRANSPORT` names it. A context may use several, in order of
@@ -311,6 +314,58 @@ pub(crate) trait TransportLink: Send + Sync {
         false
     }
 
+    /// What the worker's readiness registry is to watch [`event_fd`] for now, and whether
+    /// input the link held back waits for a [`poll`] that no readiness will ask for: read
+    /// interest, and write interest while output waits for room ([`wants_write`]) — or,
+    /// while the link's input is paused ([`input_paused`]), write interest alone.
+    ///
+    /// [`event_fd`]: TransportLink::event_fd
+    /// [`poll`]: TransportLink::poll
+    /// [`wants_write`]: TransportLink::wants_write
+    /// [`input_paused`]: TransportLink::input_paused
+    fn watch(&self) -> Watch {
+        Watch {
+            interest: if self.wants_write() {
+                Interest::ReadWrite
+            } else {
+                Interest::Read
+            },
+            held_ready: false,
+        }
+    }
+
+    /// Whether the link stopped reading its peer's input because its output queue holds
+    /// more than its limit (TCP: a peer that asks for answers and does not read them); its
+    /// input is read again once the peer has read enough.
+    fn input_paused(&self) -> bool {
+        false
+    }
+
+    /// The flags of a link whose input can pause, for the worker to read without calling
+    /// the link on every frame (see [`InputFlags`]); `None` for one whose input never
+    /// pauses.
+    fn input_flags(&self) -> Option<InputFlags> {
+        None
+    }
+
+    /// Takes back, in order and ahead of anything it holds, events this link's
+    /// [`poll`](TransportLink::poll) reported that the worker did not deliver because the
+    /// link's input paused meanwhile: its next poll, once it is no longer paused, reports
+    /// them first. (Only links that pause ask for this.)
+    fn hold_input(&self, events: Vec<LinkEvent>) {
+        log::error!(
+            "a {} link cannot hold back {} events: dropped",
+            self.transport(),
+            events.len()
+        );
+    }
+
+    /// Bytes the link's output queue holds against its limit (TCP; see
+    /// [`crate::WorkerStats::send_queue_bytes`]).
+    fn queued_bytes(&self) -> u64 {
+        0
+    }
+
     /// Whether nothing is posted or waiting to be written.
     fn idle(&self) -> bool;
 
@@ -330,6 +385,25 @@ pub(crate) trait TransportLink: Send + Sync {
         scratch: &mut PollScratch,
         out: &mut Vec<LinkEvent>,
     ) -> usize;
+}
+
+/// A pausing link's flags, set by the link alone (see [`TransportLink::input_flags`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct InputFlags {
+    /// Its input is paused ([`TransportLink::input_paused`]).
+    pub(crate) paused: Arc<AtomicBool>,
+    /// It holds back input it read while paused ([`TransportLink::hold_input`]).
+    pub(crate) holding: Arc<AtomicBool>,
+}
+
+/// What to watch a link's fd for, and whether input it held back waits for a poll (see
+/// [`TransportLink::watch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Watch {
+    /// The readiness the registry is to watch the fd for.
+    pub(crate) interest: Interest,
+    /// The link's input is no longer paused and events it held back wait for its next poll.
+    pub(crate) held_ready: bool,
 }
 
 /// What [`TransportLink::queue_frame`] did with a frame.
@@ -413,6 +487,19 @@ impl std::ops::Deref for RecvFrame {
             #[cfg(feature = "rdma")]
             RecvFrame::Srq { buf, .. } => buf,
             RecvFrame::Owned(v) => v,
+        }
+    }
+}
+
+impl LinkEvent {
+    /// The connection whose input stream this event holds a place in — a frame, or the
+    /// connection's loss: delivered in order with the connection's other frames (and held
+    /// back with them while its input is paused, see [`TransportLink::hold_input`]).
+    #[inline]
+    pub(crate) fn stream_conn(&self) -> Option<ConnId> {
+        match self {
+            LinkEvent::Frame { conn, .. } | LinkEvent::Down { conn, .. } => Some(*conn),
+            _ => None,
         }
     }
 }

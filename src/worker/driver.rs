@@ -268,34 +268,55 @@ impl Driver {
     }
 
     /// Posts or writes what `cs` has queued, and keeps the registry watching its link for
-    /// room to write exactly while output waits for it (TCP).
+    /// room to write exactly while output waits for it (TCP) — and not for input while its
+    /// input is paused (its socket stays readable: watching that would wake every wait
+    /// at once, and a paused link reads nothing). A link that resumed with input it held
+    /// back is polled by the next progress call ([`Driver::resume_held`]).
     pub(super) fn flush_conn(&self, cs: &Conn) {
         if cs.flush() {
             self.failures_pending.store(true, Ordering::Release);
             self.waker.wake();
         }
-        if cs.wants_write() == cs.write_watched.load(Ordering::Acquire) {
-            return;
-        }
-        // The flag changes with the registration, under the connection's watch lock, and each
-        // flush checks after its own writing: the last check sees the final state.
-        let _guard = cs.watch_lock.lock();
+        // (Read interest, and write interest while output waits — unless the input is
+        // paused or held back: then the link says.)
         let wants = cs.wants_write();
-        if cs.write_watched.load(Ordering::Acquire) == wants {
+        if !cs.input_stopped() && cs.is_watched(Interest::for_output(wants)) {
             return;
         }
-        let interest = if wants {
-            Interest::ReadWrite
-        } else {
-            Interest::Read
-        };
+        self.rewatch(cs);
+    }
+
+    /// [`Driver::flush_conn`]'s change of what the registry watches `cs`'s fd for.
+    #[cold]
+    #[inline(never)]
+    fn rewatch(&self, cs: &Conn) {
+        if cs.watch().held_ready {
+            self.resume_held();
+        }
+        // The interest changes with the registration, under the connection's watch lock,
+        // and each flush checks after its own writing: the last check sees the final state.
+        let _guard = cs.watch_lock.lock();
+        let interest = cs.watch().interest;
+        if cs.is_watched(interest) {
+            return;
+        }
         match self
             .registry
             .modify(cs.event_fd(), TOKEN_CONN + cs.id.0, interest)
         {
-            Ok(()) => cs.write_watched.store(wants, Ordering::Release),
+            Ok(()) => cs.set_watched(interest),
             Err(e) => log::warn!("cannot watch {:?} for {interest:?}: {e}", cs.id),
         }
+    }
+
+    /// A link resumed with input it held back while paused, which no readiness will report:
+    /// the next progress call (a housekeeping one, asked for here) polls the links that
+    /// hold some.
+    #[cold]
+    pub(super) fn resume_held(&self) {
+        self.held_due.store(true, Ordering::SeqCst);
+        self.cm_due.store(true, Ordering::Release);
+        self.waker.wake();
     }
 
     /// Posts, reposts and wakes what the last locked section left to do (`out` is left

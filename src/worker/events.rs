@@ -4,9 +4,13 @@
 use super::*;
 
 impl Protocol {
-    pub(super) fn on_link_event(&mut self, ev: LinkEvent, out: &mut AfterUnlock) {
+    /// Turns `ev` into engine inputs. Returns the connection of a frame it delivered if
+    /// that connection's input is paused now (see [`Protocol::deliver`]).
+    pub(super) fn on_link_event(&mut self, ev: LinkEvent, out: &mut AfterUnlock) -> Option<ConnId> {
         match ev {
-            LinkEvent::Frame { conn, frame, len } => self.deliver(conn, frame, len, out),
+            LinkEvent::Frame { conn, frame, len } => {
+                return self.deliver(conn, frame, len, out).then_some(conn)
+            }
             LinkEvent::SendDone { conn, error } => {
                 // A flushing endpoint waits for its sends' work to complete.
                 out.news = true;
@@ -50,15 +54,14 @@ impl Protocol {
                 reason,
                 reads_lost,
             } => {
-                let Some(cs) = self.conns.get(&conn).cloned() else {
-                    return;
-                };
+                let cs = self.conns.get(&conn).cloned()?;
                 if !cs.is_closing() {
                     log::info!("{conn:?}: {:?}: {reason}", cs.peer);
                 }
                 self.link_down(&cs, reason, reads_lost, out);
             }
         }
+        None
     }
 
     /// A frame arrived on `conn`: the engine reads it, an eager message for a posted receive
@@ -67,10 +70,17 @@ impl Protocol {
     /// back to its link. Frames on closing connections go straight back: the engine forgot
     /// the connection before it started closing (every way a connection starts closing
     /// follows the engine's `fail_conn`), and drops what arrives on a connection it does not
-    /// know.
-    fn deliver(&mut self, conn: ConnId, frame: RecvFrame, len: usize, out: &mut AfterUnlock) {
+    /// know. Returns whether the link's input is paused now: the frame's answers took its
+    /// output queue past its limit (TCP), and its next frames are to wait.
+    fn deliver(
+        &mut self,
+        conn: ConnId,
+        frame: RecvFrame,
+        len: usize,
+        out: &mut AfterUnlock,
+    ) -> bool {
         self.deliver_bytes(conn, &frame[..len.min(frame.len())], out);
-        super::executor::give_back(&self.conns, frame, conn, &mut out.deferred);
+        super::executor::give_back(&self.conns, frame, conn, &mut out.deferred)
     }
 
     /// [`Protocol::deliver`] of a frame's bytes, which stay the caller's (shared memory's

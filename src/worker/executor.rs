@@ -460,13 +460,14 @@ fn queue_failed(engine: &mut Engine, cs: &Arc<Conn>, e: String) {
 }
 
 /// Gives a received frame's buffer back to where it came from: the link of `conn`, or
-/// without it, the worker's receive queue.
+/// without it, the worker's receive queue. Returns whether that link's input is paused
+/// (see [`crate::transport::TransportLink::input_paused`]; a stream's only).
 pub(super) fn give_back(
     conns: &HashMap<ConnId, Arc<Conn>>,
     frame: RecvFrame,
     conn: ConnId,
     deferred: &mut Deferred,
-) {
+) -> bool {
     // (An SRQ's buffer goes back to the worker: its connection is not looked up.)
     let link = if frame.is_link_buffer() {
         conns.get(&conn)
@@ -474,8 +475,14 @@ pub(super) fn give_back(
         None
     };
     match link {
-        Some(cs) => cs.link.give_back(frame, deferred),
-        None => deferred.return_frame(frame),
+        Some(cs) => {
+            cs.link.give_back(frame, deferred);
+            cs.input_paused()
+        }
+        None => {
+            deferred.return_frame(frame);
+            false
+        }
     }
 }
 

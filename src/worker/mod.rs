@@ -142,10 +142,15 @@ pub struct WorkerStats {
     pub connections: usize,
     /// Regions mapped for remote access ([`Worker::mem_map`]) and not yet unmapped.
     pub mapped_regions: usize,
-    /// Bytes waiting to go into shared-memory rings that were full: frames, and answers to
-    /// peers' GETs (rendezvous by copy), counted as against each connection's bound (see the
-    /// crate docs' bounds).
-    pub shm_queued_bytes: usize,
+    /// Bytes the connections' output queues hold for peers that have not read them yet, as
+    /// counted against each connection's bound: over TCP its output queue (copied frames
+    /// and small messages, and the queue's slots for items), over shared memory what waits
+    /// for room in its send ring (frames, and answers to the peer's GETs); a READ or GET
+    /// answer's data is the send buffer itself, not counted. See the crate docs, "Bounds".
+    pub send_queue_bytes: u64,
+    /// Connections whose input the worker stopped reading because their output queue went
+    /// above its limit: their peers asked for more than they read.
+    pub paused_inputs: usize,
 }
 
 /// What a completed receive got: the sender's tag and the message length.
@@ -186,6 +191,10 @@ pub(crate) struct Driver {
     /// Threads asleep in waits, woken by what they wait for.
     sleepers: Sleepers,
     cm_due: AtomicBool,
+    /// A link whose input was paused resumed with input it held back: the next
+    /// housekeeping progress call polls the links that hold some (no readiness reports
+    /// them; see [`Driver::resume_held`]).
+    held_due: AtomicBool,
     last_cm_check: AtomicU64,
     next_timer: AtomicU64,
     failures_pending: AtomicBool,
@@ -202,6 +211,9 @@ struct Scratch {
     failed_posts: Vec<LinkEvent>,
     /// What the links reported, in order.
     events: Vec<LinkEvent>,
+    /// Links whose input paused as their events were delivered, and the rest of their
+    /// events, to give back to them (see `Driver::deliver_events`).
+    holding: Vec<(ConnId, Vec<LinkEvent>)>,
     transport: PollScratch,
     /// What a progress call leaves for after the state lock, not made and dropped call after
     /// call: [`Driver::after_unlock`] leaves it empty but for its receive buffers to repost,
@@ -341,6 +353,7 @@ impl Worker {
                 ready: Vec::with_capacity(64),
                 failed_posts: Vec::new(),
                 events: Vec::new(),
+                holding: Vec::new(),
                 transport: PollScratch::new(),
                 after: AfterUnlock::default(),
                 idle_calls: 0,
@@ -352,6 +365,7 @@ impl Worker {
             waker,
             sleepers: Sleepers::default(),
             cm_due: AtomicBool::new(false),
+            held_due: AtomicBool::new(false),
             last_cm_check: AtomicU64::new(0),
             next_timer: AtomicU64::new(u64::MAX),
             failures_pending: AtomicBool::new(false),
@@ -693,12 +707,12 @@ impl Worker {
             .progress_lock
             .try_lock()
             .map_or(64 * 1024, |s| s.transport.tcp_rbuf.capacity() as u64);
-        let held: u64 = sh
-            .conn_list
-            .read()
-            .values()
-            .map(|c| c.link.held_recv_bytes())
-            .sum();
+        let (mut held, mut send_queue_bytes, mut paused_inputs) = (0, 0, 0);
+        for c in sh.conn_list.read().values() {
+            held += c.link.held_recv_bytes();
+            send_queue_bytes += c.link.queued_bytes();
+            paused_inputs += usize::from(c.link.input_paused());
+        }
         let st = sh.state.lock();
         let usage = sh.ifaces.usage(&st.ifaces);
         WorkerStats {
@@ -717,7 +731,9 @@ impl Worker {
             reads_in_flight: st.reads.len(),
             connections: sh.conn_list.read().len(),
             mapped_regions: sh.regions.lock().len(),
-            shm_queued_bytes: sh.ifaces.shm.get().map_or(0, |s| s.queued_bytes()),
+            send_queue_bytes: send_queue_bytes
+                + sh.ifaces.shm.get().map_or(0, |s| s.queued_bytes() as u64),
+            paused_inputs,
         }
     }
 }

@@ -117,6 +117,7 @@ impl Driver {
             ready,
             failed_posts,
             events,
+            holding,
             transport,
             after: out,
             idle_calls,
@@ -156,6 +157,21 @@ impl Driver {
                     self.flush_conn(cs);
                 }
             }
+            if housekeeping
+                && self.held_due.load(Ordering::Acquire)
+                && self.held_due.swap(false, Ordering::AcqRel)
+            {
+                // Links whose input resumed with events they held back while it was paused:
+                // no readiness reports those (whoever saw one resume asked for this
+                // housekeeping call, see `Driver::resume_held`).
+                for cs in conns.values().filter(|cs| cs.watch().held_ready) {
+                    let queued = cs.link.poll(housekeeping, transport, events);
+                    if queued > 0 {
+                        answered += queued;
+                        self.flush_conn(cs);
+                    }
+                }
+            }
         }
         let timer_due = now >= self.next_timer.load(Ordering::Acquire);
         let failures = self.failures_pending.load(Ordering::Acquire)
@@ -187,9 +203,7 @@ impl Driver {
             }
             // (Draining an empty list is not free: each is checked first.)
             if !events.is_empty() {
-                for ev in events.drain(..) {
-                    st.on_link_event(ev, out);
-                }
+                self.deliver_events(&mut st, events, holding, out);
             }
             if failures {
                 let list: Vec<Arc<Conn>> = st.conns.values().cloned().collect();
@@ -223,6 +237,61 @@ impl Driver {
         // receive buffers stay in it, for a call that finds nothing to do.)
         self.after_unlock(out);
         work
+    }
+
+    /// Delivers what the links' polls reported (`events`, left empty), in order. A link
+    /// whose input pauses as its frames are delivered (their answers took its output queue
+    /// past its limit: see [`TransportLink::input_paused`]) gets the rest of its events
+    /// back, to report again once its peer has read enough; the other links' go on.
+    ///
+    /// [`TransportLink::input_paused`]: crate::transport::TransportLink::input_paused
+    #[inline]
+    fn deliver_events(
+        &self,
+        st: &mut Protocol,
+        events: &mut Vec<LinkEvent>,
+        holding: &mut Vec<(ConnId, Vec<LinkEvent>)>,
+        out: &mut AfterUnlock,
+    ) {
+        for ev in events.drain(..) {
+            if !holding.is_empty() {
+                if let Some(ev) = hold(holding, ev) {
+                    if let Some(paused) = st.on_link_event(ev, out) {
+                        holding.push((paused, Vec::new()));
+                    }
+                }
+                continue;
+            }
+            if let Some(paused) = st.on_link_event(ev, out) {
+                holding.push((paused, Vec::new()));
+            }
+        }
+        if !holding.is_empty() {
+            self.hold_back(st, holding);
+        }
+    }
+
+    /// Gives the links in `holding` the events [`Driver::deliver_events`] held back for
+    /// them.
+    #[cold]
+    #[inline(never)]
+    fn hold_back(&self, st: &mut Protocol, holding: &mut Vec<(ConnId, Vec<LinkEvent>)>) {
+        for (conn, held) in holding.drain(..) {
+            let Some(cs) = st.conns.get(&conn) else {
+                continue;
+            };
+            log::debug!(
+                "{conn:?}: input paused with {} events undelivered: held until its peer reads",
+                held.len()
+            );
+            if !held.is_empty() {
+                cs.link.hold_input(held);
+            }
+            // (Another thread's flush may have resumed it before it held them.)
+            if !cs.link.input_paused() {
+                self.resume_held();
+            }
+        }
     }
 
     /// Reposts the receive buffers in `reposts` (left empty).
@@ -350,7 +419,25 @@ impl Driver {
     }
 }
 
-/// The worker's only link (`conns` holds one), a stream (TCP) with no output held back:
+/// Keeps `ev` in `holding` if it is in the stream of a connection held there (see
+/// [`Driver::deliver_events`]); otherwise gives it back.
+#[cold]
+#[inline(never)]
+fn hold(holding: &mut [(ConnId, Vec<LinkEvent>)], ev: LinkEvent) -> Option<LinkEvent> {
+    match ev
+        .stream_conn()
+        .and_then(|c| holding.iter_mut().find(|h| h.0 == c))
+    {
+        Some(held) => {
+            held.1.push(ev);
+            None
+        }
+        None => Some(ev),
+    }
+}
+
+/// The worker's only link (`conns` holds one), a stream (TCP) with no output held back (nor
+/// its input paused):
 /// marks it readable in `ready` without asking epoll, and returns true. Its read is then the
 /// readiness check — one system call per idle poll either way, and one instead of two
 /// (epoll_wait, then recv) per arriving batch: 8 B TCP one-way 3.36 -> 3.06-3.14 µs,
@@ -363,8 +450,7 @@ fn read_the_only_link(conns: &HashMap<u64, Arc<Conn>>, ready: &mut Vec<Ready>) -
     let Some(cs) = conns.values().next() else {
         return false;
     };
-    if conns.len() != 1 || !cs.link.frames_on_event_fd() || cs.write_watched.load(Ordering::Acquire)
-    {
+    if conns.len() != 1 || !cs.link.frames_on_event_fd() || !cs.is_watched(Interest::Read) {
         return false;
     }
     ready.clear();

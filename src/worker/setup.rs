@@ -104,7 +104,7 @@ impl Worker {
             Transport::Tcp => {
                 let link = rdmx_tcp::connect(addr, &handshake, timeout)
                     .map_err(|e| rejected(addr, e.reject_data()).unwrap_or_else(|| e.into()))?;
-                Box::new(sh.ifaces.tcp.link(id, link, sh.cfg.keepalive()))
+                Box::new(sh.ifaces.tcp.link(id, link, &sh.cfg))
             }
             Transport::Shm => return self.connect_shm(addr),
             Transport::Rdma | Transport::Auto => sh.rdma_connect(id, addr, &handshake, timeout)?,
@@ -191,9 +191,8 @@ impl Worker {
         if let Err(e) = sh.admit(id, limits, req.private_data(), &who) {
             return Err(reject_with(req, e));
         }
-        let tcp = |link| -> Box<dyn TransportLink> {
-            Box::new(sh.ifaces.tcp.link(id, link, sh.cfg.keepalive()))
-        };
+        let tcp =
+            |link| -> Box<dyn TransportLink> { Box::new(sh.ifaces.tcp.link(id, link, &sh.cfg)) };
         let over_tcp = |r: rdmx_tcp::ConnectionRequest| -> Result<Box<dyn TransportLink>> {
             match shm {
                 None => Ok(tcp(r.accept(&ours)?)),
@@ -307,7 +306,7 @@ impl Worker {
                     )));
                 }
                 log::info!("{addr} declined shared memory ({why}): the connection stays TCP");
-                Box::new(sh.ifaces.tcp.link(id, tcp, sh.cfg.keepalive()))
+                Box::new(sh.ifaces.tcp.link(id, tcp, &sh.cfg))
             }
         };
         self.admitted(id, limits, link, addr)

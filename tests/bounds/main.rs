@@ -7,6 +7,8 @@
 
 use std::time::{Duration, Instant};
 
+mod tcp_output;
+
 use rdmx::{Context, Ep, Listener, Transport, Worker, TAG_MASK_ALL};
 
 mod accept;

@@ -43,7 +43,7 @@ fn a_peer_flooding_gets_fails_alone_and_the_victim_stays_bounded() {
 
     // The bound: what waits for the hostile peer (at most 64 answers of 64 bytes as counted)
     // and for the legitimate one (a few records of its exchange) stays far below 1 MiB.
-    let bound = MIB;
+    let bound = MIB as u64;
     let deadline = Instant::now() + LONG;
     let (mut gets, mut rounds, mut peak) = (0u64, 0u32, 0);
     while raw.ep.close_reason().is_none() {
@@ -64,7 +64,7 @@ fn a_peer_flooding_gets_fails_alone_and_the_victim_stays_bounded() {
             gets += 1;
         }
         victim.progress();
-        let queued = victim.stats().shm_queued_bytes;
+        let queued = victim.stats().send_queue_bytes;
         peak = peak.max(queued);
         assert!(
             queued <= bound,
@@ -91,7 +91,7 @@ fn a_peer_flooding_gets_fails_alone_and_the_victim_stays_bounded() {
     for _ in 0..1000 {
         victim.progress();
     }
-    assert_eq!(victim.stats().shm_queued_bytes, 0);
+    assert_eq!(victim.stats().send_queue_bytes, 0);
     exchange(&good, &good_ep, &victim, &victims_good_ep);
     assert!(victims_good_ep.close_reason().is_none());
 }
@@ -114,7 +114,7 @@ fn a_peer_that_never_reads_its_ring_fails_at_the_outbox_bound() {
 
     // The bound: 1024 frames of the 16 KiB receive buffer (each counted 64 bytes more), and
     // 128 GETs or answers: 16.1 MiB.
-    let bound = 1024 * (rdmx::SHM_RECV_BUF_SIZE as usize + 64) + 128 * 96;
+    let bound = 1024 * (u64::from(rdmx::SHM_RECV_BUF_SIZE) + 64) + 128 * 96;
     let block = Arc::new(vec![0x33u8; rdmx::SHM_EAGER_THRESHOLD as usize]);
     let mut sends = Vec::new();
     let mut peak = 0;
@@ -124,7 +124,7 @@ fn a_peer_that_never_reads_its_ring_fails_at_the_outbox_bound() {
         }
         sends.push(raw.ep.tag_send_shared(7, &block));
         victim.progress();
-        let queued = victim.stats().shm_queued_bytes;
+        let queued = victim.stats().send_queue_bytes;
         peak = peak.max(queued);
         assert!(
             queued <= bound,
@@ -146,7 +146,7 @@ fn a_peer_that_never_reads_its_ring_fails_at_the_outbox_bound() {
     assert!(peak > bound / 2, "the outbox filled up to {peak} bytes");
     // What waited for it is dropped with it; its sends end.
     let deadline = Instant::now() + LONG;
-    while victim.stats().shm_queued_bytes > 0 || sends.iter().any(|s| !s.is_done()) {
+    while victim.stats().send_queue_bytes > 0 || sends.iter().any(|s| !s.is_done()) {
         assert!(
             Instant::now() < deadline,
             "the failed endpoint's sends hung"
@@ -191,7 +191,7 @@ fn two_peers_copying_both_ways_never_both_stop() {
             sends.push(from.tag_send(tag, pattern(dir, i, len)));
         }
     }
-    let bound = 1024 * (rdmx::SHM_RECV_BUF_SIZE as usize + 64) + 128 * 96;
+    let bound = 1024 * (u64::from(rdmx::SHM_RECV_BUF_SIZE) + 64) + 128 * 96;
     let deadline = Instant::now() + LONG;
     let mut peak = 0;
     while !(sends.iter().all(|s| s.is_done()) && recvs.iter().all(|r| r.3.is_done())) {
@@ -204,7 +204,7 @@ fn two_peers_copying_both_ways_never_both_stop() {
         a.progress();
         b.progress();
         for w in [&a, &b] {
-            let q = w.stats().shm_queued_bytes;
+            let q = w.stats().send_queue_bytes;
             peak = peak.max(q);
             assert!(q <= bound, "{q} bytes queued, over the bound {bound}");
         }

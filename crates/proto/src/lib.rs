@@ -29,8 +29,10 @@
 //!   buffer ([`Action::ExposeSendBuffer`] → [`Engine::handle_send_buffer_exposed`]), then
 //!   sends RTS(addr, len, rkey, request id). When a receive matches, the receiver issues
 //!   [`Action::RdmaRead`]s of at most `rndv_chunk_size` straight into the user buffer,
-//!   at most `max_reads_in_flight` at a time, then sends ATS; the sender releases its
-//!   buffer ([`Action::ReleaseSendBuffer`]) and completes. An unexpected RTS waits for a
+//!   at most `max_reads_in_flight` at a time — and at most [`MAX_READS_PER_CONN`] on one
+//!   connection over all its receives, the others waiting in order — then sends ATS; the
+//!   sender releases its buffer ([`Action::ReleaseSendBuffer`]) and completes. A sender
+//!   that answers READs itself (TCP) can rely on that bound. An unexpected RTS waits for a
 //!   matching receive. A too-small receive buffer completes the receive with
 //!   [`Status::Truncated`] and the send with [`Status::RemoteTruncated`] — nothing is
 //!   delivered. (An eager send has already completed when the receiver sees the
@@ -135,6 +137,7 @@ pub use config::{Config, ConfigBuilder, EAGER_THRESHOLD_VAR};
 pub use engine::{
     Action, CloseReason, Completion, ConnLimits, ConnStats, CreditStats, Delivery, Engine,
     PayloadRef, ProbeInfo, RemoteBuf, RequestKind, Status, VerbsFailure, VerbsOp,
+    MAX_READS_PER_CONN,
 };
 pub use error::{Error, Unit};
 pub use wire::{Handshake, HEADER_LEN, MAX_HANDSHAKE_LEN};

@@ -315,3 +315,130 @@ fn a_connection_reads_rendezvous_in_its_own_chunks() {
         );
     }
 }
+
+/// RTS frames of `n` messages of `len` bytes each (tags 0.., sender requests 1000..), for
+/// an engine whose connection expects sequence numbers from `seq`.
+fn rts_frames(seq: u32, n: u64, len: u64) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|k| {
+            let mut h = Header::new(Opcode::Rts);
+            h.seq = seq + k as u32;
+            h.tag = k;
+            h.sreq = 1000 + k;
+            h.payload_len = wire::RTS_BODY_LEN as u32;
+            let body = wire::RtsBody {
+                addr: k << 32,
+                rkey: 9,
+                len,
+            };
+            FrameBuf::encode(&h, Some(&body)).as_bytes().to_vec()
+        })
+        .collect()
+}
+
+/// The READs `e`'s actions issue, as (request, offset); other actions are dropped, and
+/// completions collected.
+fn drain_reads(e: &mut Engine, done: &mut Vec<Completion>) -> Vec<(RequestId, u64)> {
+    let mut reads = Vec::new();
+    while let Some(a) = e.poll_action() {
+        match a {
+            Action::RdmaRead {
+                request,
+                dst_offset,
+                ..
+            } => reads.push((request, dst_offset)),
+            Action::Complete(c) => done.push(c),
+            _ => {}
+        }
+    }
+    reads
+}
+
+/// However many rendezvous receives one connection has matched, at most
+/// `MAX_READS_PER_CONN` READs are in flight on it: the receives that find them all in
+/// flight wait, in order, and every message is read and completes. (A sender answering
+/// READs itself, over TCP, relies on the bound to tell a legitimate peer from one that
+/// asks for more.)
+#[test]
+fn a_connection_keeps_a_bounded_number_of_reads_in_flight() {
+    let mut e = Engine::new(Config::default());
+    let mut peer = e.local_handshake();
+    peer.credits = 64;
+    e.handle_connection_up(ConnId(1), &peer).unwrap();
+    let (n, len) = (40u64, 1u64 << 20);
+    let recvs: Vec<RequestId> = (0..n)
+        .map(|k| e.tag_recv(k, !0, UserBufId(100 + k), len))
+        .collect();
+    let mut done = Vec::new();
+    let mut in_flight = Vec::new();
+    for f in rts_frames(0, n, len) {
+        e.handle_frame(ConnId(1), RecvBufId(0), &f);
+        in_flight.extend(drain_reads(&mut e, &mut done));
+    }
+    // 4 READs of 256 KiB per message: the first 16 messages take the connection's 64.
+    assert_eq!(in_flight.len(), MAX_READS_PER_CONN as usize);
+    assert_eq!(
+        e.conn_stats(ConnId(1)).unwrap().reads_in_flight,
+        MAX_READS_PER_CONN
+    );
+    let started: std::collections::BTreeSet<RequestId> = in_flight.iter().map(|r| r.0).collect();
+    assert_eq!(started, recvs[..16].iter().copied().collect());
+    // Complete them oldest first: each completion issues one more, in order, never more
+    // than the bound in flight.
+    let mut issued = in_flight.len();
+    while let Some((r, off)) = (!in_flight.is_empty()).then(|| in_flight.remove(0)) {
+        e.handle_read_complete(r, off, true);
+        let more = drain_reads(&mut e, &mut done);
+        issued += more.len();
+        in_flight.extend(more);
+        assert!(in_flight.len() <= MAX_READS_PER_CONN as usize);
+    }
+    assert_eq!(issued as u64, n * 4);
+    let mut completed: Vec<RequestId> = done
+        .iter()
+        .filter(|c| c.kind == RequestKind::Recv)
+        .inspect(|c| assert_eq!((c.status, c.length), (Status::Ok, len)))
+        .map(|c| c.request)
+        .collect();
+    completed.sort();
+    let mut want = recvs.clone();
+    want.sort();
+    assert_eq!(completed, want, "every message read and completed");
+    assert_eq!(e.conn_stats(ConnId(1)).unwrap().reads_in_flight, 0);
+}
+
+/// Receives waiting for their connection's READs fail with it when it goes down, as those
+/// reading do once their READs are reported.
+#[test]
+fn receives_waiting_for_reads_fail_with_their_connection() {
+    let mut e = Engine::new(Config::default());
+    let mut peer = e.local_handshake();
+    peer.credits = 64;
+    e.handle_connection_up(ConnId(1), &peer).unwrap();
+    let (n, len) = (20u64, 1u64 << 20);
+    let recvs: Vec<RequestId> = (0..n)
+        .map(|k| e.tag_recv(k, !0, UserBufId(100 + k), len))
+        .collect();
+    let mut done = Vec::new();
+    let mut in_flight = Vec::new();
+    for f in rts_frames(0, n, len) {
+        e.handle_frame(ConnId(1), RecvBufId(0), &f);
+        in_flight.extend(drain_reads(&mut e, &mut done));
+    }
+    assert_eq!(in_flight.len(), MAX_READS_PER_CONN as usize);
+    e.handle_connection_down(ConnId(1));
+    let _ = drain_reads(&mut e, &mut done);
+    // The 4 waiting fail at once; the 16 reading once their READs are reported.
+    assert_eq!(done.len(), 4);
+    assert!(done.iter().all(|c| c.status == Status::ConnectionClosed));
+    for (r, off) in in_flight {
+        e.handle_read_complete(r, off, false);
+    }
+    assert!(
+        drain_reads(&mut e, &mut done).is_empty(),
+        "no READ after the end"
+    );
+    assert_eq!(done.len(), recvs.len());
+    assert!(done.iter().all(|c| c.status == Status::ConnectionClosed));
+    assert_eq!(e.pending_requests(), 0);
+}

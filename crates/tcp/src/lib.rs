@@ -27,6 +27,11 @@
 //! * Every socket is nonblocking once connected and has `TCP_NODELAY`; a worker polls
 //!   [`Link::fd`] (readable → [`Link::poll`]; writable while [`Link::wants_write`] →
 //!   [`Link::flush`]) with level-triggered readiness.
+//! * Output is bounded by back-pressure: once the output queue holds more than the link's
+//!   limit ([`Link::set_output_limit`], default [`DEFAULT_OUTPUT_LIMIT`]), the link stops
+//!   reading its input ([`Link::input_paused`]) until the peer has read enough of its
+//!   output, so a peer that asks for answers and never reads them is held up by TCP's
+//!   flow control instead of growing the queue (then watch the fd for writability only).
 //! * [`Link`] is `Send + Sync`, every method takes `&self`, and the output and input sides
 //!   have separate locks, so one thread can write while another reads.
 //! * Input is never trusted: nothing panics on any byte sequence, and nothing is allocated
@@ -114,6 +119,11 @@ pub const MAX_PRIVATE_DATA: usize = 256;
 
 /// The longest FRAME body (frame and payload together) a link sends or accepts: 16 MiB.
 pub const MAX_FRAME_LEN: usize = 16 << 20;
+
+/// A link's output limit unless set ([`Link::set_output_limit`]): 16 MiB of queued output
+/// (see [`Link`]'s "Output limit and back-pressure"), above which the link stops reading
+/// its input.
+pub const DEFAULT_OUTPUT_LIMIT: usize = 16 << 20;
 
 const _: () = {
     const fn send_sync<T: Send + Sync>() {}

@@ -5,6 +5,7 @@ use std::fmt;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -24,6 +25,11 @@ pub(crate) const READ_CHUNK: usize = 64 * 1024;
 const READ_STAGE_WHILE_READING: usize = 4 * 1024;
 /// Bytes one [`Link::poll`] reads at most, so one busy link cannot starve a worker.
 const POLL_BUDGET: usize = 4 << 20;
+/// Events after which one [`Link::poll`] reads no more (it finishes the read under way):
+/// what a caller holds of one poll's input stays small, whatever the frames' size — this
+/// many and what one read of [`READ_CHUNK`] brought (1 638 messages of 40 bytes, the
+/// smallest an rdmx peer sends; 8 192 empty frames).
+const MAX_POLL_EVENTS: usize = 1024;
 
 /// What [`Link::poll`] found on the connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +72,20 @@ pub enum Event {
 /// [`wants_write`](Link::wants_write)) and the input side ([`poll`](Link::poll), the lent
 /// buffers) have one mutex each, so one thread may write while another reads. The socket is
 /// nonblocking and has `TCP_NODELAY` set.
+///
+/// # Output limit and back-pressure
+///
+/// What a peer asks for (READ answers, and whatever the caller queues in reply to its
+/// frames) waits in the output queue until the peer reads it. A peer that asks and never
+/// reads would make the queue grow without end, so the queue has a limit
+/// ([`Link::set_output_limit`], default [`DEFAULT_OUTPUT_LIMIT`](crate::DEFAULT_OUTPUT_LIMIT)):
+/// once the memory it holds ([`Link::queued_bytes`]: the copied messages' buffers and one
+/// slot per queued item; a READ answer's data is the caller's buffer, held by `Arc`, and not
+/// counted) goes above it, the link stops reading its input ([`Link::input_paused`]:
+/// [`Link::poll`] returns nothing and reads nothing) until [`Link::flush`] has brought it
+/// down to half the limit. Meanwhile the peer's requests wait in its own socket, and TCP's
+/// flow control stops it from sending more: the peer that does not read waits, no other.
+/// While paused, watch [`Link::fd`] for writability only (it stays readable).
 pub struct Link {
     stream: TcpStream,
     peer: Option<SocketAddr>,
@@ -73,6 +93,8 @@ pub struct Link {
     peer_data: Vec<u8>,
     output: Mutex<Output>,
     input: Mutex<Input>,
+    /// The output is above its limit: input is not read (see [`Link::input_paused`]).
+    paused: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for Link {
@@ -95,6 +117,7 @@ impl Link {
             peer_data,
             output: Mutex::new(Output::default()),
             input: Mutex::new(Input::default()),
+            paused: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -143,6 +166,70 @@ impl Link {
 
     // ---- output side
 
+    /// Sets the output limit (see [the type's docs](Link#output-limit-and-back-pressure)):
+    /// above `bytes` held by the output queue, the link stops reading its input until the
+    /// queue is down to half of it. `usize::MAX` never pauses.
+    pub fn set_output_limit(&self, bytes: usize) {
+        let mut out = self.output.lock();
+        out.limit = bytes;
+        out.resume_at = bytes / 2;
+        self.settle(&mut out);
+    }
+
+    /// The memory the output queue holds, as checked against the output limit: the buffers
+    /// of the messages queued (frames, READ requests, failed READ answers), and one slot per
+    /// queued item (READ answers included, not their data).
+    pub fn queued_bytes(&self) -> usize {
+        self.output.lock().held()
+    }
+
+    /// Whether the link has stopped reading its input because its output queue went above
+    /// the limit (see [the type's docs](Link#output-limit-and-back-pressure)); it reads
+    /// again once [`Link::flush`] has brought the queue down to half the limit (or the
+    /// output side failed, which empties it).
+    #[inline]
+    pub fn input_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    /// The flag [`Link::input_paused`] reads, for a caller that checks it often without
+    /// holding the link (set and cleared by the link only).
+    pub fn input_paused_flag(&self) -> Arc<AtomicBool> {
+        self.paused.clone()
+    }
+
+    /// Pauses or resumes the input as what `out` holds now asks.
+    #[inline]
+    fn settle(&self, out: &mut Output) {
+        if out.should_pause() != out.paused {
+            self.settle_slow(out);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn settle_slow(&self, out: &mut Output) {
+        out.paused = !out.paused;
+        // (Sequentially consistent: a caller that holds input back while paused checks the
+        // flag after saying so, and one that sees the input resume checks for held input.)
+        self.paused.store(out.paused, Ordering::SeqCst);
+        if out.paused {
+            log::debug!(
+                "link to {:?}: {} bytes of output queued, above the limit of {}: not reading \
+                 the peer's input until it reads its own",
+                self.peer,
+                out.held(),
+                out.limit
+            );
+        } else {
+            log::debug!(
+                "link to {:?}: output down to {} bytes: reading input again",
+                self.peer,
+                out.held()
+            );
+        }
+    }
+
     /// Queues one FRAME whose body is `frame` followed by `payload` (both copied; small
     /// frames share one buffer, so many of them go out in one system call).
     ///
@@ -162,9 +249,11 @@ impl Link {
             );
             log::error!("link to {:?}: {reason}", self.peer);
             out.fail(reason);
+            self.settle(&mut out);
             return;
         }
         out.push_bytes(&[&wire::header(KIND_FRAME, body), frame, payload]);
+        self.settle(&mut out);
     }
 
     /// Queues a READ_REQ asking the peer for `len` bytes at `addr` under `rkey`; the peer's
@@ -174,6 +263,7 @@ impl Link {
         let mut out = self.output.lock();
         if out.failed.is_none() {
             out.push_bytes(&[&wire::read_req(read_id, addr, rkey, len)]);
+            self.settle(&mut out);
         }
     }
 
@@ -214,7 +304,7 @@ impl Link {
             }
         };
         match slice {
-            Ok(Some((data, start, len))) if len > 0 => out.queue.push_back(OutItem::Data {
+            Ok(Some((data, start, len))) if len > 0 => out.push_data(OutItem::Data {
                 head: wire::read_data_head(read_id, STATUS_OK, len),
                 data,
                 start,
@@ -224,6 +314,7 @@ impl Link {
             Ok(_) => out.push_bytes(&[&wire::read_data_head(read_id, STATUS_OK, 0)]),
             Err(()) => out.push_bytes(&[&wire::read_data_head(read_id, STATUS_FAILED, 0)]),
         }
+        self.settle(&mut out);
     }
 
     /// Writes as much of the queued output as the socket takes without blocking.
@@ -267,13 +358,21 @@ impl Link {
                 Ok(0) => {
                     let e = io::Error::from(io::ErrorKind::WriteZero);
                     out.fail(e.to_string());
+                    self.settle(out);
                     return Err(Error::io("flush", self.peer, e));
                 }
-                Ok(written) => out.advance(written),
+                Ok(written) => {
+                    out.advance(written);
+                    // (Writing only shrinks the queue: it may resume a paused input.)
+                    if out.paused {
+                        self.settle(out);
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) => {
                     out.fail(format!("send failed: {e}"));
+                    self.settle(out);
                     return Err(Error::io("flush", self.peer, e));
                 }
             }
@@ -369,8 +468,9 @@ impl Link {
         input.parser.lent.drain().map(|(k, l)| (k, l.buf)).collect()
     }
 
-    /// Reads what the socket has without blocking (at most a few MiB per call) and appends
-    /// what it means to `out`; returns how many events were appended.
+    /// Reads what the socket has without blocking (at most a few MiB, and about a thousand
+    /// events, per call) and appends what it means to `out`; returns how many events were
+    /// appended. While the input is paused ([`Link::input_paused`]) it reads nothing.
     ///
     /// READ_DATA payloads are read straight into the lent buffer (only bytes that arrived
     /// together with earlier messages are copied from the receive buffer).
@@ -383,6 +483,9 @@ impl Link {
     ///
     /// None at present: every failure of the connection is reported as [`Event::Closed`].
     pub fn poll(&self, out: &mut Vec<Event>) -> Result<usize> {
+        if self.input_paused() {
+            return Ok(0);
+        }
         let mut guard = self.input.lock();
         let mut rbuf = std::mem::take(&mut guard.rbuf);
         let n = self.poll_input(&mut guard, &mut rbuf, out);
@@ -400,6 +503,9 @@ impl Link {
     ///
     /// None at present, as for [`Link::poll`].
     pub fn poll_with(&self, out: &mut Vec<Event>, rbuf: &mut Vec<u8>) -> Result<usize> {
+        if self.input_paused() {
+            return Ok(0);
+        }
         let mut guard = self.input.lock();
         Ok(self.poll_input(&mut guard, rbuf, out))
     }
@@ -470,7 +576,12 @@ impl Link {
                     // WouldBlock (the caller learns of new data from epoll).
                     break;
                 }
-                Ok(n) => budget = budget.saturating_sub(n),
+                Ok(n) => {
+                    budget = budget.saturating_sub(n);
+                    if out.len() - before >= MAX_POLL_EVENTS {
+                        break;
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => {

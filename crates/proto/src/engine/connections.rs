@@ -74,6 +74,8 @@ impl Engine {
                 rma_pending: 0,
                 fence_next: false,
                 verbs_rma: limits.verbs_rma,
+                reads_out: 0,
+                reads_waiting: VecDeque::new(),
             },
         );
         Ok(())

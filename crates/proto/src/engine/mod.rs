@@ -22,6 +22,7 @@ pub use actions::{
 pub use credits::CreditStats;
 pub use frames::Delivery;
 pub use one_sided::VerbsFailure;
+pub use rendezvous::MAX_READS_PER_CONN;
 
 use conn_table::ConnTable;
 use credits::CreditPool;
@@ -102,6 +103,9 @@ pub struct ConnStats {
     pub peer_max_credits: u32,
     /// Frames waiting for credits (data and control).
     pub queued: usize,
+    /// Rendezvous READs in flight on it (at most [`MAX_READS_PER_CONN`], or the
+    /// configuration's `max_reads_in_flight` if more).
+    pub reads_in_flight: u32,
 }
 
 #[derive(Debug)]
@@ -152,6 +156,8 @@ struct Reading {
     outstanding: Vec<(u64, u64)>,
     failed: Option<Status>,
     conn_dead: bool,
+    /// Whether it waits in its connection's `reads_waiting` for READs to issue.
+    waiting: bool,
 }
 
 /// A receive a rendezvous matched, kept (in `Engine::recvs`) while its data is read and
@@ -257,6 +263,12 @@ struct Conn {
     fence_next: bool,
     /// Whether one-sided operations go by verbs where their keys allow ([`ConnLimits::verbs_rma`]).
     verbs_rma: bool,
+    /// Rendezvous READs issued on it and not yet complete: at most
+    /// [`Engine::reads_per_conn`] (see [`MAX_READS_PER_CONN`]).
+    reads_out: u32,
+    /// Receives with READs to issue that found the connection's READs all in flight, in
+    /// the order they found it so.
+    reads_waiting: VecDeque<RequestId>,
 }
 
 /// An id for a request that completes as it is made and is never stored, from the engine's
@@ -432,6 +444,7 @@ impl Engine {
             eager_limit: c.eager_limit,
             peer_max_credits: u32::from(c.peer.max_credits),
             queued: c.ctrl_q.len() + c.data_q.len(),
+            reads_in_flight: c.reads_out,
         })
     }
 

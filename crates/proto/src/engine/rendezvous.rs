@@ -1,10 +1,25 @@
 //! The receiver's side of a rendezvous: READs of the sender's exposed buffer, in chunks,
 //! and the ATS that ends it.
+//!
+//! Each receive keeps at most `Config::max_reads_in_flight` READs in flight, and each
+//! connection at most [`MAX_READS_PER_CONN`] (or that, if more) over all its receives:
+//! a receive that finds its connection's READs all in flight waits, in order, for one of
+//! them to complete. So what a receiver makes its sender hold for it — the READ requests
+//! a sender without RDMA answers from its own queue — has a bound, whatever the number
+//! of messages: a sender can tell a peer that asks for more from a legitimate one.
 
 use super::*;
 
 /// Emptied lists of outstanding READs kept for reuse, at most.
 const MAX_SPARE_READ_LISTS: usize = 64;
+
+/// The most rendezvous READs an engine keeps in flight on one connection, over all its
+/// receives (unless `Config::max_reads_in_flight`, per receive, is more): as many as the
+/// largest window rdmx configures per message (`RDMX_RNDV_CHUNK` of 4 KiB), 16 MiB in
+/// flight at its default 256 KiB — far past what one connection's bandwidth needs — and a
+/// bound a peer's sender can rely on (an RDMA NIC bounds a queue pair's READs the same
+/// way, `max_rd_atomic`).
+pub const MAX_READS_PER_CONN: u32 = 64;
 
 impl Engine {
     pub(super) fn start_rndv(
@@ -60,18 +75,40 @@ impl Engine {
             outstanding: self.spare_reads.pop().unwrap_or_default(),
             failed: None,
             conn_dead: false,
+            waiting: false,
         });
         self.issue_reads(req);
     }
 
+    /// The most READs in flight on one connection: [`MAX_READS_PER_CONN`], or one
+    /// receive's most if that is more.
+    pub(super) fn reads_per_conn(&self) -> u32 {
+        MAX_READS_PER_CONN.max(self.cfg.max_reads_in_flight)
+    }
+
+    /// Issues the READs receive `req` may have in flight now: up to its own most, as far
+    /// as its connection's allow; if they do not, it waits in the connection's queue.
     pub(super) fn issue_reads(&mut self, req: RequestId) {
         let max = self.cfg.max_reads_in_flight as usize;
+        let per_conn = self.reads_per_conn();
         let Some(r) = self.recvs.get_mut(&req) else {
             return;
         };
         let buf = r.buf;
         let Some(rd) = r.reading.as_mut() else { return };
+        // (A connection already gone fails its READs as they are made.)
+        let mut conn = self.conns.get_mut(&rd.conn);
         while rd.failed.is_none() && rd.outstanding.len() < max && rd.next_offset < rd.total {
+            if let Some(c) = conn.as_mut() {
+                if c.reads_out >= per_conn {
+                    if !rd.waiting {
+                        rd.waiting = true;
+                        c.reads_waiting.push_back(req);
+                    }
+                    break;
+                }
+                c.reads_out += 1;
+            }
             let off = rd.next_offset;
             let len = rd.chunk.min(rd.total - off);
             rd.next_offset += len;
@@ -109,12 +146,16 @@ impl Engine {
         } else if rd.failed.is_none() {
             rd.failed = Some(Status::ReadFailed);
         }
+        let conn = rd.conn;
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.reads_out = c.reads_out.saturating_sub(1);
+        }
         if !rd.outstanding.is_empty() || (rd.failed.is_none() && rd.done < rd.total) {
             self.issue_reads(request);
+            self.issue_waiting(conn);
             return;
         }
-        let (conn, sreq, total, failed, dead) =
-            (rd.conn, rd.sreq, rd.total, rd.failed, rd.conn_dead);
+        let (sreq, total, failed, dead) = (rd.sreq, rd.total, rd.failed, rd.conn_dead);
         // The list's memory serves the next rendezvous (no allocation per message).
         if self.spare_reads.len() < MAX_SPARE_READ_LISTS {
             self.spare_reads.push(std::mem::take(&mut rd.outstanding));
@@ -126,6 +167,8 @@ impl Engine {
             self.complete(request, RequestKind::Recv, status, length, tag, Some(conn));
             return;
         }
+        // Its last READ's place goes to the next receive waiting for one.
+        self.issue_waiting(conn);
         let wst = if status == Status::Ok {
             WireStatus::Ok
         } else {
@@ -142,6 +185,28 @@ impl Engine {
             buf: None,
         };
         self.complete_after_ats(conn, sreq, wst, done);
+    }
+
+    /// Issues the READs of receives waiting for `conn`'s, in order, while it has room for
+    /// more in flight.
+    fn issue_waiting(&mut self, conn: ConnId) {
+        let per_conn = self.reads_per_conn();
+        loop {
+            let Some(c) = self.conns.get_mut(&conn) else {
+                return;
+            };
+            if c.reads_out >= per_conn {
+                return;
+            }
+            let Some(req) = c.reads_waiting.pop_front() else {
+                return;
+            };
+            if let Some(rd) = self.recvs.get_mut(&req).and_then(|r| r.reading.as_mut()) {
+                rd.waiting = false;
+            }
+            // (Back in the queue if the connection's READs fill up again.)
+            self.issue_reads(req);
+        }
     }
 
     /// Queues the ATS for the sender's request `sreq` on `conn`, and the receive's completion
