@@ -90,7 +90,8 @@ pub struct ProbeInfo {
 pub struct ConnStats {
     /// Frames this side may still send.
     pub tx_credits: u32,
-    /// Frames received whose buffers were not yet granted back to the peer.
+    /// Frames received whose buffers were not yet granted back to the peer (but for those
+    /// of one-sided operations whose replies wait: [`ConnStats::replies_waiting`]).
     pub rx_unreturned: u32,
     /// Credits this side grants the peer in all (its window: what it holds, what is in
     /// flight and what is owed back to it).
@@ -102,6 +103,11 @@ pub struct ConnStats {
     pub peer_max_credits: u32,
     /// Frames waiting for credits (data and control).
     pub queued: usize,
+    /// Of `queued`, replies to the peer's one-sided operations. Each holds back the credit
+    /// of its operation's frame until it leaves (those credits are not in
+    /// `rx_unreturned`): a peer that withholds credits makes this side hold at most its
+    /// window of replies.
+    pub replies_waiting: u32,
 }
 
 #[derive(Debug)]
@@ -253,6 +259,11 @@ struct Conn {
     /// One-sided operations on it whose frames went out and whose replies have not all
     /// come back: what a flush, and an operation after a fence, wait for.
     rma_pending: u32,
+    /// Replies to the peer's one-sided operations in `ctrl_q`. The credit of each
+    /// operation's frame is held back (out of `rx_unreturned`, in the window still) until
+    /// its reply leaves, carrying it: a peer can have at most its window of operations
+    /// whose replies wait, however it withholds credits ([`ConnStats::replies_waiting`]).
+    replies_waiting: u32,
     /// A fence was made: the next one-sided operation waits for every earlier one.
     fence_next: bool,
     /// Whether one-sided operations go by verbs where their keys allow ([`ConnLimits::verbs_rma`]).
@@ -432,6 +443,7 @@ impl Engine {
             eager_limit: c.eager_limit,
             peer_max_credits: u32::from(c.peer.max_credits),
             queued: c.ctrl_q.len() + c.data_q.len(),
+            replies_waiting: c.replies_waiting,
         })
     }
 

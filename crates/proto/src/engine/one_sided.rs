@@ -24,7 +24,15 @@
 //!   [`Status::ConnectionClosed`], whatever the target performed of them.
 //!
 //! A put or get larger than a frame goes as several, each at most what the receiving side's
-//! buffers hold (the peer's for a put, this side's for a get's reply).
+//! buffers hold (the peer's for a put; for a get's reply the smaller of both sides', so
+//! that the target never allocates more for a reply than its own buffers hold).
+//!
+//! What a peer can make the target spend is bounded by the target, whatever the peer
+//! declares: a get asking for more than a reply carries (the smaller of the two sides'
+//! receive buffers, less the header) is a protocol error; a get's key and bounds are checked
+//! before a byte is allocated for its reply ([`RmaMemory::get`]); and the credit of each
+//! operation's frame is held back until its reply leaves, so a peer that withholds credits
+//! makes the target hold at most its window of replies ([`ConnStats::replies_waiting`]).
 
 use std::sync::Arc;
 
@@ -308,14 +316,18 @@ fn put_chunk(c: &Conn) -> u64 {
     u64::from(c.peer.recv_buf_size).saturating_sub((HEADER_LEN + RmaBody::LEN) as u64)
 }
 
-/// The most bytes one get asks for on `c`: what this side's receive buffers hold of the
-/// reply.
+/// The most bytes one get asks for on `c`, and a peer's get may ask of this side: what a
+/// reply carries into the smaller of the two sides' receive buffers — the initiator's,
+/// which receive it, and the target's, the most it allocates for one reply. (Both sides
+/// compute the same, from the handshakes; a peer's declared buffers alone never size what
+/// this side allocates.)
 fn get_chunk(c: &Conn) -> u64 {
-    u64::from(c.recv_buf_size).saturating_sub(HEADER_LEN as u64)
+    u64::from(c.recv_buf_size.min(c.peer.recv_buf_size)).saturating_sub(HEADER_LEN as u64)
 }
 
 impl Conn {
-    /// Emits an RMA reply on this connection (`id`).
+    /// Emits an RMA reply on this connection (`id`), returning the credit of the peer's
+    /// frame it answers (held back while it waited: [`Conn::replies_waiting`]).
     pub(super) fn emit_reply(
         &mut self,
         id: ConnId,
@@ -323,6 +335,9 @@ impl Conn {
         actions: &mut VecDeque<Action>,
         pool: &mut CreditPool,
     ) {
+        self.replies_waiting -= 1;
+        self.rx_unreturned += 1;
+        self.rx_unreturned_data += 1;
         let mut h = Header::new(Opcode::RmaReply);
         h.sreq = reply.sreq;
         h.tag = reply.tag;
@@ -609,28 +624,31 @@ impl Engine {
     }
 
     /// A peer's get or atomic operation arrived: performed (or refused) at once, its reply
-    /// queued. A get asking for more than its reply can carry is a protocol error.
+    /// queued. A get asking for more than its reply can carry (see [`get_chunk`]) is a
+    /// protocol error, and nothing is allocated for one whose access is refused.
     fn serve_rma(&mut self, conn: ConnId, h: &Header, rma: RmaBody) -> Result<(), CloseReason> {
         let memory = self.rma_memory.0.clone();
         match h.opcode {
             Opcode::Get => {
-                let peer_buf = self.conns.get(&conn).map_or(0, |c| c.peer.recv_buf_size);
-                let room = u64::from(peer_buf).saturating_sub(HEADER_LEN as u64);
+                let room = self.conns.get(&conn).map_or(0, get_chunk);
                 if rma.word > room {
                     return Err(perr(format!(
                         "get of {} bytes, more than the {room} a reply carries",
                         rma.word
                     )));
                 }
-                let mut data = self.spare_payloads.pop().unwrap_or_default();
-                data.clear();
-                data.resize(rma.word as usize, 0);
+                let mut data = Vec::new();
                 let done = match &memory {
-                    Some(m) => m.get(&rma.key, h.tag, &mut data),
+                    Some(m) => {
+                        // (A recycled allocation, if any: the memory sizes it once the
+                        // access passed its checks, and leaves it alone otherwise.)
+                        data = self.spare_payloads.pop().unwrap_or_default();
+                        m.get(&rma.key, h.tag, rma.word as usize, &mut data)
+                    }
                     None => Err(Refusal::BadKey),
                 };
                 if done.is_err() {
-                    data.clear();
+                    self.recycle_payload(std::mem::take(&mut data));
                 }
                 self.queue_reply(conn, h, done.err(), 0, data);
             }
@@ -666,6 +684,11 @@ impl Engine {
             debug!("{conn:?}: {:?} refused: {r}", h.opcode);
         }
         if let Some(c) = self.conns.get_mut(&conn) {
+            // The credit of the operation's frame (counted as it arrived, and returned by
+            // nothing since) goes back with the reply.
+            c.rx_unreturned -= 1;
+            c.rx_unreturned_data = c.rx_unreturned_data.saturating_sub(1);
+            c.replies_waiting += 1;
             c.ctrl_q.push_back(Ctrl::RmaReply(Box::new(Reply {
                 sreq: h.sreq,
                 tag: h.tag,
