@@ -5,6 +5,8 @@
 //! counters) stays within a stated bound while the attack runs, and that a legitimate peer
 //! connects and exchanges messages meanwhile. One module per bound.
 
+mod get_reply;
+
 use std::time::{Duration, Instant};
 
 use rdmx::{Context, Ep, Listener, Transport, Worker, TAG_MASK_ALL};
