@@ -700,7 +700,8 @@ impl Engine {
     }
 
     /// The reply to one of this side's operations arrived. A reply to nothing this side
-    /// asked on the connection, or with bytes it did not ask for, is a protocol error.
+    /// asked on the connection by messages (an operation the NIC performs gets none), or
+    /// with bytes it did not ask for, is a protocol error.
     fn handle_rma_reply(
         &mut self,
         conn: ConnId,
@@ -708,7 +709,10 @@ impl Engine {
         data: &[u8],
     ) -> Result<(), CloseReason> {
         let id = RequestId(h.sreq);
-        let chunk = self.conns.get(&conn).map_or(0, get_chunk);
+        let (chunk, verbs) = self
+            .conns
+            .get(&conn)
+            .map_or((0, false), |c| (get_chunk(c), c.verbs_rma));
         let Some(s) = self.reqs.get_mut(id) else {
             return Err(perr(format!("RMA reply for unknown request {:#x}", h.sreq)));
         };
@@ -716,7 +720,9 @@ impl Engine {
         let SendPhase::Rma(r) = &mut s.phase else {
             return Err(perr("RMA reply for a tag send".into()));
         };
-        if s.conn != conn || r.replies == 0 {
+        // (An operation that went by verbs awaits the NIC's reports, not replies: one would
+        // complete it while the NIC may still write its buffer.)
+        if s.conn != conn || r.replies == 0 || (verbs && r.rdma.is_some()) {
             return Err(perr(format!("RMA reply for {id:?}, which awaits none")));
         }
         r.replies -= 1;
@@ -742,10 +748,12 @@ impl Engine {
                     copy = Some(off);
                 }
             }
-            (Op::Atomic(_), None) => r.value = h.rreq,
-            _ => {
+            (op, None) => {
                 if !data.is_empty() {
-                    return Err(perr("put reply with bytes".into()));
+                    return Err(perr(format!("{op:?} reply with bytes")));
+                }
+                if let Op::Atomic(_) = op {
+                    r.value = h.rreq;
                 }
             }
         }
