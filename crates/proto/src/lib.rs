@@ -58,7 +58,13 @@
 //!   region, and flush and fence ([`Engine::rma_put`] and the rest): frames the target's
 //!   engine executes as they arrive, through the driver's [`rma::RmaMemory`], and
 //!   answers; completed by the answer. The target's bookkeeping of regions mapped for
-//!   remote access, their packed keys and the check of every remote access: [`rma`].
+//!   remote access, their packed keys and the check of every remote access: [`rma`]. What
+//!   a peer's operations make the target spend is the target's to bound, whatever the peer
+//!   declares: a peer's handshake may declare receive buffers of at most
+//!   [`MAX_RECV_BUF_SIZE`]; a get asks at most what a reply carries into the smaller of both
+//!   sides' buffers (more is a protocol error), and one refused allocates nothing; the
+//!   credit of each operation is held until its reply leaves, so a peer has at most its
+//!   window of replies waiting ([`ConnStats::replies_waiting`]).
 //!
 //! ## Wire format (version 1)
 //!
