@@ -183,6 +183,7 @@ fn victim_and_client() -> (Worker, Listener, String, Worker, Ep, Ep) {
 #[test]
 fn receive_buffers_beyond_any_frame_are_rejected_at_connect() {
     init_log();
+    let _measuring = measuring();
     let (server, listener, addr, client, cep, sep) = victim_and_client();
     exchange(&client, &cep, &server, &sep);
     let base = rss();
@@ -215,6 +216,7 @@ fn receive_buffers_beyond_any_frame_are_rejected_at_connect() {
 #[test]
 fn a_get_costs_the_victim_its_own_bounds_not_the_peer_s() {
     init_log();
+    let _measuring = measuring();
     let (server, listener, addr, client, cep, sep) = victim_and_client();
     let data: Vec<u8> = (0..MIB).map(|i| (i % 253) as u8).collect();
     let region = server.mem_map_from(&data, RemoteAccess::READ).unwrap();
@@ -298,6 +300,7 @@ fn a_get_costs_the_victim_its_own_bounds_not_the_peer_s() {
 #[test]
 fn a_peer_withholding_credits_waits_for_its_replies() {
     init_log();
+    let _measuring = measuring();
     let (server, listener, addr, client, cep, sep) = victim_and_client();
     let data: Vec<u8> = (0..MIB).map(|i| (i % 251) as u8).collect();
     let region = server.mem_map_from(&data, RemoteAccess::READ).unwrap();

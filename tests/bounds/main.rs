@@ -58,6 +58,14 @@ pub fn rss() -> usize {
     pages * 4096
 }
 
+/// Held by a test while it measures [`rss`], so that tests measuring it run one at a time
+/// (the process's resident set counts every test's memory). A test that failed while
+/// holding it does not poison the others.
+pub fn measuring() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The rdmx handshake an rdmx engine with the default configuration sends, as bytes a raw
 /// peer can alter before connecting with `rdmx_tcp::connect`.
 pub fn default_handshake() -> rdmx::proto::wire::Handshake {
