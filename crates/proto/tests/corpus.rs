@@ -354,6 +354,12 @@ fn one_sided_seeds_reach_their_states() {
         ]
     );
     closed("rma_reply_to_a_flush", "awaits none");
+    // (The put was refused as it was made: index 0 is the get, of 24-byte chunks.)
+    let o = outcome("rma_put_to_small_buffers");
+    assert_eq!(o.close, Some(CloseReason::Local), "{o:?}");
+    assert_eq!(o.accepted, 1);
+    assert!(statuses(&o, RequestKind::Put).is_empty());
+    assert_eq!(statuses(&o, RequestKind::Get), [Status::ConnectionClosed]);
     closed("rma_get_reply_short", "get reply of 100 bytes");
 
     let o = outcome("rma_verbs");

@@ -162,8 +162,8 @@ impl Harness {
 
     /// Starts this side's one-sided operations (`rma`'s bits).
     pub(crate) fn start_rma(&mut self, rma: u8) {
-        self.ops
-            .start(&mut self.e, CONN, self.open, rma, &mut self.caps);
+        let conn = (self.open, self.peer.recv_buf_size);
+        self.ops.start(&mut self.e, CONN, conn, rma, &mut self.caps);
         self.drain(None);
         self.check_model();
         self.settle_nic(false);
