@@ -543,6 +543,22 @@ fn engine_frames_seeds() -> Vec<(String, Vec<u8>)> {
             &[reply(0, get_remote, WireStatus::Ok, 0, &[5; 24])],
         ),
     ));
+    // A peer declaring the smallest buffers a put frame fits (65 bytes: one byte a frame)
+    // and 65 472 credits: one put has at most 64 frames out (found by the campaign: the
+    // put queued 20 000 frames, 1.8 MB of actions, at once).
+    files.push((
+        "rma_put_tiny_buffers_many_credits".into(),
+        engine(
+            AUTO_SEQ,
+            PUT,
+            Some(peer_handshake(|h| {
+                h.recv_buf_size = 65;
+                h.credits = 65_472;
+                h.max_credits = u16::MAX
+            })),
+            &[reply(0, 100, WireStatus::Ok, 0, &[])],
+        ),
+    ));
     // By verbs: the NIC's reports complete the operations; a reply frame for one is a
     // protocol error.
     files.push((

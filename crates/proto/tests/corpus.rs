@@ -354,6 +354,9 @@ fn one_sided_seeds_reach_their_states() {
         ]
     );
     closed("rma_reply_to_a_flush", "awaits none");
+    // One put's frames out at once are bounded, whatever the peer grants: 64, then one more
+    // for the reply.
+    assert_eq!(outcome("rma_put_tiny_buffers_many_credits").sent, 65);
     // (The put was refused as it was made: index 0 is the get, of 24-byte chunks.)
     let o = outcome("rma_put_to_small_buffers");
     assert_eq!(o.close, Some(CloseReason::Local), "{o:?}");

@@ -267,3 +267,67 @@ fn stale_and_forged_keys_are_answered_alike() {
     assert_eq!(sim.data(0, buf, 8), vec![0; 8]);
     assert!(sim.peers.iter().all(|p| p.closed.is_empty()));
 }
+
+/// Issue 48 (found by the fuzzer with one-sided operations): a peer declaring the smallest
+/// receive buffers a put frame fits in (65 bytes: one byte of payload a frame) and 65 472
+/// credits made one 20 000-byte put queue 20 000 frames at once — what this side queues was
+/// sized by the peer. Now one operation has at most 64 frames out whose replies did not come
+/// back; each reply lets the next go, and the put completes.
+#[test]
+fn one_operation_has_a_bounded_number_of_frames_out_whatever_the_peer_grants() {
+    let mut e = Engine::new(Config::default());
+    let mut hs = e.local_handshake();
+    hs.recv_buf_size = 65;
+    hs.credits = 65_472;
+    hs.max_credits = u16::MAX;
+    e.handle_connection_up(ConnId(1), &hs).unwrap();
+    let key = rdmx_proto::rma::PackedKey {
+        key: KeyRef {
+            region: 0,
+            generation: 0,
+            secret: 1,
+        },
+        len: 1 << 20,
+        access: RemoteAccess::ALL,
+        rdma: None,
+    };
+    let put = e.rma_put(ConnId(1), &key, 0, UserBufId(1), 20_000).unwrap();
+    let frames = |e: &mut Engine| -> Vec<Header> {
+        std::iter::from_fn(|| e.poll_action())
+            .filter_map(|a| match a {
+                Action::SendFrame { frame, .. } => {
+                    Some(wire::decode_header(frame.as_bytes()).unwrap())
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let out = frames(&mut e);
+    assert_eq!(out.len(), 64, "frames of one put queued at once");
+    // The peer answers every frame (granting nothing): the put goes on, 64 frames out at
+    // most, until all 20 000 bytes went and came back.
+    let (mut seq, mut answered, mut pending) = (0u32, 0u64, out);
+    while !pending.is_empty() {
+        for h in std::mem::take(&mut pending) {
+            assert_eq!(h.opcode, Opcode::Put);
+            let mut r = Header::new(Opcode::RmaReply);
+            r.seq = seq;
+            r.sreq = h.sreq;
+            r.tag = h.tag;
+            seq += 1;
+            answered += 1;
+            e.handle_frame(
+                ConnId(1),
+                RecvBufId(0),
+                wire::FrameBuf::encode(&r, None).as_bytes(),
+            );
+            let more = frames(&mut e);
+            assert!(more.len() <= 1, "{} frames for one reply", more.len());
+            pending.extend(more.into_iter().filter(|h| h.opcode == Opcode::Put));
+        }
+    }
+    assert_eq!(answered, 20_000);
+    assert_eq!(e.conn_stats(ConnId(1)).unwrap().queued, 0);
+    assert_eq!(e.pending_requests(), 0, "the put completed");
+    let _ = put;
+}

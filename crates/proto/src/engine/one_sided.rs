@@ -211,6 +211,10 @@ impl RmaState {
         if let (true, Some(rdma)) = (c.verbs_rma, self.rdma) {
             return self.step_verbs(rdma, conn, id, buf, len, actions);
         }
+        if self.replies >= FRAMES_IN_FLIGHT {
+            // (The next frame goes once a reply came back: the reply's flush resumes it.)
+            return Step::Wait;
+        }
         let (opcode, n, word, rreq) = match self.op {
             Op::Put => (Opcode::Put, put_chunk(c).min(len - self.sent), 0, 0),
             Op::Get => {
@@ -255,6 +259,13 @@ impl RmaState {
         }
     }
 }
+
+/// The most frames of one one-sided operation out whose replies did not come back (the
+/// default largest window, `Config::credits`): a put or get of many frames waits for
+/// replies past it, whatever credits the peer grants. Without it a peer declaring the
+/// smallest receive buffers (65 bytes: a put frame carries one byte) and 65 535 credits
+/// made one 20 000-byte put queue 20 000 frames at once (found by the fuzzer, issue 48).
+const FRAMES_IN_FLIGHT: u32 = 64;
 
 /// The most bytes one RDMA WRITE or READ of a one-sided operation moves (a work request's
 /// length is 32 bits).
