@@ -227,6 +227,7 @@
 //! | receive buffers a peer's handshake may declare (they size the frames sent to it) | 16 MiB (`rdmx_proto::MAX_RECV_BUF_SIZE`, TCP's largest frame) | fixed | the connection is rejected at connect, the reason naming the size |
 //! | bytes one get of a peer's may ask (one reply, and what the worker allocates for it) | what a reply carries into the smaller of both sides' receive buffers, less the 40-byte header: 65 496 B over TCP, 8152 B over RDMA (whose gets the NIC serves), 16 384 B over shared memory | `RDMX_RECV_BUF_SIZE` (this side's) | the endpoint closes as a protocol error naming the sizes; a get whose key or bounds are refused allocates nothing |
 //! | replies to a peer's one-sided operations waiting for credits | the peer's window: at most 64 over TCP, 1024 over shared memory (its ring's) | `RDMX_CREDITS` | each operation's credit is held until its reply leaves: the peer runs out of credits and waits |
+//! | frames of one put or get of this side's out at once (a peer declaring tiny buffers and many credits sizes neither) | 64 | fixed | the operation waits for replies before its next frame |
 //!
 //! These promises are tests: a peer process SIGKILLed during an eager stream and during a
 //! rendezvous READ in either direction (every pending request fails within 5 s; memory

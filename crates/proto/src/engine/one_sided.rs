@@ -32,7 +32,9 @@
 //! receive buffers, less the header) is a protocol error; a get's key and bounds are checked
 //! before a byte is allocated for its reply ([`RmaMemory::get`]); and the credit of each
 //! operation's frame is held back until its reply leaves, so a peer that withholds credits
-//! makes the target hold at most its window of replies ([`ConnStats::replies_waiting`]).
+//! makes the target hold at most its window of replies ([`ConnStats::replies_waiting`]). At
+//! the initiator, one operation has at most [`FRAMES_IN_FLIGHT`] frames out, whatever the
+//! peer's buffers and credits make of its size.
 
 use std::sync::Arc;
 
