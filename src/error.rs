@@ -63,9 +63,10 @@ pub enum Error {
         /// The reason the peer gave.
         reason: String,
     },
-    /// A one-sided operation or a region's local accessor was refused: outside the region,
-    /// an unaligned atomic word, an access the region was not mapped with, or a stale or
-    /// forged key.
+    /// A one-sided operation or a region's local accessor was refused by a check made on
+    /// this side: outside the region, an unaligned atomic word, or an access the region was
+    /// not mapped with. (What only the target can tell — a stale or forged key, which it
+    /// answers alike — completes the request with `Status::Refused` instead.)
     #[error("remote memory access: {0}")]
     Rma(rdmx_proto::rma::Refusal),
     /// Bytes given to [`crate::Ep::unpack_rkey`] are not a packed remote key.

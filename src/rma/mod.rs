@@ -48,8 +48,9 @@ pub(crate) use table::SharedRegions;
 /// ## Unmapping
 ///
 /// Unmapping (or dropping the handle) revokes the key at once: every later access with it
-/// fails as stale (over RDMA the region is deregistered from the NIC first, which refuses
-/// the key from then on). The memory itself is shared by the worker's table of regions, by
+/// is refused, as a forged key is (`RefusalKind::BadKey`: a peer is not told which of the
+/// worker's regions were unmapped). Over RDMA the region is deregistered from the NIC
+/// first, which refuses the key from then on. The memory itself is shared by the worker's table of regions, by
 /// each operation executing on it and by the NIC's registration (until it is
 /// deregistered), and is freed only after the last of them lets go, so an
 /// operation in flight never touches freed memory; `mem::forget` of a handle leaves the
@@ -202,7 +203,7 @@ impl MemHandle {
             .map_err(|_| self.word_refusal(offset))
     }
 
-    /// Revokes remote access — every later access with the region's key fails as stale —
+    /// Revokes remote access — every later access with the region's key is refused —
     /// and hands back the region's bytes.
     pub fn unmap(self) -> Vec<u8> {
         self.revoke();
@@ -274,7 +275,7 @@ impl Ep {
     /// Unpacks a peer's packed key ([`MemHandle::pack_rkey`]) for operations on this
     /// endpoint. Fails with [`Error::RemoteKey`] on bytes that are not a packed key;
     /// whether the key is still valid only the peer can tell (an operation with a stale
-    /// key fails).
+    /// key is refused).
     pub fn unpack_rkey(&self, bytes: &[u8]) -> Result<RemoteKey> {
         Ok(RemoteKey {
             packed: PackedKey::decode(bytes)?,

@@ -26,7 +26,8 @@
 //!   naming it, before any request is made; a key unpacked on another endpoint is an
 //!   [`Error::Invalid`]. What only the target can tell — a stale key (its region was
 //!   unmapped), a forged or damaged one — completes the request with
-//!   [`crate::Status::Refused`]; nothing of that operation was performed (but each frame of
+//!   [`crate::Status::Refused`] (a stale key and a forged one alike, as `BadKey`: the
+//!   target does not tell a peer which of its regions were unmapped); nothing of that operation was performed (but each frame of
 //!   a put over several is checked by itself: a put refused part way may have been
 //!   performed in part), and **the endpoint stays connected** over TCP and shared memory,
 //!   where the target's progress engine performs the operations. (Over RDMA's reliable

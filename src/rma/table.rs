@@ -114,7 +114,7 @@ impl RegionTable {
     ) -> std::result::Result<RmaMemory, Refusal> {
         let id = self.keys.check(key, op, offset, len)?;
         // (A mapped slot always has its memory.)
-        self.memory.get(&id.0).cloned().ok_or(Refusal::StaleKey)
+        self.memory.get(&id.0).cloned().ok_or(Refusal::BadKey)
     }
 
     /// How many regions are mapped.
@@ -170,10 +170,21 @@ impl rdmx_proto::rma::RmaMemory for SharedRegions {
             .map_err(|_| outside(offset, data.len(), &mem))
     }
 
-    fn get(&self, key: &KeyRef, offset: u64, out: &mut [u8]) -> std::result::Result<(), Refusal> {
-        let (mem, at) = self.reach(key, RmaOp::Get, offset, out.len())?;
-        let len = out.len();
-        mem.read(at, out).map_err(|_| outside(offset, len, &mem))
+    fn get(
+        &self,
+        key: &KeyRef,
+        offset: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> std::result::Result<(), Refusal> {
+        // (Checked before `out` is sized: a refused get allocates nothing.)
+        let (mem, at) = self.reach(key, RmaOp::Get, offset, len)?;
+        out.clear();
+        out.resize(len, 0);
+        mem.read(at, out).map_err(|_| {
+            out.clear();
+            outside(offset, len, &mem)
+        })
     }
 
     fn atomic(&self, key: &KeyRef, offset: u64, op: AtomicOp) -> std::result::Result<u64, Refusal> {
@@ -204,7 +215,7 @@ mod tests {
         assert_eq!(t.len(), 1);
         assert_eq!(
             t.access(&key, RmaOp::Put, 0, 8).err(),
-            Some(Refusal::StaleKey)
+            Some(Refusal::BadKey)
         );
         in_use.write(56, &[7; 8]).unwrap();
         assert_eq!(in_use.load(56), Ok(u64::from_ne_bytes([7; 8])));

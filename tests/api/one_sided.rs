@@ -291,17 +291,20 @@ pub fn bad_one_sided_accesses_fail_cleanly() {
         "a refused access changed the region"
     );
 
-    // A stale key: refused once its region is unmapped, and once the slot is reused.
+    // A stale key: refused once its region is unmapped, and once the slot is reused — as
+    // a forged key is (`BadKey`): the target tells no peer which of its regions were
+    // unmapped (issue 48: a stale key was answered `StaleKey` before its secret was
+    // checked, so keys with made-up secrets told a peer which slots had been reused).
     let bytes = rw.unmap();
     assert_eq!(bytes, vec![0; 64]);
-    assert_eq!(
-        refused(ce.get(&rw_key, 0, vec![0; 8])).0,
-        RefusalKind::StaleKey
-    );
+    let kind = refused(ce.get(&rw_key, 0, vec![0; 8])).0;
+    assert_eq!(kind, RefusalKind::BadKey);
+    // (Its words name a stale key among the causes, for the user who unmapped it.)
+    assert!(kind.to_string().contains("unmapped since"), "{kind}");
     let again = sw.mem_map(64, RemoteAccess::ALL).unwrap();
     assert_eq!(
         refused(ce.put(&rw_key, 0, vec![1; 8])).0,
-        RefusalKind::StaleKey
+        RefusalKind::BadKey
     );
     assert_eq!(again.to_vec(), vec![0; 64]);
 
@@ -483,11 +486,11 @@ pub fn unmap_during_remote_traffic() {
             let w = ctx.worker().expect("worker");
             let ep = w.connect(&addr).expect("connect");
             let key = recv_key_blocking(&w, &ep, 1);
-            // What an operation on the unmapped region ends with: refused as stale by the
-            // target's checks (messages), or by its NIC, which breaks the connection and
-            // fails what followed (RDMA).
+            // What an operation on the unmapped region ends with: refused by the target's
+            // checks (messages: as a forged key is, `BadKey`), or by its NIC, which breaks
+            // the connection and fails what followed (RDMA).
             let gone = |status: Status| match status {
-                Status::Refused(RefusalKind::StaleKey) => !is_rdma(),
+                Status::Refused(RefusalKind::BadKey) => !is_rdma(),
                 Status::Refused(RefusalKind::RemoteAccess) | Status::ConnectionClosed => is_rdma(),
                 _ => false,
             };

@@ -5,6 +5,8 @@
 //! counters) stays within a stated bound while the attack runs, and that a legitimate peer
 //! connects and exchanges messages meanwhile. One module per bound.
 
+mod get_reply;
+
 use std::time::{Duration, Instant};
 
 mod tcp_output;
@@ -61,6 +63,15 @@ pub fn rss() -> usize {
         .and_then(|p| p.parse().ok())
         .expect("statm's resident field");
     pages * 4096
+}
+
+/// Held by a test while it measures [`rss`] or makes the process's memory move by much (a
+/// flood, large messages), so that such tests run one at a time (the process's resident
+/// set counts every test's memory). A test that failed while holding it does not poison
+/// the others.
+pub fn measuring() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The rdmx handshake an rdmx engine with the default configuration sends, as bytes a raw

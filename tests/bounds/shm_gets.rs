@@ -10,7 +10,7 @@ use std::time::Instant;
 use rdmx::{Ep, Transport, Worker, TAG_MASK_ALL};
 
 use crate::shm_raw::{self, get_record, KIND_GET};
-use crate::{context, default_handshake, exchange, init_log, listening, LONG, MIB};
+use crate::{context, default_handshake, exchange, init_log, listening, measuring, LONG, MIB};
 
 /// Shared memory with rendezvous data copied through the rings.
 fn copying() -> rdmx::Context {
@@ -36,6 +36,7 @@ fn legitimate(listener: &rdmx::Listener, addr: &str) -> (Worker, Ep, Ep) {
 /// GETs grew it by 137 MiB); now the peer's endpoint fails at its 65th GET unanswered.
 #[test]
 fn a_peer_flooding_gets_fails_alone_and_the_victim_stays_bounded() {
+    let _measuring = measuring();
     init_log();
     let (victim, listener, addr) = listening(&copying());
     let (good, good_ep, victims_good_ep) = legitimate(&listener, &addr);
@@ -103,6 +104,7 @@ fn a_peer_flooding_gets_fails_alone_and_the_victim_stays_bounded() {
 /// frames of 16 KiB), and only that endpoint.
 #[test]
 fn a_peer_that_never_reads_its_ring_fails_at_the_outbox_bound() {
+    let _measuring = measuring();
     init_log();
     let (victim, listener, addr) = listening(&copying());
     let (good, good_ep, victims_good_ep) = legitimate(&listener, &addr);
@@ -164,6 +166,7 @@ fn a_peer_that_never_reads_its_ring_fails_at_the_outbox_bound() {
 /// reading a ring never waits for the outbox, so the two can never both stop.
 #[test]
 fn two_peers_copying_both_ways_never_both_stop() {
+    let _measuring = measuring();
     init_log();
     let (a, listener, addr) = listening(&copying());
     let (b, b_ep, a_ep) = legitimate(&listener, &addr);

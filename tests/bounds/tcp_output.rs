@@ -160,6 +160,7 @@ fn progress_until_idle(victim: &Worker, raw: &Raw) {
 /// meanwhile. Once the attacker reads, it gets all 4000 replies: nothing was dropped.
 #[test]
 fn a_get_flood_that_is_never_read_is_held_up_by_its_own_socket() {
+    let _measuring = measuring();
     let _one = one_at_a_time();
     init_log();
     let ctx = context(Transport::Tcp, &[]);
@@ -245,6 +246,7 @@ fn a_get_flood_that_is_never_read_is_held_up_by_its_own_socket() {
 /// the limit.
 #[test]
 fn a_read_request_flood_that_is_never_read_is_held_up_by_its_own_socket() {
+    let _measuring = measuring();
     let _one = one_at_a_time();
     init_log();
     let ctx = context(Transport::Tcp, &[]);
@@ -320,6 +322,7 @@ fn a_read_request_flood_that_is_never_read_is_held_up_by_its_own_socket() {
 /// the unread input.
 #[test]
 fn a_paused_peer_does_not_wake_an_event_mode_wait() {
+    let _measuring = measuring();
     let _one = one_at_a_time();
     init_log();
     let ctx = context(Transport::Tcp, &[("RDMX_WAIT_MODE", "event")]);
@@ -370,6 +373,7 @@ fn a_paused_peer_does_not_wake_an_event_mode_wait() {
 /// by the thread — resumed without any new input to wake it.
 #[test]
 fn a_progress_thread_holds_the_flood_up_and_resumes_it() {
+    let _measuring = measuring();
     let _one = one_at_a_time();
     init_log();
     let ctx = context(
@@ -427,6 +431,7 @@ fn a_progress_thread_holds_the_flood_up_and_resumes_it() {
 /// progress threads waiting for events.
 #[test]
 fn two_legitimate_peers_with_large_messages_both_ways_never_stall() {
+    let _measuring = measuring();
     let _one = one_at_a_time();
     init_log();
     for settings in [

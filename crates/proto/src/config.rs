@@ -1,7 +1,7 @@
 //! Engine configuration, with `RDMX_EAGER_THRESHOLD` parsing.
 
 use crate::error::Unit;
-use crate::wire::{HEADER_LEN, MAX_CTRL_FRAME};
+use crate::wire::{HEADER_LEN, MAX_CTRL_FRAME, MAX_RECV_BUF_SIZE};
 use crate::Error;
 
 /// Environment variable holding the eager/rendezvous threshold in bytes.
@@ -206,7 +206,7 @@ impl ConfigBuilder {
             "recv_buf_size",
             c.recv_buf_size.into(),
             MAX_CTRL_FRAME as u64,
-            u32::MAX as u64,
+            MAX_RECV_BUF_SIZE.into(),
         )?;
         count(
             "credits",

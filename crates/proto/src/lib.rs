@@ -60,7 +60,13 @@
 //!   region, and flush and fence ([`Engine::rma_put`] and the rest): frames the target's
 //!   engine executes as they arrive, through the driver's [`rma::RmaMemory`], and
 //!   answers; completed by the answer. The target's bookkeeping of regions mapped for
-//!   remote access, their packed keys and the check of every remote access: [`rma`].
+//!   remote access, their packed keys and the check of every remote access: [`rma`]. What
+//!   a peer's operations make the target spend is the target's to bound, whatever the peer
+//!   declares: a peer's handshake may declare receive buffers of at most
+//!   [`MAX_RECV_BUF_SIZE`]; a get asks at most what a reply carries into the smaller of both
+//!   sides' buffers (more is a protocol error), and one refused allocates nothing; the
+//!   credit of each operation is held until its reply leaves, so a peer has at most its
+//!   window of replies waiting ([`ConnStats::replies_waiting`]).
 //!
 //! ## Wire format (version 1)
 //!
@@ -72,7 +78,7 @@
 //! | 2  | 1 | version (1) |
 //! | 3  | 1 | opcode: 1 EAGER, 2 RTS, 3 ATS, 4 ERROR/NACK, 5 CREDIT, 6 HANDSHAKE, 7 PUT, 8 GET, 9 FETCH_ADD, 10 COMPARE_SWAP, 11 RMA_REPLY |
 //! | 4  | 1 | flags: 1 = credit wanted (the sender ran out of credits); other bits must be 0 |
-//! | 5  | 1 | status (ATS/ERROR: 0 ok, 1 truncated, 2 read failed, 3 protocol; RMA_REPLY: 0 ok, 4 bad key, 5 stale key, 6 out of bounds, 7 unaligned, 8 not permitted; else 0) |
+//! | 5  | 1 | status (ATS/ERROR: 0 ok, 1 truncated, 2 read failed, 3 protocol; RMA_REPLY: 0 ok, 4 bad key (also a stale key), 5 stale key (no longer sent; read as 4), 6 out of bounds, 7 unaligned, 8 not permitted; else 0) |
 //! | 6  | 2 | credits granted back to the frame's receiver |
 //! | 8  | 4 | sequence number (per connection and direction, every frame, wrapping) |
 //! | 12 | 4 | payload length (bytes after the header; must match exactly) |
@@ -140,7 +146,7 @@ pub use engine::{
     MAX_READS_PER_CONN,
 };
 pub use error::{Error, Unit};
-pub use wire::{Handshake, HEADER_LEN, MAX_HANDSHAKE_LEN};
+pub use wire::{Handshake, HEADER_LEN, MAX_HANDSHAKE_LEN, MAX_RECV_BUF_SIZE};
 
 /// A message tag.
 pub type Tag = u64;

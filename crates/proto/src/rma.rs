@@ -24,9 +24,16 @@
 //! ## Keys
 //!
 //! A region's key is its slot, the slot's generation (bumped at every unmap, so a key packed
-//! before an unmap is told apart as [`Refusal::StaleKey`]) and a 64-bit secret the driver
-//! draws from a CSPRNG at map time: a key guessed or forged from another one fails as
-//! [`Refusal::BadKey`]. The packed form ([`PackedKey::encode`]) is what an application
+//! before an unmap never names the region mapped in the slot later) and a 64-bit secret the
+//! driver draws from a CSPRNG at map time. A key names a region only while the slot holds one
+//! of the key's generation and secret; every other key — of a slot never used, of a region
+//! unmapped since (a stale key), with a guessed or forged secret — is refused as
+//! [`Refusal::BadKey`], one answer for all. The target keeps no secret of an unmapped region,
+//! so it could not tell a stale key from a forged one anyway; and were a stale key answered
+//! apart, a peer could learn from keys with made-up secrets which slots were mapped and
+//! unmapped, and when (the generation it named before the answer changed). Only the
+//! checks after it — bounds, alignment, access — answer what was wrong, to a key that named
+//! a mapped region. The packed form ([`PackedKey::encode`]) is what an application
 //! sends its peers however it likes; decoding never panics and rejects anything malformed
 //! ([`KeyDecodeError`]).
 //!
@@ -329,13 +336,12 @@ impl PackedKey {
 /// Why the target refuses a remote access (and the initiator's request fails with).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum Refusal {
-    /// No region was ever mapped in the key's slot, or its secret is wrong: a forged or
-    /// corrupted key.
-    #[error("the remote key names no region")]
+    /// The key names no region mapped now: none was ever mapped in its slot, the region it
+    /// named was unmapped since (a stale key), or its generation or secret is wrong (a
+    /// forged or corrupted key). One refusal for all of them: a peer cannot tell from it
+    /// which (see the module's Keys).
+    #[error("the remote key names no mapped region (never mapped, unmapped since, or forged)")]
     BadKey,
-    /// The region the key named was unmapped.
-    #[error("the remote key is stale: its region was unmapped")]
-    StaleKey,
     /// The access reaches past the region's end.
     #[error("{len} bytes at offset {offset} are outside the {region_len}-byte region")]
     OutOfBounds {
@@ -402,7 +408,7 @@ struct Mapped {
 /// The regions of one worker mapped for remote access, by slot.
 ///
 /// A slot freed by [`Regions::unmap`] is reused by a later map under the next generation, so
-/// a key of the old region is refused as stale, never taken for the new one.
+/// a key of the old region is refused ([`Refusal::BadKey`]), never taken for the new one.
 #[derive(Debug, Default)]
 pub struct Regions {
     slots: Vec<Slot>,
@@ -440,13 +446,14 @@ impl Regions {
     }
 
     /// Unmaps the region `key` names: every later access with the key is refused
-    /// ([`Refusal::StaleKey`]). A refusal when `key` names no mapped region.
+    /// ([`Refusal::BadKey`], as a forged key is). A refusal when `key` names no mapped
+    /// region.
     pub fn unmap(&mut self, key: &KeyRef) -> Result<(), Refusal> {
         self.find(key)?;
         let slot = &mut self.slots[key.region as usize];
         slot.region = None;
         // (A slot whose generations ran out is never reused: a key of any of its regions
-        // stays stale.)
+        // stays refused.)
         if let Some(next) = slot.generation.checked_add(1) {
             slot.generation = next;
             self.free.push(key.region);
@@ -480,21 +487,18 @@ impl Regions {
         Ok(RegionId(key.region))
     }
 
+    /// The region `key` names: the one its slot holds, if the key is of its generation and
+    /// has its secret. Any other key — of a slot never used, an earlier or later
+    /// generation, or another secret — is [`Refusal::BadKey`], one answer for all: the
+    /// generation is compared only together with the secret, so a key with a made-up secret
+    /// learns nothing of the slot's history.
     fn find(&self, key: &KeyRef) -> Result<&Mapped, Refusal> {
-        let slot = self.slots.get(key.region as usize).ok_or(Refusal::BadKey)?;
-        if key.generation > slot.generation {
-            return Err(Refusal::BadKey);
-        }
-        match &slot.region {
-            Some(m) if key.generation == slot.generation => {
-                if m.secret == key.secret {
-                    Ok(m)
-                } else {
-                    Err(Refusal::BadKey)
-                }
-            }
-            // An earlier generation, or the current one unmapped.
-            _ => Err(Refusal::StaleKey),
+        match self.slots.get(key.region as usize) {
+            Some(Slot {
+                generation,
+                region: Some(m),
+            }) if m.secret == key.secret && *generation == key.generation => Ok(m),
+            _ => Err(Refusal::BadKey),
         }
     }
 }
@@ -504,10 +508,9 @@ impl Regions {
 /// ([`crate::Status::Refused`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RefusalKind {
-    /// [`Refusal::BadKey`].
+    /// [`Refusal::BadKey`]: the key names no mapped region (never mapped, unmapped since —
+    /// a stale key —, or forged; a target answers them alike).
     BadKey,
-    /// [`Refusal::StaleKey`].
-    StaleKey,
     /// [`Refusal::OutOfBounds`].
     OutOfBounds,
     /// [`Refusal::Unaligned`].
@@ -530,8 +533,9 @@ impl RefusalKind {
     /// What it means, in words.
     pub fn describe(self) -> &'static str {
         match self {
-            RefusalKind::BadKey => "the remote key names no region",
-            RefusalKind::StaleKey => "the remote key is stale: its region was unmapped",
+            RefusalKind::BadKey => {
+                "the remote key names no mapped region (never mapped, unmapped since, or forged)"
+            }
             RefusalKind::OutOfBounds => "the access reaches outside the remote region",
             RefusalKind::Unaligned => "the atomic word is not 8-byte aligned",
             RefusalKind::NotPermitted => {
@@ -550,7 +554,6 @@ impl Refusal {
     pub fn kind(&self) -> RefusalKind {
         match self {
             Refusal::BadKey => RefusalKind::BadKey,
-            Refusal::StaleKey => RefusalKind::StaleKey,
             Refusal::OutOfBounds { .. } => RefusalKind::OutOfBounds,
             Refusal::Unaligned(_) => RefusalKind::Unaligned,
             Refusal::NotPermitted { .. } => RefusalKind::NotPermitted,
@@ -563,7 +566,6 @@ impl RefusalKind {
     pub(crate) fn wire(self) -> WireStatus {
         match self {
             RefusalKind::BadKey => WireStatus::BadKey,
-            RefusalKind::StaleKey => WireStatus::StaleKey,
             RefusalKind::OutOfBounds => WireStatus::OutOfBounds,
             RefusalKind::Unaligned => WireStatus::Unaligned,
             // (Never on the wire: only a NIC refuses so; a target's checks never do.)
@@ -575,8 +577,9 @@ impl RefusalKind {
     /// carries, which decoding rules out).
     pub(crate) fn from_wire(s: WireStatus) -> Option<Self> {
         Some(match s {
-            WireStatus::BadKey => RefusalKind::BadKey,
-            WireStatus::StaleKey => RefusalKind::StaleKey,
+            // (A target no longer answers "stale key", which it cannot tell from a forged
+            // one; a reply that still does means the same as "bad key".)
+            WireStatus::BadKey | WireStatus::StaleKey => RefusalKind::BadKey,
             WireStatus::OutOfBounds => RefusalKind::OutOfBounds,
             WireStatus::Unaligned => RefusalKind::Unaligned,
             WireStatus::NotPermitted => RefusalKind::NotPermitted,
@@ -607,8 +610,12 @@ pub enum AtomicOp {
 pub trait RmaMemory: Send + Sync {
     /// Writes `data` at `offset` of the region `key` names.
     fn put(&self, key: &KeyRef, offset: u64, data: &[u8]) -> Result<(), Refusal>;
-    /// Reads `out.len()` bytes at `offset` of the region `key` names into `out`.
-    fn get(&self, key: &KeyRef, offset: u64, out: &mut [u8]) -> Result<(), Refusal>;
+    /// Reads `len` bytes at `offset` of the region `key` names into `out`, which then holds
+    /// exactly them (what it held before is dropped; its allocation is reused). The access
+    /// is checked before `out` is touched: a refused one leaves it as it was, so that a
+    /// peer's get with a key that names nothing costs no allocation of the length it asked
+    /// for.
+    fn get(&self, key: &KeyRef, offset: u64, len: usize, out: &mut Vec<u8>) -> Result<(), Refusal>;
     /// Applies `op` to the 8-byte word at `offset` of the region `key` names; the word's
     /// old value.
     fn atomic(&self, key: &KeyRef, offset: u64, op: AtomicOp) -> Result<u64, Refusal>;

@@ -21,6 +21,12 @@ pub const HEADER_LEN: usize = 40;
 pub const RTS_BODY_LEN: usize = 24;
 /// Largest control frame (header plus the largest fixed body) the engine ever emits.
 pub const MAX_CTRL_FRAME: usize = HEADER_LEN + RTS_BODY_LEN;
+/// The largest receive buffer a handshake may declare, and a [`crate::Config`] may have
+/// (16 MiB): the largest frame any transport carries (TCP's `rdmx_tcp::MAX_FRAME_LEN`; the
+/// others' are smaller: RDMA's receive buffers are 8 KiB by default, and rdmx's
+/// `RDMX_RECV_BUF_SIZE` sets at most 2 MiB). A peer that declares more is refused at
+/// connect: what it declares sizes the frames this side sends it.
+pub const MAX_RECV_BUF_SIZE: u32 = 16 << 20;
 /// Largest encoded handshake accepted (rdmacm private data limit on connect).
 pub const MAX_HANDSHAKE_LEN: usize = 56;
 
@@ -86,9 +92,12 @@ pub enum WireStatus {
     ReadFailed = 2,
     /// The receiver detected a protocol violation.
     Protocol = 3,
-    /// RMA reply: the key names no region ([`crate::rma::Refusal::BadKey`]).
+    /// RMA reply: the key names no mapped region ([`crate::rma::Refusal::BadKey`]: never
+    /// mapped, unmapped since, or forged).
     BadKey = 4,
-    /// RMA reply: the key's region was unmapped.
+    /// RMA reply: the key's region was unmapped. No longer sent: a target answers a stale
+    /// key as it answers a forged one, [`WireStatus::BadKey`] (see [`crate::rma`]'s Keys);
+    /// still read, as `BadKey`.
     StaleKey = 5,
     /// RMA reply: the access reaches outside the region.
     OutOfBounds = 6,

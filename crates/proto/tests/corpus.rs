@@ -7,6 +7,7 @@ mod checks;
 
 use std::path::{Path, PathBuf};
 
+use rdmx_proto::rma::RefusalKind;
 use rdmx_proto::wire::{self, Body, WireStatus};
 use rdmx_proto::{CloseReason, Handshake, RequestKind, Status};
 
@@ -128,6 +129,21 @@ fn frame_seeds_decode_as_named() {
         }
     }
     assert!(valid >= 14, "only {valid} valid seeds");
+    // Every opcode has a valid seed.
+    for op in [
+        wire::Opcode::Put,
+        wire::Opcode::Get,
+        wire::Opcode::FetchAdd,
+        wire::Opcode::CompareSwap,
+        wire::Opcode::RmaReply,
+    ] {
+        assert!(
+            files
+                .iter()
+                .any(|(_, b)| wire::decode(b).is_ok_and(|f| f.header.opcode == op)),
+            "no {op:?} seed"
+        );
+    }
 }
 
 #[test]
@@ -257,4 +273,112 @@ fn engine_seeds_reach_their_states() {
     let o = outcome("bad_handshake");
     assert!(!o.up && o.close.is_none() && o.accepted == 0, "{o:?}");
     assert_eq!(outcome("empty").close, Some(CloseReason::Local));
+}
+
+/// The one-sided seeds (issue 48) reach their states: the peer's operations served and
+/// refused by the harness's memory, this side's operations completed by replies and by the
+/// NIC, and the bounds on what a peer may ask.
+#[test]
+fn one_sided_seeds_reach_their_states() {
+    use WireStatus::*;
+    let seeds = inputs("seeds", "engine_frames");
+    let outcome = |name: &str| {
+        let bytes = &seeds
+            .iter()
+            .find(|f| f.0 == name)
+            .unwrap_or_else(|| panic!("no seed {name}"))
+            .1;
+        checks::engine_frames(bytes)
+    };
+    let statuses = |o: &checks::EngineOutcome, kind: RequestKind| -> Vec<Status> {
+        o.completions
+            .iter()
+            .filter(|c| c.kind == kind)
+            .map(|c| c.status)
+            .collect()
+    };
+    let closed = |name: &str, why: &str| {
+        let o = outcome(name);
+        match &o.close {
+            Some(CloseReason::ProtocolError(s)) => assert!(s.contains(why), "{name}: {s}"),
+            other => panic!("{name}: closed with {other:?}"),
+        }
+        o
+    };
+
+    let o = outcome("rma_peer_operations");
+    assert_eq!(o.close, Some(CloseReason::Local), "{o:?}");
+    assert_eq!(
+        o.replies,
+        [
+            Ok,
+            Ok,
+            Ok,
+            Ok,
+            BadKey,
+            OutOfBounds,
+            NotPermitted,
+            Unaligned,
+            BadKey
+        ]
+    );
+    assert_eq!(outcome("rma_no_memory").replies, [BadKey]);
+    let o = closed("rma_get_past_the_reply", "more than the 8152");
+    assert_eq!((o.accepted, o.replies.as_slice()), (1, &[Ok][..]));
+    let o = outcome("rma_huge_buffers_declared");
+    assert!(!o.up && o.accepted == 0, "{o:?}");
+    let o = closed("rma_replies_held", "overran");
+    assert_eq!((o.accepted, o.replies.len()), (67, 3), "{o:?}");
+
+    let o = outcome("rma_own_operations");
+    assert_eq!(o.close, Some(CloseReason::Local), "{o:?}");
+    assert_eq!(statuses(&o, RequestKind::Put), [Status::Ok]);
+    assert_eq!(statuses(&o, RequestKind::Get), [Status::Ok]);
+    let atomics: Vec<_> = o
+        .completions
+        .iter()
+        .filter(|c| c.kind == RequestKind::Atomic)
+        .map(|c| (c.status, c.tag))
+        .collect();
+    assert_eq!(atomics, [(Status::Ok, 41), (Status::Ok, 0)]);
+    assert_eq!(statuses(&o, RequestKind::Flush), [Status::Ok, Status::Ok]);
+    let o = outcome("rma_own_refused");
+    assert_eq!(
+        [RequestKind::Put, RequestKind::Atomic].map(|k| statuses(&o, k)),
+        [
+            vec![Status::Refused(RefusalKind::BadKey)],
+            vec![
+                Status::Refused(RefusalKind::OutOfBounds),
+                Status::Refused(RefusalKind::Unaligned)
+            ]
+        ]
+    );
+    closed("rma_reply_to_a_flush", "awaits none");
+    // One put's frames out at once are bounded, whatever the peer grants: 64, then one more
+    // for the reply.
+    assert_eq!(outcome("rma_put_tiny_buffers_many_credits").sent, 65);
+    // (The put was refused as it was made: index 0 is the get, of 24-byte chunks.)
+    let o = outcome("rma_put_to_small_buffers");
+    assert_eq!(o.close, Some(CloseReason::Local), "{o:?}");
+    assert_eq!(o.accepted, 1);
+    assert!(statuses(&o, RequestKind::Put).is_empty());
+    assert_eq!(statuses(&o, RequestKind::Get), [Status::ConnectionClosed]);
+    closed("rma_get_reply_short", "get reply of 100 bytes");
+
+    let o = outcome("rma_verbs");
+    assert_eq!(o.close, Some(CloseReason::Local), "{o:?}");
+    assert_eq!(o.sent, 0, "NIC work, no frame");
+    let done: Vec<_> = o.completions.iter().map(|c| (c.kind, c.status)).collect();
+    assert_eq!(done.len(), 6, "{done:?}");
+    assert!(done.iter().all(|d| d.1 == Status::Ok), "{done:?}");
+    closed("rma_verbs_reply", "awaits none");
+    let o = outcome("rma_verbs_refused");
+    assert_eq!(o.close, Some(CloseReason::SendFailed), "{o:?}");
+    assert_eq!(
+        [RequestKind::Put, RequestKind::Get].map(|k| statuses(&o, k)),
+        [
+            vec![Status::Refused(RefusalKind::RemoteAccess)],
+            vec![Status::ConnectionClosed]
+        ]
+    );
 }

@@ -202,3 +202,41 @@ fn a_refusal_by_the_nic_fails_the_request_and_the_connection() {
         Status::ConnectionClosed
     );
 }
+
+/// A reply frame for an operation the NIC performs is a protocol error: only the NIC's
+/// report completes it (a reply would complete a get while the NIC may still write its
+/// buffer). So is an atomic operation's reply carrying bytes. (Found while extending the
+/// fuzz harness to one-sided operations, issue 48: both were accepted.)
+#[test]
+fn a_reply_frame_for_work_the_nic_performs_is_a_protocol_error() {
+    for case in 0..2 {
+        let mut e = engine();
+        // (Case 1: a key without an RDMA part, so the operation goes by messages.)
+        let r = e
+            .rma_atomic(
+                CONN,
+                &key(case == 0),
+                8,
+                AtomicOp::FetchAdd(1),
+                UserBufId(1),
+            )
+            .unwrap();
+        actions(&mut e);
+        let mut h = wire::Header::new(wire::Opcode::RmaReply);
+        h.sreq = r.0;
+        h.rreq = 77;
+        h.payload_len = 8 * case;
+        let mut frame = wire::FrameBuf::encode(&h, None).as_bytes().to_vec();
+        frame.extend_from_slice(&vec![1; 8 * case as usize]);
+        e.handle_frame(CONN, RecvBufId(0), &frame);
+        let got = actions(&mut e);
+        assert!(
+            got.iter().any(|a| matches!(a,
+                Action::CloseConnection { reason: CloseReason::ProtocolError(why), .. }
+                    if why.contains("awaits none") || why.contains("with bytes"))),
+            "case {case}: {got:?}"
+        );
+        let c = completion(&got, r).expect("the operation fails with its connection");
+        assert_eq!(c.status, Status::ConnectionClosed, "case {case}");
+    }
+}

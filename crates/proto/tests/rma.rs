@@ -113,15 +113,17 @@ fn each_operation_needs_its_own_access() {
     assert!(RemoteAccess::WRITE.peer_may_modify() && RemoteAccess::ATOMIC.peer_may_modify());
 }
 
+/// A key is refused after its region's unmap, even once its slot is reused under the next
+/// generation; refused as a forged key is (`BadKey`: see `stale_and_forged_keys_are_answered_alike`).
 #[test]
-fn a_key_is_stale_after_unmap_even_once_its_slot_is_reused() {
+fn a_key_is_refused_after_unmap_even_once_its_slot_is_reused() {
     let mut regions = Regions::default();
     let old = packed(&mut regions, 64, RemoteAccess::ALL, 1);
     regions.unmap(&old.key).unwrap();
     assert!(regions.is_empty());
     assert_eq!(
         regions.check(&old.key, RmaOp::Get, 0, 8),
-        Err(Refusal::StaleKey)
+        Err(Refusal::BadKey)
     );
     // The slot again, under the next generation and another secret.
     let new = packed(&mut regions, 64, RemoteAccess::ALL, 2);
@@ -129,11 +131,77 @@ fn a_key_is_stale_after_unmap_even_once_its_slot_is_reused() {
     assert_eq!(new.key.generation, old.key.generation + 1);
     assert_eq!(
         regions.check(&old.key, RmaOp::Get, 0, 8),
-        Err(Refusal::StaleKey)
+        Err(Refusal::BadKey)
     );
     assert!(regions.check(&new.key, RmaOp::Get, 0, 8).is_ok());
     // Unmapping twice is refused, and leaves the new region alone.
-    assert_eq!(regions.unmap(&old.key), Err(Refusal::StaleKey));
+    assert_eq!(regions.unmap(&old.key), Err(Refusal::BadKey));
+    assert_eq!(regions.len(), 1);
+}
+
+/// Issue 48 (stale-key oracle): a key of an earlier generation was answered `StaleKey`
+/// before its secret was checked, so a peer with no key at all learnt, from keys with
+/// made-up secrets, which slots had been unmapped and reused (and how often). Now every key
+/// that names no mapped region gets the same answer, whether stale with its genuine secret,
+/// stale with a made-up one, or forged for the current, a later or an unused generation.
+#[test]
+fn stale_and_forged_keys_are_answered_alike() {
+    let mut regions = Regions::default();
+    let a = packed(&mut regions, 64, RemoteAccess::ALL, 0x1111);
+    let b = packed(&mut regions, 64, RemoteAccess::ALL, 0x2222);
+    // Slot `a` unmapped and mapped again (generation 1); slot `b` unmapped and left free.
+    regions.unmap(&a.key).unwrap();
+    let a2 = packed(&mut regions, 64, RemoteAccess::ALL, 0x3333);
+    assert_eq!(a2.key.region, a.key.region);
+    regions.unmap(&b.key).unwrap();
+    let made_up = 0x5eed_5eed_5eed_5eed;
+    let keys = [
+        // Stale, with the genuine secret: the initiator held the key once.
+        a.key,
+        b.key,
+        // Stale generations with a made-up secret: the probe the oracle answered.
+        KeyRef {
+            secret: made_up,
+            ..a.key
+        },
+        KeyRef {
+            secret: made_up,
+            ..b.key
+        },
+        // The current generation of a mapped slot, with a made-up secret.
+        KeyRef {
+            secret: made_up,
+            ..a2.key
+        },
+        // Later generations, and a slot never used.
+        KeyRef {
+            generation: 2,
+            ..a2.key
+        },
+        KeyRef {
+            generation: 7,
+            secret: made_up,
+            ..b.key
+        },
+        KeyRef {
+            region: 99,
+            generation: 0,
+            secret: made_up,
+        },
+    ];
+    for k in keys {
+        for op in [RmaOp::Get, RmaOp::Put, RmaOp::Atomic] {
+            assert_eq!(regions.check(&k, op, 0, 8), Err(Refusal::BadKey), "{k:?}");
+            // Out of bounds too: no check after the key's says anything of the region.
+            assert_eq!(
+                regions.check(&k, op, 1 << 40, 8),
+                Err(Refusal::BadKey),
+                "{k:?}"
+            );
+        }
+        assert_eq!(regions.unmap(&k), Err(Refusal::BadKey), "{k:?}");
+    }
+    assert!(regions.check(&a2.key, RmaOp::Get, 0, 8).is_ok());
     assert_eq!(regions.len(), 1);
 }
 
@@ -181,7 +249,7 @@ fn many_regions_keep_their_own_keys() {
     for (i, k) in keys.iter().enumerate() {
         let got = regions.check(&k.key, RmaOp::Get, 0, k.len);
         if i % 2 == 0 {
-            assert_eq!(got, Err(Refusal::StaleKey));
+            assert_eq!(got, Err(Refusal::BadKey));
         } else {
             assert!(got.is_ok());
             assert!(regions.check(&k.key, RmaOp::Get, 0, k.len + 1).is_err());

@@ -2,6 +2,7 @@
 //! everything that was pending on one.
 
 use super::*;
+use crate::wire::MAX_RECV_BUF_SIZE;
 
 impl Engine {
     /// A connection is established; `peer` is the handshake the peer sent.
@@ -31,6 +32,15 @@ impl Engine {
         if (peer.recv_buf_size as usize) < MAX_CTRL_FRAME {
             return Err(Error::Handshake(format!(
                 "peer receive buffers of {} bytes cannot hold a {MAX_CTRL_FRAME}-byte control frame",
+                peer.recv_buf_size
+            )));
+        }
+        // (An upper bound too: what the peer declares sizes the frames sent to it, and
+        // what it may ask of this side — within this side's own bounds besides.)
+        if peer.recv_buf_size > MAX_RECV_BUF_SIZE {
+            return Err(Error::Handshake(format!(
+                "peer receive buffers of {} bytes: more than the {MAX_RECV_BUF_SIZE}-byte \
+                 largest frame any transport carries",
                 peer.recv_buf_size
             )));
         }
@@ -72,6 +82,7 @@ impl Engine {
                 ctrl_q: VecDeque::new(),
                 data_q: VecDeque::new(),
                 rma_pending: 0,
+                replies_waiting: 0,
                 fence_next: false,
                 verbs_rma: limits.verbs_rma,
                 reads_out: 0,

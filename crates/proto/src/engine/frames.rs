@@ -68,8 +68,9 @@ impl Engine {
         };
         let recv_buf_size = c.recv_buf_size as usize;
         c.rx_unreturned += 1;
-        if c.rx_unreturned > c.window {
-            return Err(overran(c.rx_unreturned, c.window));
+        // (The credits of one-sided operations whose replies wait count as unreturned.)
+        if c.rx_unreturned + c.replies_waiting > c.window {
+            return Err(overran(c.rx_unreturned + c.replies_waiting, c.window));
         }
         if bytes.len() > recv_buf_size {
             return Err(too_long(bytes.len(), recv_buf_size));

@@ -91,7 +91,8 @@ pub struct ProbeInfo {
 pub struct ConnStats {
     /// Frames this side may still send.
     pub tx_credits: u32,
-    /// Frames received whose buffers were not yet granted back to the peer.
+    /// Frames received whose buffers were not yet granted back to the peer (but for those
+    /// of one-sided operations whose replies wait: [`ConnStats::replies_waiting`]).
     pub rx_unreturned: u32,
     /// Credits this side grants the peer in all (its window: what it holds, what is in
     /// flight and what is owed back to it).
@@ -106,6 +107,11 @@ pub struct ConnStats {
     /// Rendezvous READs in flight on it (at most [`MAX_READS_PER_CONN`], or the
     /// configuration's `max_reads_in_flight` if more).
     pub reads_in_flight: u32,
+    /// Of `queued`, replies to the peer's one-sided operations. Each holds back the credit
+    /// of its operation's frame until it leaves (those credits are not in
+    /// `rx_unreturned`): a peer that withholds credits makes this side hold at most its
+    /// window of replies.
+    pub replies_waiting: u32,
 }
 
 #[derive(Debug)]
@@ -259,6 +265,11 @@ struct Conn {
     /// One-sided operations on it whose frames went out and whose replies have not all
     /// come back: what a flush, and an operation after a fence, wait for.
     rma_pending: u32,
+    /// Replies to the peer's one-sided operations in `ctrl_q`. The credit of each
+    /// operation's frame is held back (out of `rx_unreturned`, in the window still) until
+    /// its reply leaves, carrying it: a peer can have at most its window of operations
+    /// whose replies wait, however it withholds credits ([`ConnStats::replies_waiting`]).
+    replies_waiting: u32,
     /// A fence was made: the next one-sided operation waits for every earlier one.
     fence_next: bool,
     /// Whether one-sided operations go by verbs where their keys allow ([`ConnLimits::verbs_rma`]).
@@ -445,6 +456,7 @@ impl Engine {
             peer_max_credits: u32::from(c.peer.max_credits),
             queued: c.ctrl_q.len() + c.data_q.len(),
             reads_in_flight: c.reads_out,
+            replies_waiting: c.replies_waiting,
         })
     }
 

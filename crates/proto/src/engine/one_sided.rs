@@ -24,13 +24,27 @@
 //!   [`Status::ConnectionClosed`], whatever the target performed of them.
 //!
 //! A put or get larger than a frame goes as several, each at most what the receiving side's
-//! buffers hold (the peer's for a put, this side's for a get's reply).
+//! buffers hold (the peer's for a put; for a get's reply the smaller of both sides', so
+//! that the target never allocates more for a reply than its own buffers hold).
+//!
+//! What a peer can make the target spend is bounded by the target, whatever the peer
+//! declares: a get asking for more than a reply carries (the smaller of the two sides'
+//! receive buffers, less the header) is a protocol error; a get's key and bounds are checked
+//! before a byte is allocated for its reply ([`RmaMemory::get`]); and the credit of each
+//! operation's frame is held back until its reply leaves, so a peer that withholds credits
+//! makes the target hold at most its window of replies ([`ConnStats::replies_waiting`]). At
+//! the initiator, one operation has at most [`FRAMES_IN_FLIGHT`] frames out, whatever the
+//! peer's buffers and credits make of its size.
+
+mod verbs;
 
 use std::sync::Arc;
 
 use super::*;
 use crate::rma::{AtomicOp, KeyRef, PackedKey, RdmaPart, Refusal, RefusalKind, RmaMemory, RmaOp};
 use crate::wire::RmaBody;
+
+pub use verbs::VerbsFailure;
 
 /// The driver's regions, if it gave the engine any ([`Engine::set_rma_memory`]).
 #[derive(Default)]
@@ -203,6 +217,10 @@ impl RmaState {
         if let (true, Some(rdma)) = (c.verbs_rma, self.rdma) {
             return self.step_verbs(rdma, conn, id, buf, len, actions);
         }
+        if self.replies >= FRAMES_IN_FLIGHT {
+            // (The next frame goes once a reply came back: the reply's flush resumes it.)
+            return Step::Wait;
+        }
         let (opcode, n, word, rreq) = match self.op {
             Op::Put => (Opcode::Put, put_chunk(c).min(len - self.sent), 0, 0),
             Op::Get => {
@@ -248,74 +266,30 @@ impl RmaState {
     }
 }
 
-/// The most bytes one RDMA WRITE or READ of a one-sided operation moves (a work request's
-/// length is 32 bits).
-const VERBS_CHUNK: u64 = 1 << 30;
-
-impl RmaState {
-    /// [`RmaState::step`] of an operation the NIC performs: its next work request.
-    fn step_verbs(
-        &mut self,
-        rdma: RdmaPart,
-        conn: ConnId,
-        id: RequestId,
-        buf: UserBufId,
-        len: u64,
-        actions: &mut VecDeque<Action>,
-    ) -> Step {
-        let (op, n) = match self.op {
-            Op::Put => (VerbsOp::Write, VERBS_CHUNK.min(len - self.sent)),
-            Op::Get => (VerbsOp::Read, VERBS_CHUNK.min(len - self.sent)),
-            Op::Atomic(a) => (VerbsOp::Atomic(a), 8),
-            Op::Flush | Op::WorkerFlush => unreachable!("never by verbs"),
-        };
-        actions.push_back(Action::RmaVerbs {
-            conn,
-            request: id,
-            op,
-            buf,
-            offset: self.sent,
-            len: n,
-            remote: RemoteBuf {
-                addr: rdma.addr.wrapping_add(self.remote + self.sent),
-                rkey: rdma.rkey,
-            },
-        });
-        self.sent += n;
-        self.replies += 1;
-        if self.sent >= len {
-            Step::AllSent
-        } else {
-            Step::More
-        }
-    }
-}
-
-/// Why a one-sided operation the NIC performed failed ([`Engine::handle_rma_verbs_done`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VerbsFailure {
-    /// The target's NIC refused the access (`IBV_WC_REM_ACCESS_ERR`): the request completes
-    /// with [`RefusalKind::RemoteAccess`], and the connection, whose queue pair it broke,
-    /// closes.
-    RemoteAccess,
-    /// Any other failure (the connection broke, or the work was flushed): the connection
-    /// fails with its requests.
-    Broken,
-}
+/// The most frames of one one-sided operation out whose replies did not come back (the
+/// default largest window, `Config::credits`): a put or get of many frames waits for
+/// replies past it, whatever credits the peer grants. Without it a peer declaring the
+/// smallest receive buffers (65 bytes: a put frame carries one byte) and 65 535 credits
+/// made one 20 000-byte put queue 20 000 frames at once (found by the fuzzer, issue 48).
+const FRAMES_IN_FLIGHT: u32 = 64;
 
 /// The most bytes one put frame carries on `c`: what the peer's receive buffers hold.
 fn put_chunk(c: &Conn) -> u64 {
     u64::from(c.peer.recv_buf_size).saturating_sub((HEADER_LEN + RmaBody::LEN) as u64)
 }
 
-/// The most bytes one get asks for on `c`: what this side's receive buffers hold of the
-/// reply.
+/// The most bytes one get asks for on `c`, and a peer's get may ask of this side: what a
+/// reply carries into the smaller of the two sides' receive buffers — the initiator's,
+/// which receive it, and the target's, the most it allocates for one reply. (Both sides
+/// compute the same, from the handshakes; a peer's declared buffers alone never size what
+/// this side allocates.)
 fn get_chunk(c: &Conn) -> u64 {
-    u64::from(c.recv_buf_size).saturating_sub(HEADER_LEN as u64)
+    u64::from(c.recv_buf_size.min(c.peer.recv_buf_size)).saturating_sub(HEADER_LEN as u64)
 }
 
 impl Conn {
-    /// Emits an RMA reply on this connection (`id`).
+    /// Emits an RMA reply on this connection (`id`), returning the credit of the peer's
+    /// frame it answers (held back while it waited: [`Conn::replies_waiting`]).
     pub(super) fn emit_reply(
         &mut self,
         id: ConnId,
@@ -323,6 +297,9 @@ impl Conn {
         actions: &mut VecDeque<Action>,
         pool: &mut CreditPool,
     ) {
+        self.replies_waiting -= 1;
+        self.rx_unreturned += 1;
+        self.rx_unreturned_data += 1;
         let mut h = Header::new(Opcode::RmaReply);
         h.sreq = reply.sreq;
         h.tag = reply.tag;
@@ -531,48 +508,6 @@ impl Engine {
         Ok(id)
     }
 
-    /// The NIC performed (or failed) a work request of the one-sided operation `request`
-    /// ([`Action::RmaVerbs`]): `Ok` with an atomic operation's old value (anything for the
-    /// others). A report for a request that is gone (its connection failed first) is
-    /// ignored.
-    pub fn handle_rma_verbs_done(&mut self, request: RequestId, result: Result<u64, VerbsFailure>) {
-        let Some(s) = self.reqs.get_mut(request) else {
-            return;
-        };
-        let (conn, len) = (s.conn, s.len);
-        let SendPhase::Rma(r) = &mut s.phase else {
-            return;
-        };
-        if r.replies == 0 {
-            return;
-        }
-        r.replies -= 1;
-        match result {
-            Ok(v) => {
-                if let Op::Atomic(_) = r.op {
-                    r.value = v;
-                }
-            }
-            Err(VerbsFailure::RemoteAccess) => {
-                r.failed.get_or_insert(RefusalKind::RemoteAccess);
-            }
-            Err(VerbsFailure::Broken) => {
-                self.fail_conn(conn, Some(CloseReason::SendFailed));
-                return;
-            }
-        }
-        let refused = r.failed.is_some();
-        if let Some(done) = r.outcome(len) {
-            self.finish_rma(conn, request, len, done);
-        }
-        if refused {
-            // The refusal broke the queue pair: everything else on it fails.
-            self.fail_conn(conn, Some(CloseReason::SendFailed));
-        } else {
-            self.flush(conn);
-        }
-    }
-
     /// A put, get or atomic operation of the peer's, or the reply to one of this side's,
     /// arrived on `conn`: its `frame`, decoded already (out of line: the path of every
     /// frame only calls it).
@@ -609,28 +544,31 @@ impl Engine {
     }
 
     /// A peer's get or atomic operation arrived: performed (or refused) at once, its reply
-    /// queued. A get asking for more than its reply can carry is a protocol error.
+    /// queued. A get asking for more than its reply can carry (see [`get_chunk`]) is a
+    /// protocol error, and nothing is allocated for one whose access is refused.
     fn serve_rma(&mut self, conn: ConnId, h: &Header, rma: RmaBody) -> Result<(), CloseReason> {
         let memory = self.rma_memory.0.clone();
         match h.opcode {
             Opcode::Get => {
-                let peer_buf = self.conns.get(&conn).map_or(0, |c| c.peer.recv_buf_size);
-                let room = u64::from(peer_buf).saturating_sub(HEADER_LEN as u64);
+                let room = self.conns.get(&conn).map_or(0, get_chunk);
                 if rma.word > room {
                     return Err(perr(format!(
                         "get of {} bytes, more than the {room} a reply carries",
                         rma.word
                     )));
                 }
-                let mut data = self.spare_payloads.pop().unwrap_or_default();
-                data.clear();
-                data.resize(rma.word as usize, 0);
+                let mut data = Vec::new();
                 let done = match &memory {
-                    Some(m) => m.get(&rma.key, h.tag, &mut data),
+                    Some(m) => {
+                        // (A recycled allocation, if any: the memory sizes it once the
+                        // access passed its checks, and leaves it alone otherwise.)
+                        data = self.spare_payloads.pop().unwrap_or_default();
+                        m.get(&rma.key, h.tag, rma.word as usize, &mut data)
+                    }
                     None => Err(Refusal::BadKey),
                 };
                 if done.is_err() {
-                    data.clear();
+                    self.recycle_payload(std::mem::take(&mut data));
                 }
                 self.queue_reply(conn, h, done.err(), 0, data);
             }
@@ -666,6 +604,11 @@ impl Engine {
             debug!("{conn:?}: {:?} refused: {r}", h.opcode);
         }
         if let Some(c) = self.conns.get_mut(&conn) {
+            // The credit of the operation's frame (counted as it arrived, and returned by
+            // nothing since) goes back with the reply.
+            c.rx_unreturned -= 1;
+            c.rx_unreturned_data = c.rx_unreturned_data.saturating_sub(1);
+            c.replies_waiting += 1;
             c.ctrl_q.push_back(Ctrl::RmaReply(Box::new(Reply {
                 sreq: h.sreq,
                 tag: h.tag,
@@ -677,7 +620,8 @@ impl Engine {
     }
 
     /// The reply to one of this side's operations arrived. A reply to nothing this side
-    /// asked on the connection, or with bytes it did not ask for, is a protocol error.
+    /// asked on the connection by messages (an operation the NIC performs gets none), or
+    /// with bytes it did not ask for, is a protocol error.
     fn handle_rma_reply(
         &mut self,
         conn: ConnId,
@@ -685,7 +629,10 @@ impl Engine {
         data: &[u8],
     ) -> Result<(), CloseReason> {
         let id = RequestId(h.sreq);
-        let chunk = self.conns.get(&conn).map_or(0, get_chunk);
+        let (chunk, verbs) = self
+            .conns
+            .get(&conn)
+            .map_or((0, false), |c| (get_chunk(c), c.verbs_rma));
         let Some(s) = self.reqs.get_mut(id) else {
             return Err(perr(format!("RMA reply for unknown request {:#x}", h.sreq)));
         };
@@ -693,7 +640,9 @@ impl Engine {
         let SendPhase::Rma(r) = &mut s.phase else {
             return Err(perr("RMA reply for a tag send".into()));
         };
-        if s.conn != conn || r.replies == 0 {
+        // (An operation that went by verbs awaits the NIC's reports, not replies: one would
+        // complete it while the NIC may still write its buffer.)
+        if s.conn != conn || r.replies == 0 || (verbs && r.rdma.is_some()) {
             return Err(perr(format!("RMA reply for {id:?}, which awaits none")));
         }
         r.replies -= 1;
@@ -719,10 +668,12 @@ impl Engine {
                     copy = Some(off);
                 }
             }
-            (Op::Atomic(_), None) => r.value = h.rreq,
-            _ => {
+            (op, None) => {
                 if !data.is_empty() {
-                    return Err(perr("put reply with bytes".into()));
+                    return Err(perr(format!("{op:?} reply with bytes")));
+                }
+                if let Op::Atomic(_) = op {
+                    r.value = h.rreq;
                 }
             }
         }

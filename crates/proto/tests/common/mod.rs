@@ -3,6 +3,8 @@
 //! and arbitrary interleaving across connections.
 #![allow(dead_code)]
 
+pub mod rma;
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use rdmx_proto::*;
@@ -45,6 +47,8 @@ pub struct Sim {
     pub peers: Vec<Peer>,
     links: BTreeMap<(usize, usize), VecDeque<Vec<u8>>>,
     alive: BTreeMap<(usize, usize), bool>,
+    /// Links whose frames are held for the test ([`Sim::capture`]), never delivered.
+    captured: std::collections::BTreeSet<(usize, usize)>,
     reads: BTreeMap<(usize, usize), VecDeque<ReadOp>>,
     regions: BTreeMap<u64, Region>,
     rng: u64,
@@ -104,6 +108,7 @@ impl Sim {
             peers,
             links: BTreeMap::new(),
             alive: BTreeMap::new(),
+            captured: Default::default(),
             reads: BTreeMap::new(),
             regions: BTreeMap::new(),
             rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
@@ -208,6 +213,17 @@ impl Sim {
     /// Injects raw bytes on the link from `a` to `b`.
     pub fn inject(&mut self, a: usize, b: usize, bytes: Vec<u8>) {
         self.links.get_mut(&(a, b)).unwrap().push_back(bytes);
+    }
+
+    /// From now on the frames `a` sends `b` are held for the test ([`Sim::take`]) instead
+    /// of delivered: `b` is played by the test (a hostile peer's view of `a`'s answers).
+    pub fn capture(&mut self, a: usize, b: usize) {
+        self.captured.insert((a, b));
+    }
+
+    /// The frames held on a captured link from `a` to `b`, oldest first.
+    pub fn take(&mut self, a: usize, b: usize) -> Vec<Vec<u8>> {
+        self.links.get_mut(&(a, b)).unwrap().drain(..).collect()
     }
 
     /// Frames in flight from `a` to `b`.
@@ -386,7 +402,7 @@ impl Sim {
     pub fn step(&mut self) -> bool {
         let mut ready: Vec<(bool, usize, usize)> = Vec::new();
         for (&(a, b), q) in &self.links {
-            if !q.is_empty() {
+            if !q.is_empty() && !self.captured.contains(&(a, b)) {
                 if self.peers[b].srq_free.is_empty() {
                     self.rnr_stalls += 1;
                 } else {
