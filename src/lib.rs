@@ -181,8 +181,9 @@
 //!
 //! [`WaitMode::BusyPoll`] (default, `RDMX_WAIT_MODE=poll`) spins on the completion queue;
 //! [`WaitMode::Event`] (`RDMX_WAIT_MODE=event`) sleeps in the classic arm / re-poll /
-//! `ibv_get_cq_event` / `ibv_ack_cq_events` loop, together with the connections' rdmacm
-//! event channels, so an idle waiting worker uses no CPU.
+//! `ibv_get_cq_event` / `ibv_ack_cq_events` loop, together with the worker's rdmacm event
+//! channel (one for all its RDMA connections, as UCX's worker has) and its TCP and
+//! shared-memory connections' sockets, so an idle waiting worker uses no CPU.
 //!
 //! ## Failures
 //!

@@ -33,7 +33,7 @@ pub(crate) use sleepers::WaitFor;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -61,8 +61,10 @@ use crate::usermem::{SendData, UserMem};
 use driver::Made;
 
 const TOKEN_WAKER: u64 = 0;
-/// A connection's channel fd is registered as `TOKEN_CONN + its ConnId`; the tokens between
-/// `TOKEN_WAKER` and it are the transports' worker-wide fds ([`Ifaces::ready`]).
+/// A connection's own fd (TCP socket, shared memory's hang-up socket) is registered as
+/// `TOKEN_CONN + its ConnId`; the tokens between `TOKEN_WAKER` and it are the transports'
+/// worker-wide fds ([`Ifaces::ready`]), among them RDMA's one rdmacm event channel, through
+/// which every RDMA connection's events come.
 const TOKEN_CONN: u64 = 1 << 32;
 /// How often a progressing worker checks its connections' rdmacm events (and looks after
 /// closing connections).
@@ -156,6 +158,8 @@ pub struct RecvInfo {
 }
 
 pub(crate) struct Driver {
+    /// This driver, for the hooks of resources made later (RDMA's event channel).
+    me: Weak<Driver>,
     pub(crate) cfg: Config,
     mode: WaitMode,
     /// The transports this worker uses, in order of preference.
@@ -198,6 +202,8 @@ struct Scratch {
     failed_posts: Vec<LinkEvent>,
     /// What the links reported, in order.
     events: Vec<LinkEvent>,
+    /// The links whose connection events came through a worker-wide channel (RDMA's).
+    cm_ready: Vec<u64>,
     transport: PollScratch,
     /// What a progress call leaves for after the state lock, not made and dropped call after
     /// call: [`Driver::after_unlock`] leaves it empty but for its receive buffers to repost,
@@ -311,7 +317,8 @@ impl Worker {
         registry
             .add(waker.fd(), TOKEN_WAKER, Interest::Read)
             .map_err(|e| Error::os("epoll_ctl", e))?;
-        let driver = Arc::new(Driver {
+        let driver = Arc::new_cyclic(|me| Driver {
+            me: me.clone(),
             mode: cfg.wait_mode(),
             transports: ctx.transports().to_vec(),
             fd_links: AtomicUsize::new(0),
@@ -337,6 +344,7 @@ impl Worker {
                 ready: Vec::with_capacity(64),
                 failed_posts: Vec::new(),
                 events: Vec::new(),
+                cm_ready: Vec::new(),
                 transport: PollScratch::new(),
                 after: AfterUnlock::default(),
                 idle_calls: 0,

@@ -48,7 +48,7 @@ impl Worker {
     pub(super) fn listen_rdma(&self, addr: &str) -> Result<rdmx_conn::Listener> {
         let info = AddrInfo::resolve(addr, Side::Passive)?;
         let listener = rdmx_conn::Listener::bind(&info, 128)?;
-        match listener.device() {
+        match listener.device()? {
             Some(device) => {
                 self.driver.rdma_on(&device)?;
             }
@@ -122,12 +122,10 @@ impl Worker {
         let sh = &self.driver;
         #[cfg(feature = "rdma")]
         let rdma = match &req {
-            RawRequest::Rdma(r) => match r.device() {
-                Some(device) => sh.rdma_on(&device).map(Some),
-                None => Err(Error::Invalid(
-                    "the request arrived on no known device".into(),
-                )),
-            },
+            RawRequest::Rdma(r) => r
+                .device()
+                .map_err(Error::from)
+                .and_then(|device| sh.rdma_on(&device).map(Some)),
             RawRequest::Tcp(_) => Ok(None),
         };
         #[cfg(feature = "rdma")]
@@ -394,10 +392,21 @@ impl Driver {
         Ok(Box::new(RdmaLink::new(id, conn, rdma.clone())))
     }
 
-    /// The worker's RDMA resources, created on `device` if there are none yet.
+    /// The worker's RDMA resources, created on `device` if there are none yet. When a
+    /// connect or accept waiting on their event channel reads events of the worker's
+    /// connections, their housekeeping is due at once (and a sleeping worker wakes for it).
     #[cfg(feature = "rdma")]
     pub(crate) fn rdma_on(&self, device: &Device) -> Result<&Arc<Rdma>> {
-        self.ifaces.rdma.on(device, &self.cfg, &self.registry)
+        let me = self.me.clone();
+        let events_ready = move || {
+            if let Some(sh) = me.upgrade() {
+                sh.cm_due.store(true, Ordering::Release);
+                sh.waker.wake();
+            }
+        };
+        self.ifaces
+            .rdma
+            .on(device, &self.cfg, &self.registry, events_ready)
     }
 
     #[cfg(not(feature = "rdma"))]
