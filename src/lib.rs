@@ -225,6 +225,10 @@
 //!
 //! | what | default | set by | at the bound |
 //! | --- | --- | --- | --- |
+//! | file descriptors per RDMA endpoint | 0: a worker's connections share its one rdmacm event channel (UCX's way), each getting only its own events | fixed | — (a connect holds one for a moment: rdmacm resolves the route on a channel of its own) |
+//! | file descriptors per TCP endpoint | 1 on each side, its socket: inherent | fixed | the process's limit: that connect or accept fails, saying "too many open files (EMFILE): the process's descriptor limit (N) is reached"; other endpoints go on |
+//! | file descriptors per shared-memory endpoint | 2 on each side: its Unix socket (the peer's hang-up) and the peer worker's doorbell (eventfd); the setup's TCP socket and the segment's memfd are closed | fixed | as for TCP; the acceptor refuses the peer saying why |
+//! | the process's descriptor limit | the soft `RLIMIT_NOFILE` raised to the hard limit when a context is made (as Go's runtime does; logged at debug level) | `RDMX_RAISE_NOFILE` (`0`: left as it is) | as above: an error naming EMFILE and the limit, wherever a descriptor was needed |
 //!
 //! These promises are tests: a peer process SIGKILLed during an eager stream and during a
 //! rendezvous READ in either direction (every pending request fails within 5 s; memory
@@ -257,6 +261,7 @@ mod config;
 mod context;
 mod ep;
 mod error;
+mod fd_limit;
 mod hot_lock;
 mod message;
 mod readiness;
@@ -268,10 +273,10 @@ mod worker;
 
 pub use config::{
     Config, Entry, RndvRegistration, Source, WaitMode, CONNECT_TIMEOUT_VAR, CREDITS_VAR,
-    DEVICE_VAR, EAGER_THRESHOLD_VAR, KEEPALIVE_VAR, PROGRESS_THREAD_VAR, RCACHE_SIZE_VAR,
-    RECV_BUF_SIZE_VAR, RNDV_REG_VAR, SEND_BUFS_VAR, SHM_CMA_VAR, SHM_EAGER_THRESHOLD,
-    SHM_RECV_BUF_SIZE, SHM_RNDV_CHUNK, SRQ_DEPTH_VAR, TCP_EAGER_THRESHOLD, TCP_RECV_BUF_SIZE,
-    TRANSPORT_VAR, WAIT_MODE_VAR,
+    DEVICE_VAR, EAGER_THRESHOLD_VAR, KEEPALIVE_VAR, PROGRESS_THREAD_VAR, RAISE_NOFILE_VAR,
+    RCACHE_SIZE_VAR, RECV_BUF_SIZE_VAR, RNDV_REG_VAR, SEND_BUFS_VAR, SHM_CMA_VAR,
+    SHM_EAGER_THRESHOLD, SHM_RECV_BUF_SIZE, SHM_RNDV_CHUNK, SRQ_DEPTH_VAR, TCP_EAGER_THRESHOLD,
+    TCP_RECV_BUF_SIZE, TRANSPORT_VAR, WAIT_MODE_VAR,
 };
 pub use context::{Context, ContextBuilder};
 pub use ep::{ConnRequest, Ep, Listener};

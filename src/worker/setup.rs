@@ -161,7 +161,8 @@ impl Worker {
                     if started.is_ok() {
                         transport = Transport::Shm;
                     }
-                    shm = Some(started);
+                    // (Its steps' errors are text: where descriptors ran out, say so.)
+                    shm = Some(started.map_err(|e| e + &crate::fd_limit::suffix_if_exhausted()));
                 }
                 Some(_) => shm = Some(Err("this worker does not use shared memory".into())),
                 None => {}
@@ -206,9 +207,10 @@ impl Worker {
                     }
                     .encode();
                     let link = r.accept(&shm_setup::with_ext(&ours, &answer))?;
-                    let path = accepting
-                        .finish()
-                        .map_err(|e| Error::Invalid(format!("shared memory: {e}")))?;
+                    let path = accepting.finish().map_err(|e| {
+                        let out = crate::fd_limit::suffix_if_exhausted();
+                        Error::Invalid(format!("shared memory: {e}{out}"))
+                    })?;
                     sh.shm_link(id, path, &link)
                 }
             }
@@ -286,7 +288,10 @@ impl Worker {
             Some(Answer::Accepted { capacity }) => {
                 let path =
                     shm_setup::connected(&shared, offer.token, capacity, timeout, sh.cfg.shm_cma())
-                        .map_err(|e| Error::Invalid(format!("shared memory with {addr}: {e}")))?;
+                        .map_err(|e| {
+                            let out = crate::fd_limit::suffix_if_exhausted();
+                            Error::Invalid(format!("shared memory with {addr}: {e}{out}"))
+                        })?;
                 sh.shm_link(id, path, &tcp)?
             }
             other => {
