@@ -14,7 +14,8 @@ pub enum WaitMode {
     /// Spin on the completion queue: lowest latency, one core busy while waiting.
     BusyPoll,
     /// Sleep on the completion channel (`ibv_req_notify_cq` / `ibv_get_cq_event` /
-    /// `ibv_ack_cq_events`) and the connections' event channels: ~0 % CPU while idle.
+    /// `ibv_ack_cq_events`), the worker's rdmacm event channel and its connections' sockets:
+    /// ~0 % CPU while idle.
     Event,
 }
 

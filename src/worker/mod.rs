@@ -424,7 +424,8 @@ impl Worker {
     ///
     /// In [`WaitMode::Event`] this is UCP's arm/wait: arm the completion queue, progress
     /// once more (a completion may have landed before the arming), then sleep on the
-    /// completion channel, the connections' event channels and the worker's wake-up fd.
+    /// completion channel, the rdmacm event channel of its RDMA connections, its other
+    /// connections' sockets and the worker's wake-up fd.
     /// In [`WaitMode::BusyPoll`] it spins on [`Worker::progress`].
     pub fn wait(&self, timeout: Option<Duration>) -> Result<usize> {
         match self.driver.mode {
