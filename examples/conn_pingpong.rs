@@ -14,8 +14,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use rdmx::conn::{
-    connect, Access, AddrInfo, Completion, CompletionQueue, Connection, Device, ProtectionDomain,
-    QpConfig, SharedReceiveQueue, Side, WorkKind,
+    connect, Access, AddrInfo, Completion, CompletionQueue, Connection, Device, EventChannel,
+    ProtectionDomain, QpConfig, SharedReceiveQueue, Side, WorkKind,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -61,6 +61,7 @@ struct Side1 {
     pd: ProtectionDomain,
     cq: CompletionQueue,
     srq: Option<SharedReceiveQueue>,
+    events: EventChannel,
 }
 
 impl Side1 {
@@ -80,11 +81,17 @@ impl Side1 {
         } else {
             None
         };
-        Ok(Side1 { pd, cq, srq })
+        let events = EventChannel::new()?;
+        Ok(Side1 {
+            pd,
+            cq,
+            srq,
+            events,
+        })
     }
 
     fn config(&self) -> QpConfig {
-        let mut config = QpConfig::new(&self.pd, &self.cq, self.srq.as_ref());
+        let mut config = QpConfig::new(&self.pd, &self.cq, self.srq.as_ref(), &self.events);
         config.recv_depth = RECVS as u32;
         config
     }
@@ -158,7 +165,7 @@ impl Side1 {
 fn server(addr: &str, srq: bool) -> Result<()> {
     let listener = rdmx::conn::Listener::bind(&AddrInfo::resolve(addr, Side::Passive)?, 8)?;
     let device = listener
-        .device()
+        .device()?
         .ok_or("the listen address is not on an RDMA device")?;
     let side = Side1::new(&device, srq)?;
     eprintln!("conn_pingpong: listening on {addr}");

@@ -10,8 +10,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use rdmx::conn::{
-    connect, Access, AddrInfo, Completion, CompletionQueue, Device, Listener, ProtectionDomain,
-    QpConfig, RemoteBuf, SharedReceiveQueue, Side,
+    connect, Access, AddrInfo, Completion, CompletionQueue, Device, EventChannel, Listener,
+    ProtectionDomain, QpConfig, RemoteBuf, SharedReceiveQueue, Side,
 };
 
 const EXPOSED_LEN: usize = 1 << 20;
@@ -55,7 +55,7 @@ fn wait_one(cq: &CompletionQueue) -> Result<Completion> {
 fn server(addr: &str) -> Result<()> {
     let listener = Listener::bind(&AddrInfo::resolve(addr, Side::Passive)?, 8)?;
     let device = listener
-        .device()
+        .device()?
         .ok_or("the listen address is not on an RDMA device")?;
     println!("server: listening on {} ({})", addr, device.name());
     let pd = ProtectionDomain::new(&device)?;
@@ -73,7 +73,7 @@ fn server(addr: &str) -> Result<()> {
         text(request.private_data())
     );
     let conn = request.accept(
-        &QpConfig::new(&pd, &cq, Some(&srq)),
+        &QpConfig::new(&pd, &cq, Some(&srq), &EventChannel::new()?),
         b"welcome to rdmx",
         TIMEOUT,
     )?;
@@ -118,7 +118,7 @@ fn client(addr: &str) -> Result<()> {
     let device = Device::for_route(&dst)?;
     let pd = ProtectionDomain::new(&device)?;
     let cq = CompletionQueue::new(&device, 64, true)?;
-    let config = QpConfig::new(&pd, &cq, None);
+    let config = QpConfig::new(&pd, &cq, None, &EventChannel::new()?);
     let start = Instant::now();
     let conn = loop {
         match connect(&dst, &config, b"conn_smoke client", TIMEOUT) {

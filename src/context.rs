@@ -144,6 +144,10 @@ impl ContextBuilder {
         /// Bytes each RDMA READ of a rendezvous fetches; see [`crate::Config::rndv_chunk`].
         rndv_chunk: u64 => rndv_chunk);
     setter!(
+        /// Whether building the context raises the process's soft descriptor limit to its
+        /// hard limit; see [`crate::Config::raise_nofile`].
+        raise_nofile: bool => raise_nofile);
+    setter!(
         /// How long connect and accept wait.
         connect_timeout: Duration => connect_timeout);
     setter!(
@@ -217,6 +221,9 @@ impl ContextBuilder {
         }
         config.resolved = resolve(config.transports())?;
         config.proto()?;
+        if config.raise_nofile() {
+            crate::fd_limit::raise();
+        }
         Ok(Context {
             inner: Arc::new(config),
         })

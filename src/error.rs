@@ -24,7 +24,8 @@ pub enum Error {
     #[error("shared memory: {0}")]
     Shm(#[from] rdmx_shm::Error),
     /// A system call of the worker's own failed (its epoll set or its waker's eventfd).
-    #[error("{call} failed: {source} (descriptor limit? see `ulimit -n`)")]
+    /// Running out of descriptors is said in so many words, with the limit reached.
+    #[error("{call} failed: {source}{}", crate::fd_limit::suffix(source))]
     Os {
         /// The system call.
         call: &'static str,

@@ -181,8 +181,9 @@
 //!
 //! [`WaitMode::BusyPoll`] (default, `RDMX_WAIT_MODE=poll`) spins on the completion queue;
 //! [`WaitMode::Event`] (`RDMX_WAIT_MODE=event`) sleeps in the classic arm / re-poll /
-//! `ibv_get_cq_event` / `ibv_ack_cq_events` loop, together with the connections' rdmacm
-//! event channels, so an idle waiting worker uses no CPU.
+//! `ibv_get_cq_event` / `ibv_ack_cq_events` loop, together with the worker's rdmacm event
+//! channel (one for all its RDMA connections, as UCX's worker has) and its TCP and
+//! shared-memory connections' sockets, so an idle waiting worker uses no CPU.
 //!
 //! ## Failures
 //!
@@ -237,6 +238,10 @@
 //! | bytes one get of a peer's may ask (one reply, and what the worker allocates for it) | what a reply carries into the smaller of both sides' receive buffers, less the 40-byte header: 65 496 B over TCP, 8152 B over RDMA (whose gets the NIC serves), 16 384 B over shared memory | `RDMX_RECV_BUF_SIZE` (this side's) | the endpoint closes as a protocol error naming the sizes; a get whose key or bounds are refused allocates nothing |
 //! | replies to a peer's one-sided operations waiting for credits | the peer's window: at most 64 over TCP, 1024 over shared memory (its ring's) | `RDMX_CREDITS` | each operation's credit is held until its reply leaves: the peer runs out of credits and waits |
 //! | frames of one put or get of this side's out at once (a peer declaring tiny buffers and many credits sizes neither) | 64 | fixed | the operation waits for replies before its next frame |
+//! | file descriptors per RDMA endpoint | 0: a worker's connections share its one rdmacm event channel (UCX's way), each getting only its own events | fixed | — (a connect holds one for a moment: rdmacm resolves the route on a channel of its own) |
+//! | file descriptors per TCP endpoint | 1 on each side, its socket: inherent | fixed | the process's limit: that connect or accept fails, saying "too many open files (EMFILE): the process's descriptor limit (N) is reached"; other endpoints go on |
+//! | file descriptors per shared-memory endpoint | 2 on each side: its Unix socket (the peer's hang-up) and the peer worker's doorbell (eventfd); the setup's TCP socket and the segment's memfd are closed | fixed | as for TCP; the acceptor refuses the peer saying why |
+//! | the process's descriptor limit | the soft `RLIMIT_NOFILE` raised to the hard limit when a context is made (as Go's runtime does; logged at debug level) | `RDMX_RAISE_NOFILE` (`0`: left as it is) | as above: an error naming EMFILE and the limit, wherever a descriptor was needed |
 //!
 //! These promises are tests: a peer process SIGKILLed during an eager stream and during a
 //! rendezvous READ in either direction (every pending request fails within 5 s; memory
@@ -269,6 +274,7 @@ mod config;
 mod context;
 mod ep;
 mod error;
+mod fd_limit;
 mod hot_lock;
 mod message;
 mod readiness;
@@ -281,9 +287,9 @@ mod worker;
 pub use config::{
     Config, Entry, RndvRegistration, Source, WaitMode, CONNECT_TIMEOUT_VAR, CREDITS_VAR,
     DEVICE_VAR, EAGER_THRESHOLD_VAR, KEEPALIVE_VAR, MAX_PENDING_HANDSHAKES_VAR,
-    PROGRESS_THREAD_VAR, RCACHE_SIZE_VAR, RECV_BUF_SIZE_VAR, RNDV_REG_VAR, SEND_BUFS_VAR,
-    SHM_CMA_VAR, SHM_EAGER_THRESHOLD, SHM_RECV_BUF_SIZE, SHM_RNDV_CHUNK, SRQ_DEPTH_VAR,
-    TCP_EAGER_THRESHOLD, TCP_RECV_BUF_SIZE, TRANSPORT_VAR, WAIT_MODE_VAR,
+    PROGRESS_THREAD_VAR, RAISE_NOFILE_VAR, RCACHE_SIZE_VAR, RECV_BUF_SIZE_VAR, RNDV_REG_VAR,
+    SEND_BUFS_VAR, SHM_CMA_VAR, SHM_EAGER_THRESHOLD, SHM_RECV_BUF_SIZE, SHM_RNDV_CHUNK,
+    SRQ_DEPTH_VAR, TCP_EAGER_THRESHOLD, TCP_RECV_BUF_SIZE, TRANSPORT_VAR, WAIT_MODE_VAR,
 };
 pub use context::{Context, ContextBuilder};
 pub use ep::{ConnRequest, Ep, Listener};

@@ -92,7 +92,8 @@ fn endpoints_say_they_run_over_shared_memory() {
 
 /// The segment of a shared-memory connection is a memfd with no name in any file system:
 /// while the connection carries messages nothing appears in `/dev/shm`, so nothing can be
-/// left there when either side dies (its descriptors close with it).
+/// left there when either side dies (its mapping goes with it; neither side keeps a
+/// descriptor of it once it is mapped).
 #[test]
 fn segments_leave_nothing_in_dev_shm() {
     let listing = || -> Vec<String> {
@@ -106,11 +107,18 @@ fn segments_leave_nothing_in_dev_shm() {
             })
             .unwrap_or_default()
     };
-    let memfds = || {
+    let memfd_descriptors = || {
         std::fs::read_dir("/proc/self/fd")
             .unwrap()
             .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
             .filter(|l| l.to_string_lossy().starts_with("/memfd:rdmx-shm"))
+            .count()
+    };
+    let memfd_mappings = || {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("/memfd:rdmx-shm"))
             .count()
     };
     let before = listing();
@@ -134,7 +142,13 @@ fn segments_leave_nothing_in_dev_shm() {
         client.progress();
     }
     assert_eq!(recv.wait().unwrap().buf, b"segment!");
-    assert!(memfds() >= 1, "the connection's segment is a memfd");
+    // Mapped on both sides; the descriptors closed once handed over and mapped (a
+    // connection holds none for its segment).
+    assert!(
+        memfd_mappings() >= 2,
+        "the connection's segment is a memfd, mapped by both sides"
+    );
+    assert_eq!(memfd_descriptors(), 0, "no descriptor kept for the segment");
     assert!(before.is_empty(), "{before:?}");
     assert_eq!(listing(), before, "nothing of rdmx's in /dev/shm");
 }

@@ -14,7 +14,8 @@ pub enum WaitMode {
     /// Spin on the completion queue: lowest latency, one core busy while waiting.
     BusyPoll,
     /// Sleep on the completion channel (`ibv_req_notify_cq` / `ibv_get_cq_event` /
-    /// `ibv_ack_cq_events`) and the connections' event channels: ~0 % CPU while idle.
+    /// `ibv_ack_cq_events`), the worker's rdmacm event channel and its connections' sockets:
+    /// ~0 % CPU while idle.
     Event,
 }
 
@@ -158,6 +159,7 @@ pub struct Config {
     pub(crate) wait_mode: Setting<WaitMode>,
     pub(crate) progress_thread: Setting<bool>,
     pub(crate) shm_cma: Setting<bool>,
+    pub(crate) raise_nofile: Setting<bool>,
     pub(crate) device: Setting<Option<String>>,
     pub(crate) rndv_registration: Setting<RndvRegistration>,
     pub(crate) rcache_bytes: Setting<u64>,
@@ -207,6 +209,10 @@ pub const PROGRESS_THREAD_VAR: &str = "RDMX_PROGRESS_THREAD";
 /// `RDMX_SHM_CMA`: `1` (default) lets a shared-memory rendezvous read the sender's buffer by
 /// CMA (`process_vm_readv`) where the kernel allows it; `0` always copies through the segment.
 pub const SHM_CMA_VAR: &str = "RDMX_SHM_CMA";
+/// `RDMX_RAISE_NOFILE`: `1` (default) raises the process's soft descriptor limit to its hard
+/// limit when a context is made, as Go's runtime does; `0` leaves it (see
+/// [`Config::raise_nofile`]).
+pub const RAISE_NOFILE_VAR: &str = "RDMX_RAISE_NOFILE";
 /// `RDMX_DEVICE`: RDMA device name (e.g. `rxe0`); unset picks the device of the first address.
 pub const DEVICE_VAR: &str = "RDMX_DEVICE";
 /// `RDMX_RNDV_REG`: `auto`, `per-op` or `cache`, see [`RndvRegistration`].
@@ -242,6 +248,7 @@ impl Default for Config {
             wait_mode: Setting::default(WaitMode::BusyPoll),
             progress_thread: Setting::default(false),
             shm_cma: Setting::default(true),
+            raise_nofile: Setting::default(true),
             device: Setting::default(None),
             rndv_registration: Setting::default(RndvRegistration::Auto),
             rcache_bytes: Setting::default(256 << 20),
@@ -319,6 +326,10 @@ impl Config {
         if let Some(v) = env(SHM_CMA_VAR) {
             let b = parse_bool(&v).ok_or_else(|| env_error(SHM_CMA_VAR, &v, "`1` or `0`"))?;
             put(&mut c.shm_cma, b, source);
+        }
+        if let Some(v) = env(RAISE_NOFILE_VAR) {
+            let b = parse_bool(&v).ok_or_else(|| env_error(RAISE_NOFILE_VAR, &v, "`1` or `0`"))?;
+            put(&mut c.raise_nofile, b, source);
         }
         if let Some(v) = env(PROGRESS_THREAD_VAR) {
             let b =
@@ -508,6 +519,17 @@ impl Config {
     pub fn shm_cma(&self) -> bool {
         self.shm_cma.value
     }
+
+    /// Whether making a context raises the process's soft descriptor limit
+    /// (`RLIMIT_NOFILE`) to its hard limit (`RDMX_RAISE_NOFILE`, default on), as Go's runtime
+    /// does at start: each TCP endpoint costs a socket, and Linux's default soft limit of
+    /// 1024 runs out near 500 endpoints on each side of one process. Turn it off for a
+    /// process that uses `select(2)` (which cannot take descriptors past 1023) or whose
+    /// children must inherit the lower limit; the limit is the process's, so one context
+    /// with it on raises it for all.
+    pub fn raise_nofile(&self) -> bool {
+        self.raise_nofile.value
+    }
     /// The RDMA device requested (`RDMX_DEVICE`), if any.
     pub fn device(&self) -> Option<&str> {
         self.device.value.as_deref()
@@ -686,6 +708,12 @@ impl Config {
                 &c.shm_cma,
                 u8::from(c.shm_cma.value).to_string(),
                 "1: shared-memory rendezvous reads by CMA where allowed; 0: copies through the segment",
+            ),
+            e(
+                RAISE_NOFILE_VAR,
+                &c.raise_nofile,
+                u8::from(c.raise_nofile.value).to_string(),
+                "1: a context raises the process's soft descriptor limit to the hard limit",
             ),
             e(
                 DEVICE_VAR,

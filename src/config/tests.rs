@@ -27,6 +27,9 @@ fn defaults_and_sources() {
     assert_eq!(by_var["RDMX_EAGER_THRESHOLD"].source, Source::Environment);
     assert_eq!(by_var["RDMX_SRQ_DEPTH"].value, "512");
     assert_eq!(by_var["RDMX_CREDITS"].source, Source::Default);
+    assert!(c.raise_nofile(), "raised unless turned off");
+    let off = Config::from_lookup(lookup(&[("RDMX_RAISE_NOFILE", "0")])).unwrap();
+    assert!(!off.raise_nofile());
     assert!(c.to_string().contains("RDMX_WAIT_MODE"));
 }
 
@@ -54,6 +57,7 @@ fn invalid_values_name_the_variable() {
         ("RDMX_WAIT_MODE", "nap"),
         ("RDMX_SRQ_DEPTH", "-1"),
         ("RDMX_PROGRESS_THREAD", "maybe"),
+        ("RDMX_RAISE_NOFILE", "maybe"),
         ("RDMX_RNDV_REG", "sometimes"),
         ("RDMX_CONNECT_TIMEOUT_MS", "0"),
         ("RDMX_KEEPALIVE_MS", "soon"),

@@ -110,8 +110,9 @@ impl Conn {
         self.pending_sends.load(Ordering::Acquire) == 0 && self.idle()
     }
 
-    /// The fd that becomes readable when the connection has news (rdmacm events, or data).
-    pub(crate) fn event_fd(&self) -> BorrowedFd<'_> {
+    /// The fd that becomes readable when the connection has news (data, a hang-up), if it
+    /// has one of its own (an RDMA connection's events come through its worker's channel).
+    pub(crate) fn event_fd(&self) -> Option<BorrowedFd<'_>> {
         self.link.event_fd()
     }
 }

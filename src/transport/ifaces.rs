@@ -115,12 +115,25 @@ impl Ifaces {
     }
 
     /// A readiness token of a worker-wide fd (below the connections' tokens) was reported:
-    /// takes what it signalled (RDMA: the completion channel's events).
-    pub(crate) fn ready(&self, token: u64) -> Result<()> {
+    /// takes what it signalled (RDMA: the completion channel's events). Returns whether
+    /// connection events are due (RDMA's rdmacm event channel: [`Ifaces::cm_ready`]).
+    pub(crate) fn ready(&self, token: u64) -> Result<bool> {
         #[cfg(feature = "rdma")]
-        self.rdma.ready(token)?;
+        let cm = self.rdma.ready(token)?;
+        #[cfg(not(feature = "rdma"))]
+        let cm = false;
         self.shm.ready(token)?;
-        Ok(())
+        Ok(cm)
+    }
+
+    /// At housekeeping: appends the tokens (`ConnId`s) of the links whose connection events
+    /// came through a worker-wide channel (RDMA's rdmacm event channel) rather than a fd of
+    /// their own, each to [`poll`](super::TransportLink::poll).
+    pub(crate) fn cm_ready(&self, tokens: &mut Vec<u64>) {
+        #[cfg(feature = "rdma")]
+        self.rdma.cm_ready(tokens);
+        #[cfg(not(feature = "rdma"))]
+        let _ = tokens;
     }
 
     /// Runs what a locked section deferred until after the lock (RDMA: reposting receive

@@ -201,8 +201,8 @@ impl TransportLink for MemoryLink {
         &self.peer_data
     }
 
-    fn event_fd(&self) -> BorrowedFd<'_> {
-        self.wire.bell[self.side].as_fd()
+    fn event_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.wire.bell[self.side].as_fd())
     }
 
     fn queue_frame(

@@ -183,11 +183,14 @@ pub(crate) trait TransportLink: Send + Sync {
     /// The private data the peer sent with its accept or connect (its handshake).
     fn peer_private_data(&self) -> &[u8];
 
-    /// The fd that becomes readable when the link has news (rdmacm events; TCP data), and
-    /// writable when held-back output can go (TCP, while [`wants_write`]).
+    /// The fd that becomes readable when the link has news (TCP data, a shared-memory
+    /// peer's hang-up), and writable when held-back output can go (TCP, while
+    /// [`wants_write`]); `None` for a link without one of its own (RDMA: its rdmacm events
+    /// come through the worker's one event channel, [`LockedIfaces`]' `rdma`, at
+    /// housekeeping).
     ///
     /// [`wants_write`]: TransportLink::wants_write
-    fn event_fd(&self) -> BorrowedFd<'_>;
+    fn event_fd(&self) -> Option<BorrowedFd<'_>>;
 
     /// Whether the link's frames arrive on its [`event_fd`](TransportLink::event_fd): those
     /// of a transport without a shared receive queue (TCP). Progress then reads the link
@@ -375,9 +378,9 @@ pub(crate) trait TransportLink: Send + Sync {
         0
     }
 
-    /// Reads what the link's fd reported (it was readable), appending what it means to
-    /// `out`. `housekeeping` says whether connection events are due (RDMA reads its rdmacm
-    /// events only then). Returns how many requests of the peer it answered by queueing
+    /// Reads what the link's fd reported (it was readable; RDMA: its worker's event channel
+    /// said it has events), appending what it means to `out`. `housekeeping` says whether
+    /// connection events are due (RDMA reads its rdmacm events only then). Returns how many requests of the peer it answered by queueing
     /// output as it read (TCP: READ requests), to be flushed.
     fn poll(
         &self,

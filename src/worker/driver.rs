@@ -24,11 +24,11 @@ impl Driver {
         if cs.link.frames_on_event_fd() {
             self.fd_links.fetch_add(1, Ordering::AcqRel);
         }
-        if let Err(e) = self
-            .registry
-            .add(cs.event_fd(), TOKEN_CONN + id.0, Interest::Read)
-        {
-            log::warn!("cannot watch {id:?}'s connection events: {e}");
+        // (An RDMA link has no fd of its own: its events come through the worker's channel.)
+        if let Some(fd) = cs.event_fd() {
+            if let Err(e) = self.registry.add(fd, TOKEN_CONN + id.0, Interest::Read) {
+                log::warn!("cannot watch {id:?}'s connection events: {e}");
+            }
         }
         self.conn_list.write().insert(id.0, cs.clone());
         self.with_protocol_out(|st, out| {
@@ -300,10 +300,10 @@ impl Driver {
         if cs.is_watched(interest) {
             return;
         }
-        match self
-            .registry
-            .modify(cs.event_fd(), TOKEN_CONN + cs.id.0, interest)
-        {
+        let Some(fd) = cs.event_fd() else {
+            return;
+        };
+        match self.registry.modify(fd, TOKEN_CONN + cs.id.0, interest) {
             Ok(()) => cs.set_watched(interest),
             Err(e) => log::warn!("cannot watch {:?} for {interest:?}: {e}", cs.id),
         }
@@ -357,7 +357,9 @@ impl Driver {
     fn forget_reaped(&self, reaped: &mut Vec<Arc<Conn>>) {
         let mut list = self.conn_list.write();
         for cs in reaped.drain(..) {
-            let _ = self.registry.remove(cs.event_fd());
+            if let Some(fd) = cs.event_fd() {
+                let _ = self.registry.remove(fd);
+            }
             list.remove(&cs.id.0);
             self.links.fetch_sub(1, Ordering::AcqRel);
             if cs.link.frames_on_event_fd() {

@@ -33,7 +33,7 @@ pub(crate) use sleepers::WaitFor;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -61,8 +61,10 @@ use crate::usermem::{SendData, UserMem};
 use driver::Made;
 
 const TOKEN_WAKER: u64 = 0;
-/// A connection's channel fd is registered as `TOKEN_CONN + its ConnId`; the tokens between
-/// `TOKEN_WAKER` and it are the transports' worker-wide fds ([`Ifaces::ready`]).
+/// A connection's own fd (TCP socket, shared memory's hang-up socket) is registered as
+/// `TOKEN_CONN + its ConnId`; the tokens between `TOKEN_WAKER` and it are the transports'
+/// worker-wide fds ([`Ifaces::ready`]), among them RDMA's one rdmacm event channel, through
+/// which every RDMA connection's events come.
 const TOKEN_CONN: u64 = 1 << 32;
 /// How often a progressing worker checks its connections' rdmacm events (and looks after
 /// closing connections).
@@ -165,6 +167,8 @@ pub struct RecvInfo {
 }
 
 pub(crate) struct Driver {
+    /// This driver, for the hooks of resources made later (RDMA's event channel).
+    me: Weak<Driver>,
     pub(crate) cfg: Config,
     mode: WaitMode,
     /// The transports this worker uses, in order of preference.
@@ -214,6 +218,8 @@ struct Scratch {
     /// Links whose input paused as their events were delivered, and the rest of their
     /// events, to give back to them (see `Driver::deliver_events`).
     holding: Vec<(ConnId, Vec<LinkEvent>)>,
+    /// The links whose connection events came through a worker-wide channel (RDMA's).
+    cm_ready: Vec<u64>,
     transport: PollScratch,
     /// What a progress call leaves for after the state lock, not made and dropped call after
     /// call: [`Driver::after_unlock`] leaves it empty but for its receive buffers to repost,
@@ -327,7 +333,8 @@ impl Worker {
         registry
             .add(waker.fd(), TOKEN_WAKER, Interest::Read)
             .map_err(|e| Error::os("epoll_ctl", e))?;
-        let driver = Arc::new(Driver {
+        let driver = Arc::new_cyclic(|me| Driver {
+            me: me.clone(),
             mode: cfg.wait_mode(),
             transports: ctx.transports().to_vec(),
             fd_links: AtomicUsize::new(0),
@@ -354,6 +361,7 @@ impl Worker {
                 failed_posts: Vec::new(),
                 events: Vec::new(),
                 holding: Vec::new(),
+                cm_ready: Vec::new(),
                 transport: PollScratch::new(),
                 after: AfterUnlock::default(),
                 idle_calls: 0,
@@ -434,7 +442,8 @@ impl Worker {
     ///
     /// In [`WaitMode::Event`] this is UCP's arm/wait: arm the completion queue, progress
     /// once more (a completion may have landed before the arming), then sleep on the
-    /// completion channel, the connections' event channels and the worker's wake-up fd.
+    /// completion channel, the rdmacm event channel of its RDMA connections, its other
+    /// connections' sockets and the worker's wake-up fd.
     /// In [`WaitMode::BusyPoll`] it spins on [`Worker::progress`].
     pub fn wait(&self, timeout: Option<Duration>) -> Result<usize> {
         match self.driver.mode {

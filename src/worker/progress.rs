@@ -118,6 +118,7 @@ impl Driver {
             failed_posts,
             events,
             holding,
+            cm_ready,
             transport,
             after: out,
             idle_calls,
@@ -169,6 +170,21 @@ impl Driver {
                     if queued > 0 {
                         answered += queued;
                         self.flush_conn(cs);
+                    }
+                }
+            }
+        }
+        if housekeeping {
+            // Links whose events came through a worker-wide channel (RDMA's rdmacm channel;
+            // they have no fd of their own) take theirs. (Read even with no link: what is
+            // left unread there keeps the channel readable, which an event-mode wait would
+            // take for news over and over.)
+            self.ifaces.cm_ready(cm_ready);
+            if !cm_ready.is_empty() {
+                let conns = self.conn_list.read();
+                for token in cm_ready.drain(..) {
+                    if let Some(cs) = conns.get(&token) {
+                        cs.link.poll(true, transport, events);
                     }
                 }
             }
@@ -336,7 +352,11 @@ impl Driver {
         for r in ready {
             match r.token {
                 TOKEN_WAKER => self.waker.drain(),
-                token if token < TOKEN_CONN => self.ifaces.ready(token)?,
+                token if token < TOKEN_CONN => {
+                    if self.ifaces.ready(token)? {
+                        self.cm_due.store(true, Ordering::Release);
+                    }
+                }
                 _ => self.cm_due.store(true, Ordering::Release),
             }
         }

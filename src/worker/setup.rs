@@ -51,7 +51,7 @@ impl Worker {
     pub(super) fn listen_rdma(&self, addr: &str) -> Result<rdmx_conn::Listener> {
         let info = AddrInfo::resolve(addr, Side::Passive)?;
         let listener = rdmx_conn::Listener::bind(&info, 128)?;
-        match listener.device() {
+        match listener.device()? {
             Some(device) => {
                 self.driver.rdma_on(&device)?;
             }
@@ -125,12 +125,10 @@ impl Worker {
         let sh = &self.driver;
         #[cfg(feature = "rdma")]
         let rdma = match &req {
-            RawRequest::Rdma(r) => match r.device() {
-                Some(device) => sh.rdma_on(&device).map(Some),
-                None => Err(Error::Invalid(
-                    "the request arrived on no known device".into(),
-                )),
-            },
+            RawRequest::Rdma(r) => r
+                .device()
+                .map_err(Error::from)
+                .and_then(|device| sh.rdma_on(&device).map(Some)),
             RawRequest::Tcp(_) => Ok(None),
         };
         #[cfg(feature = "rdma")]
@@ -166,7 +164,8 @@ impl Worker {
                     if started.is_ok() {
                         transport = Transport::Shm;
                     }
-                    shm = Some(started);
+                    // (Its steps' errors are text: where descriptors ran out, say so.)
+                    shm = Some(started.map_err(|e| e + &crate::fd_limit::suffix_if_exhausted()));
                 }
                 Some(_) => shm = Some(Err("this worker does not use shared memory".into())),
                 None => {}
@@ -210,9 +209,10 @@ impl Worker {
                     }
                     .encode();
                     let link = r.accept(&shm_setup::with_ext(&ours, &answer))?;
-                    let path = accepting
-                        .finish()
-                        .map_err(|e| Error::Invalid(format!("shared memory: {e}")))?;
+                    let path = accepting.finish().map_err(|e| {
+                        let out = crate::fd_limit::suffix_if_exhausted();
+                        Error::Invalid(format!("shared memory: {e}{out}"))
+                    })?;
                     sh.shm_link(id, path, &link)
                 }
             }
@@ -292,7 +292,10 @@ impl Worker {
             Some(Answer::Accepted { capacity }) => {
                 let path =
                     shm_setup::connected(&shared, expected, capacity, timeout, sh.cfg.shm_cma())
-                        .map_err(|e| Error::Invalid(format!("shared memory with {addr}: {e}")))?;
+                        .map_err(|e| {
+                            let out = crate::fd_limit::suffix_if_exhausted();
+                            Error::Invalid(format!("shared memory with {addr}: {e}{out}"))
+                        })?;
                 sh.shm_link(id, path, &tcp)?
             }
             other => {
@@ -399,10 +402,21 @@ impl Driver {
         Ok(Box::new(RdmaLink::new(id, conn, rdma.clone())))
     }
 
-    /// The worker's RDMA resources, created on `device` if there are none yet.
+    /// The worker's RDMA resources, created on `device` if there are none yet. When a
+    /// connect or accept waiting on their event channel reads events of the worker's
+    /// connections, their housekeeping is due at once (and a sleeping worker wakes for it).
     #[cfg(feature = "rdma")]
     pub(crate) fn rdma_on(&self, device: &Device) -> Result<&Arc<Rdma>> {
-        self.ifaces.rdma.on(device, &self.cfg, &self.registry)
+        let me = self.me.clone();
+        let events_ready = move || {
+            if let Some(sh) = me.upgrade() {
+                sh.cm_due.store(true, Ordering::Release);
+                sh.waker.wake();
+            }
+        };
+        self.ifaces
+            .rdma
+            .on(device, &self.cfg, &self.registry, events_ready)
     }
 
     #[cfg(not(feature = "rdma"))]

@@ -3,19 +3,6 @@
 
 use super::*;
 
-/// Raises this process's open-file limit to its hard limit: a thousand TCP endpoints on
-/// each side of one process need over 2000 descriptors (the usual soft limit is 1024).
-fn raise_fd_limit() {
-    use rustix::process::{getrlimit, setrlimit, Resource};
-    let mut lim = getrlimit(Resource::Nofile);
-    if lim.current < lim.maximum {
-        lim.current = lim.maximum;
-        if let Err(e) = setrlimit(Resource::Nofile, lim) {
-            println!("could not raise the open-file limit: {e}");
-        }
-    }
-}
-
 /// The size of message `k` of endpoint `ep`'s burst: small eager ones, one of exactly the
 /// threshold, and one rendezvous.
 fn burst_len(ep: usize, k: usize, threshold: usize) -> usize {
@@ -35,7 +22,6 @@ fn burst_len(ep: usize, k: usize, threshold: usize) -> usize {
 /// are reported.
 pub fn a_thousand_endpoints_on_one_worker() {
     two_sided("a_thousand_endpoints_on_one_worker", |p| {
-        raise_fd_limit();
         // RDMX_SCALE_EPS: fewer under valgrind (scripts/test).
         let n = env_count("RDMX_SCALE_EPS", if is_rdma() { 256 } else { 1024 });
         // The defaults (not the suite's smaller SRQ): no setting needs changing.

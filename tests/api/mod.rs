@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 #[path = "../pattern/mod.rs"]
 mod pattern;
 pub use pattern::pattern;
+mod descriptors;
 mod endpoints;
 mod memory_handles;
 mod messaging;
@@ -18,6 +19,7 @@ mod peer_death;
 mod steady_state;
 mod threads;
 mod two_sided;
+pub use descriptors::*;
 pub use endpoints::*;
 pub use memory_handles::*;
 pub use messaging::*;
@@ -124,6 +126,8 @@ macro_rules! all_api_tests {
             second_address_serves_endpoints,
             peer_death_fails_pending_requests,
             connect_close_churn_leaks_nothing,
+            a_thousand_endpoints_at_the_default_descriptor_limit,
+            running_out_of_descriptors_is_said_as_such,
             steady_state_messaging_allocates_nothing,
             memory_handles_and_remote_keys,
             puts_and_gets_are_byte_exact,

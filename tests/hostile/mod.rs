@@ -45,8 +45,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rdmx::conn::{
-    connect, Access, AddrInfo, Completion, CompletionQueue, Connection, Device, ProtectionDomain,
-    QpConfig, RegisteredBuf, RemoteBuf, Side, WcStatus, WorkKind,
+    connect, Access, AddrInfo, Completion, CompletionQueue, Connection, Device, EventChannel,
+    ProtectionDomain, QpConfig, RegisteredBuf, RemoteBuf, Side, WcStatus, WorkKind,
 };
 use rdmx::proto::wire::{
     self, Body, FrameBuf, Handshake, Header, Opcode, RtsBody, WireStatus, HEADER_LEN, MAX_RNDV_LEN,
@@ -139,7 +139,8 @@ impl RawPeer {
         let device = Device::for_route(&dst).expect("a device routes to the listener");
         let pd = ProtectionDomain::new(&device).unwrap();
         let cq = CompletionQueue::new(&device, 256, false).unwrap();
-        let mut config = QpConfig::new(&pd, &cq, None);
+        let events = EventChannel::new().unwrap();
+        let mut config = QpConfig::new(&pd, &cq, None, &events);
         config.recv_depth = u32::from(RAW_CREDITS);
         let conn = rdmx_two_sided::retry(&format!("raw connect to {addr}"), LONG, || {
             connect(&dst, &config, &raw_handshake(), LONG)

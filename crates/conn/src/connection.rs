@@ -4,13 +4,13 @@
 
 use std::mem;
 use std::net::SocketAddr;
-use std::os::fd::BorrowedFd;
 use std::ptr;
 use std::time::{Duration, Instant};
 
 use rdmx_sys as sys;
 
-use crate::cm::{CmEvent, CmEventKind, QpConfig, RawId};
+use crate::channel::{CmEvent, CmEventKind, RawId};
+use crate::cm::QpConfig;
 use crate::cq::{new_owner, AtomicOp, Owner, WorkKind, UNRECORDED};
 use crate::device::Device;
 use crate::memory::{RegisteredBuf, RemoteBuf};
@@ -40,6 +40,8 @@ impl Connection {
         config.check()?;
         if raw.context() != config.pd.device().context() {
             let on = Device::from_context(raw.context())
+                .ok()
+                .flatten()
                 .map(|d| d.name())
                 .unwrap_or_else(|| "?".into());
             return Err(Error::invalid(
@@ -175,16 +177,16 @@ impl Connection {
         self.raw.local_addr()
     }
 
-    /// The connection's rdmacm event fd: readable when an event (e.g. the peer's disconnect)
-    /// is waiting for [`Connection::next_event`].
-    pub fn event_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the channel's fd stays open until the channel is destroyed, which happens
-        // only when `self` is dropped, so it outlives the borrow.
-        unsafe { BorrowedFd::borrow_raw(self.raw.fd()) }
+    /// Names this connection by `token` (not 0) among those
+    /// [`crate::EventChannel::take_ready`] reports as having events waiting.
+    pub fn set_event_token(&self, token: u64) {
+        self.raw.set_token(token);
     }
 
     /// The next rdmacm event of this connection (e.g. [`CmEventKind::DISCONNECTED`]), waiting
-    /// up to `timeout` (`Some(Duration::ZERO)` to just check). `Ok(None)` on timeout.
+    /// up to `timeout` (`Some(Duration::ZERO)` to just check) on its event channel, which
+    /// other connections share: only this connection's events are returned. `Ok(None)` on
+    /// timeout.
     pub fn next_event(&self, timeout: Option<Duration>) -> Result<Option<CmEvent>> {
         self.raw
             .next_event(timeout.map(|t| Instant::now() + t), "rdma_get_cm_event")

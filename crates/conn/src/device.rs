@@ -91,7 +91,16 @@ impl Device {
         // SAFETY: n is a valid out-pointer; the returned list is owned by the DeviceList below.
         let list = unsafe { sys::rdma_get_devices(&mut n) };
         if list.is_null() {
-            // librdmacm returns NULL when /dev/infiniband/rdma_cm is missing: no devices.
+            // librdmacm returns NULL (errno ENODEV) when /dev/infiniband/rdma_cm is missing: no
+            // devices. It says the same when it cannot scan the devices for want of a
+            // descriptor (it opens sysfs directories each time): that is an error.
+            if let Some(errno) = crate::error::out_of_descriptors() {
+                return Err(Error::new(
+                    "rdma_get_devices",
+                    errno,
+                    "cannot list the RDMA devices",
+                ));
+            }
             return Ok(Vec::new());
         }
         let list = Arc::new(DeviceList {
@@ -124,7 +133,7 @@ impl Device {
 
     /// The device that owns a local IP address, found by binding a throwaway rdmacm id to it.
     pub fn for_local_addr(ip: IpAddr) -> Result<Device> {
-        let channel_and_id = crate::cm::RawId::create("rdma_bind_addr")?;
+        let channel_and_id = crate::channel::RawId::create("rdma_bind_addr")?;
         let mut storage = SockAddrStorage::default();
         storage.set(std::net::SocketAddr::new(ip, 0));
         // SAFETY: the id is valid and storage holds a socket address that outlives the call.
@@ -137,7 +146,7 @@ impl Device {
         }
         // SAFETY: a bound id's verbs field is rdmacm's context for the device owning the address.
         let ctx = unsafe { (*channel_and_id.id()).verbs };
-        Device::from_context(ctx).ok_or_else(|| {
+        Device::from_context(ctx)?.ok_or_else(|| {
             Error::new(
                 "rdma_bind_addr",
                 libc::ENODEV,
@@ -167,7 +176,7 @@ impl Device {
             )
         };
         if ret != 0 {
-            return Err(Error::last_os(
+            return Err(Error::last_rdmacm(
                 "rdma_create_ep",
                 format!("cannot resolve a route to {dst}"),
             ));
@@ -177,7 +186,7 @@ impl Device {
         let device = Device::from_context(ctx);
         // SAFETY: id came from rdma_create_ep above, has no QP, and is destroyed once.
         unsafe { sys::rdma_destroy_ep(id) };
-        device.ok_or_else(|| {
+        device?.ok_or_else(|| {
             Error::new(
                 "rdma_create_ep",
                 libc::ENODEV,
@@ -186,15 +195,13 @@ impl Device {
         })
     }
 
-    /// The device whose context is `ctx` (one of rdmacm's), if it is in rdmacm's list.
-    pub(crate) fn from_context(ctx: *mut sys::ibv_context) -> Option<Device> {
+    /// The device whose context is `ctx` (one of rdmacm's), if it is in rdmacm's list; an
+    /// error when the list cannot be had.
+    pub(crate) fn from_context(ctx: *mut sys::ibv_context) -> Result<Option<Device>> {
         if ctx.is_null() {
-            return None;
+            return Ok(None);
         }
-        Device::list()
-            .ok()?
-            .into_iter()
-            .find(|d| d.context() == ctx)
+        Ok(Device::list()?.into_iter().find(|d| d.context() == ctx))
     }
 
     pub(crate) fn context(&self) -> *mut sys::ibv_context {

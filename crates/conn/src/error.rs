@@ -16,12 +16,17 @@ pub struct Error {
 }
 
 impl Error {
-    /// An error for `call`, with an explicit errno and sentence.
+    /// An error for `call`, with an explicit errno and sentence. Running out of descriptors
+    /// (`EMFILE`, `ENFILE`) is said in so many words, with the limit reached.
     pub fn new(call: &'static str, errno: i32, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        if let Some(note) = descriptor_note(errno) {
+            message = format!("{message}: {note}");
+        }
         Error {
             call,
             errno,
-            message: message.into(),
+            message,
             reject_data: Vec::new(),
         }
     }
@@ -32,6 +37,25 @@ impl Error {
             .raw_os_error()
             .unwrap_or(libc::EIO);
         Self::new(call, errno, message)
+    }
+
+    /// [`Error::last_os`] for an rdmacm call that opens an event channel of its own
+    /// (`rdma_create_ep`, `rdma_create_id`): rdmacm reports a channel it could not open as
+    /// `ENOMEM`, also when the process is out of descriptors, which is then the error.
+    pub(crate) fn last_rdmacm(call: &'static str, message: impl Into<String>) -> Self {
+        let err = Self::last_os(call, message);
+        match out_of_descriptors() {
+            Some(errno) if err.errno == libc::ENOMEM || err.errno == libc::ENODEV => Error {
+                errno,
+                message: format!(
+                    "{}: {}",
+                    err.message,
+                    descriptor_note(errno).unwrap_or_default()
+                ),
+                ..err
+            },
+            _ => err,
+        }
     }
 
     /// An error for a C call that returns a negative errno or `-1` with `errno` set.
@@ -87,6 +111,11 @@ impl Error {
         self.errno == libc::ETIMEDOUT
     }
 
+    /// True when the process (or the system) ran out of file descriptors.
+    pub fn is_out_of_descriptors(&self) -> bool {
+        self.errno == libc::EMFILE || self.errno == libc::ENFILE
+    }
+
     /// True when a queue was full and the work can be retried after completions are polled.
     pub fn is_queue_full(&self) -> bool {
         self.errno == libc::ENOMEM || self.errno == libc::EAGAIN
@@ -110,6 +139,46 @@ impl From<Error> for std::io::Error {
     }
 }
 
+/// What running out of descriptors means, for an errno that says so.
+fn descriptor_note(errno: i32) -> Option<String> {
+    match errno {
+        libc::EMFILE => Some(format!(
+            "too many open files (EMFILE): the process's descriptor limit ({}) is reached",
+            descriptor_limit().map_or_else(|| "?".to_string(), |n| n.to_string())
+        )),
+        libc::ENFILE => Some(
+            "too many open files in the system (ENFILE): the system's descriptor limit \
+             (fs.file-max) is reached"
+                .to_string(),
+        ),
+        _ => None,
+    }
+}
+
+/// The process's soft limit on open descriptors (`RLIMIT_NOFILE`).
+fn descriptor_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: lim is a valid rlimit the call fills in.
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim.rlim_cur)
+}
+
+/// Whether the process is out of descriptors now: for calls (rdmacm's device list) that
+/// report running out of them as something else.
+pub(crate) fn out_of_descriptors() -> Option<i32> {
+    // SAFETY: eventfd takes an initial value and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd >= 0 {
+        // SAFETY: fd was just created and nothing else owns it.
+        unsafe { libc::close(fd) };
+        return None;
+    }
+    let errno = std::io::Error::last_os_error().raw_os_error()?;
+    (errno == libc::EMFILE || errno == libc::ENFILE).then_some(errno)
+}
+
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -130,6 +199,30 @@ mod tests {
         assert!(text.contains("refused"), "{text}");
         assert!(err.is_refused());
         assert!(!err.is_timeout());
+    }
+
+    #[test]
+    fn running_out_of_descriptors_says_so_with_the_limit() {
+        let err = Error::new("rdma_create_ep", libc::EMFILE, "cannot resolve a route");
+        let limit = descriptor_limit().unwrap();
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!(
+                "too many open files (EMFILE): the process's descriptor limit ({limit}) is reached"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.starts_with("rdma_create_ep: cannot resolve a route: "),
+            "{text}"
+        );
+        assert!(err.is_out_of_descriptors());
+        let err = Error::new("x", libc::ENFILE, "m");
+        assert!(err.to_string().contains("fs.file-max"), "{err}");
+        assert!(!Error::new("x", libc::EINVAL, "m")
+            .to_string()
+            .contains("EMFILE"));
+        assert_eq!(out_of_descriptors(), None);
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! Waiting on many file descriptors at once: [`Poller`] (epoll) and [`Waker`] (eventfd).
 //!
 //! One thread can sleep on the completion channels of several CQs ([`CompletionQueue::event_fd`]),
-//! rdmacm event channels ([`Listener::event_fd`], [`Connection::event_fd`]) and a [`Waker`] that
+//! rdmacm event channels ([`Listener::event_fd`], [`EventChannel::event_fd`]) and a [`Waker`] that
 //! other threads use to interrupt the sleep, each registered with a token of the caller's choice.
 //!
 //! [`CompletionQueue::event_fd`]: crate::CompletionQueue::event_fd
 //! [`Listener::event_fd`]: crate::Listener::event_fd
-//! [`Connection::event_fd`]: crate::Connection::event_fd
+//! [`EventChannel::event_fd`]: crate::EventChannel::event_fd
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;

@@ -24,10 +24,12 @@ const SEALS: SealFlags = SealFlags::SHRINK
     .union(SealFlags::GROW)
     .union(SealFlags::SEAL);
 
-/// A sealed memfd, mapped shared (see the module docs).
+/// A sealed memfd, mapped shared (see the module docs). The memfd can be closed once it was
+/// handed over ([`Segment::close_fd`]): the mapping keeps the memory, and a connection then
+/// holds no descriptor for its segment.
 pub struct Segment {
     map: MmapRaw,
-    fd: OwnedFd,
+    fd: Option<OwnedFd>,
 }
 
 impl std::fmt::Debug for Segment {
@@ -80,12 +82,18 @@ impl Segment {
             .len(len)
             .map_raw(&fd)
             .map_err(|e| Error::io("mapping the segment", e))?;
-        Ok(Segment { map, fd })
+        Ok(Segment { map, fd: Some(fd) })
     }
 
-    /// The memfd, to hand to the peer.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    /// The memfd, to hand to the peer (`None` once closed).
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|fd| fd.as_fd())
+    }
+
+    /// Closes the memfd (once handed over, or once mapped by the side that opened it): the
+    /// mapping stays, and with it the memory, until the segment is dropped.
+    pub fn close_fd(&mut self) {
+        self.fd = None;
     }
 
     /// The segment's size in bytes.

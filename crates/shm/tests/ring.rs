@@ -128,7 +128,7 @@ fn a_channel_handed_over_a_unix_socket_carries_frames_both_ways() {
     let seg = channel::create("rdmx-test", CAP).expect("channel");
     let bell = Doorbell::new().expect("doorbell");
     let (a, b) = UnixStream::pair().expect("socketpair");
-    fdpass::send_with_fds(&a, b"hello", &[seg.fd(), bell.fd()]).expect("send");
+    fdpass::send_with_fds(&a, b"hello", &[seg.fd().expect("the memfd"), bell.fd()]).expect("send");
     let mut buf = [0u8; 16];
     let (n, mut fds) = fdpass::recv_with_fds(&b, &mut buf).expect("recv");
     assert_eq!(&buf[..n], b"hello");
@@ -137,10 +137,14 @@ fn a_channel_handed_over_a_unix_socket_carries_frames_both_ways() {
     assert_eq!(pid as u32, std::process::id());
     assert_eq!(uid, rustix::process::getuid().as_raw());
     let their_bell = Doorbell::from_fd(fds.pop().expect("doorbell")).expect("an eventfd");
-    // A second mapping of the same memfd, as the peer process has.
-    let theirs = Arc::new(
-        Segment::open(fds.pop().expect("segment"), channel::channel_len(CAP)).expect("open"),
-    );
+    // A second mapping of the same memfd, as the peer process has; its memfd closed once
+    // mapped (as rdmx does: a connection holds no descriptor for its segment), which the
+    // mapping outlives.
+    let mut theirs =
+        Segment::open(fds.pop().expect("segment"), channel::channel_len(CAP)).expect("open");
+    theirs.close_fd();
+    assert!(theirs.fd().is_none());
+    let theirs = Arc::new(theirs);
     let (mut my_tx, mut my_rx) = channel::ends(&seg, CAP, Side::Creator).expect("ends");
     let (mut their_tx, mut their_rx) = channel::ends(&theirs, CAP, Side::Opener).expect("ends");
     assert!(my_tx.push(&[b"ping"]).expect("push"));
@@ -177,7 +181,7 @@ fn handed_over_descriptors_are_checked() {
     assert!(matches!(e, Error::BadSegment(_)), "{e}");
     // A memfd of another size.
     let seg = Segment::create("test", 4096).expect("segment");
-    let dup = rustix::io::dup(seg.fd()).expect("dup");
+    let dup = rustix::io::dup(seg.fd().expect("the memfd")).expect("dup");
     let e = Segment::open(dup, 8192).expect_err("wrong size");
     assert!(e.to_string().contains("4096 bytes"), "{e}");
     // A memfd that can still shrink.
@@ -189,7 +193,7 @@ fn handed_over_descriptors_are_checked() {
         Err(Error::BadSegment(_))
     ));
     // A sealed segment cannot be shrunk by the peer.
-    assert!(rustix::fs::ftruncate(seg.fd(), 0).is_err());
+    assert!(rustix::fs::ftruncate(seg.fd().expect("the memfd"), 0).is_err());
     // A doorbell that is not an eventfd.
     let (a, _b) = UnixStream::pair().expect("socketpair");
     assert!(matches!(
@@ -231,7 +235,12 @@ fn two_threads_stream_frames_through_a_small_ring() {
 /// The peer writes `value` at `offset` of the segment: through the memfd, which every
 /// mapping of it sees, as another process's stores would be seen.
 fn scribble(seg: &Segment, offset: usize, value: u64) {
-    rustix::io::pwrite(seg.fd(), &value.to_ne_bytes(), offset as u64).expect("pwrite");
+    rustix::io::pwrite(
+        seg.fd().expect("the memfd"),
+        &value.to_ne_bytes(),
+        offset as u64,
+    )
+    .expect("pwrite");
 }
 
 #[test]

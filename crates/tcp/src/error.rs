@@ -31,7 +31,10 @@ enum Kind {
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Kind::Io(e) => write!(f, "{e}"),
+            Kind::Io(e) => match descriptor_note(e) {
+                Some(note) => write!(f, "{e}: {note}"),
+                None => write!(f, "{e}"),
+            },
             Kind::Timeout => f.write_str("timed out"),
             Kind::Rejected(data) => write!(
                 f,
@@ -42,6 +45,24 @@ impl fmt::Display for Kind {
             Kind::Invalid(m) => write!(f, "invalid argument: {m}"),
             Kind::Failed(m) => write!(f, "the link failed earlier: {m}"),
         }
+    }
+}
+
+/// What running out of descriptors (`EMFILE`, `ENFILE`) means, with the limit reached.
+fn descriptor_note(e: &io::Error) -> Option<String> {
+    match rustix::io::Errno::from_io_error(e)? {
+        rustix::io::Errno::MFILE => Some(format!(
+            "too many open files (EMFILE): the process's descriptor limit ({}) is reached",
+            rustix::process::getrlimit(rustix::process::Resource::Nofile)
+                .current
+                .map_or_else(|| "none".to_string(), |n| n.to_string())
+        )),
+        rustix::io::Errno::NFILE => Some(
+            "too many open files in the system (ENFILE): the system's descriptor limit \
+             (fs.file-max) is reached"
+                .to_string(),
+        ),
+        _ => None,
     }
 }
 
@@ -142,8 +163,46 @@ impl Error {
         }
     }
 
+    /// Whether the process (or the system) ran out of file descriptors (`EMFILE`,
+    /// `ENFILE`): the operation may succeed once descriptors are closed.
+    pub fn is_out_of_descriptors(&self) -> bool {
+        match &self.kind {
+            Kind::Io(e) => descriptor_note(e).is_some(),
+            _ => false,
+        }
+    }
+
     /// The address of the peer this error concerns, when known.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.peer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_out_of_descriptors_says_so_with_the_limit() {
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap();
+        let err = Error::io("accept", None, io::Error::from_raw_os_error(libc_emfile()));
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!(
+                "too many open files (EMFILE): the process's descriptor limit ({limit}) is \
+                 reached"
+            )),
+            "{text}"
+        );
+        assert!(err.is_out_of_descriptors());
+        let other = Error::io("accept", None, io::Error::from_raw_os_error(22));
+        assert!(!other.is_out_of_descriptors());
+        assert!(!other.to_string().contains("EMFILE"));
+    }
+
+    fn libc_emfile() -> i32 {
+        rustix::io::Errno::MFILE.raw_os_error()
     }
 }

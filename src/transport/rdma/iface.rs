@@ -21,6 +21,9 @@ use crate::usermem::UserMem;
 
 /// The readiness token of the completion channel.
 const TOKEN_CQ: u64 = 1;
+/// The readiness token of the connections' rdmacm event channel (shared memory's doorbell
+/// has 2).
+const TOKEN_CM: u64 = 3;
 /// How long a frame from a QP not (yet) known is kept before its buffer is reposted.
 const PARK_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -38,12 +41,16 @@ impl RdmaIface {
     }
 
     /// The resources, made on `device` if there are none yet (their receive buffers posted,
-    /// their completion channel registered with `registry`). A worker runs on one device.
+    /// their completion channel and the connections' event channel registered with
+    /// `registry`; `events_ready` called when a connect or accept, waiting on that channel
+    /// for its own connection, read events of the worker's connections). A worker runs on
+    /// one device.
     pub(crate) fn on(
         &self,
         device: &Device,
         cfg: &Config,
         registry: &Registry,
+        events_ready: impl Fn() + Send + Sync + 'static,
     ) -> Result<&Arc<Rdma>> {
         if let Some(r) = self.res.get() {
             return same_device(r, device);
@@ -67,6 +74,10 @@ impl RdmaIface {
                 .add(fd, TOKEN_CQ, Interest::Read)
                 .map_err(|e| Error::os("epoll_ctl", e))?;
         }
+        rdma.events.on_ready(events_ready);
+        registry
+            .add(rdma.events.event_fd(), TOKEN_CM, Interest::Read)
+            .map_err(|e| Error::os("epoll_ctl", e))?;
         let _ = self.res.set(Arc::new(rdma));
         Ok(self.res.get().expect("just set"))
     }
@@ -91,12 +102,28 @@ impl RdmaIface {
         Ok(())
     }
 
-    /// Takes the completion channel's events, if `token` is its.
-    pub(crate) fn ready(&self, token: u64) -> Result<()> {
-        if let (TOKEN_CQ, Some(r)) = (token, self.res.get()) {
-            r.cq.take_events()?;
+    /// Takes the completion channel's events, if `token` is its; returns whether `token` is
+    /// the connections' event channel's (their events are due: see [`RdmaIface::cm_ready`]).
+    pub(crate) fn ready(&self, token: u64) -> Result<bool> {
+        match (token, self.res.get()) {
+            (TOKEN_CQ, Some(r)) => {
+                r.cq.take_events()?;
+            }
+            (TOKEN_CM, Some(_)) => return Ok(true),
+            _ => {}
         }
-        Ok(())
+        Ok(false)
+    }
+
+    /// Reads the connections' event channel and appends the tokens (`ConnId`s) of the
+    /// connections that have rdmacm events waiting, each to take its own
+    /// ([`super::RdmaLink`]'s `poll`).
+    pub(crate) fn cm_ready(&self, tokens: &mut Vec<u64>) {
+        if let Some(r) = self.res.get() {
+            if let Err(e) = r.events.take_ready(tokens) {
+                log::error!("{e}");
+            }
+        }
     }
 
     /// Reposts receive buffers; returns those whose repost failed.

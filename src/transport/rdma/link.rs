@@ -85,9 +85,11 @@ pub(crate) struct RdmaLink {
 }
 
 impl RdmaLink {
-    /// The link of the worker's connection `id` over `conn`, made with `rdma`'s QP settings.
+    /// The link of the worker's connection `id` over `conn`, made with `rdma`'s QP settings
+    /// (its events come through the worker's event channel, which names it by `id`).
     pub(crate) fn new(id: ConnId, conn: Connection, rdma: Arc<Rdma>) -> Self {
         rdma.link_joined();
+        conn.set_event_token(id.0);
         RdmaLink {
             id,
             conn,
@@ -308,12 +310,17 @@ impl TransportLink for RdmaLink {
         self.conn.peer_private_data()
     }
 
-    fn event_fd(&self) -> BorrowedFd<'_> {
-        self.conn.event_fd()
+    /// None: its rdmacm events come through the worker's event channel, which says when
+    /// this link has some.
+    fn event_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
     }
 
+    /// Also reports the rdmacm events that came before the worker knew the link (its
+    /// channel said so then, to nobody).
     fn joined(&self, st: &mut LockedIfaces, out: &mut Vec<LinkEvent>) {
         st.rdma.adopt(self.conn.qp_num(), self.id, out);
+        self.cm_events(out);
     }
 
     fn reaped(&self, st: &mut LockedIfaces) {
@@ -606,11 +613,20 @@ impl TransportLink for RdmaLink {
         self.in_flight.load(Ordering::Acquire) == 0 && self.queue.lock().is_empty()
     }
 
-    /// Reads the connection's rdmacm events, at housekeeping only.
+    /// Takes the connection's rdmacm events, at housekeeping only (when the worker's event
+    /// channel said it has some).
     fn poll(&self, housekeeping: bool, _: &mut PollScratch, out: &mut Vec<LinkEvent>) -> usize {
-        if !housekeeping {
-            return 0;
+        if housekeeping {
+            self.cm_events(out);
         }
+        0
+    }
+}
+
+impl RdmaLink {
+    /// Takes the connection's rdmacm events waiting (on the worker's channel), appending what
+    /// they mean to `out`.
+    fn cm_events(&self, out: &mut Vec<LinkEvent>) {
         loop {
             match self.conn.next_event(Some(Duration::ZERO)) {
                 Ok(Some(ev)) => match ev.kind {
@@ -635,6 +651,5 @@ impl TransportLink for RdmaLink {
                 }
             }
         }
-        0
     }
 }

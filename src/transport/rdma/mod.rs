@@ -1,5 +1,6 @@
-//! The RDMA transport under a worker: one device's PD, CQ, SRQ and buffer pools (this
-//! module; made on first use by [`RdmaIface`]), the state its connections share under the
+//! The RDMA transport under a worker: one device's PD, CQ, SRQ and buffer pools, and the
+//! rdmacm event channel all its connections' events come through (this module; made on
+//! first use by [`RdmaIface`]), the state its connections share under the
 //! worker's protocol lock ([`RdmaLockedIface`]: send buffers, registration cache, memory windows),
 //! what its completions mean (`completions`), and the connections, each with an ordered
 //! queue of work to post ([`RdmaLink`]).
@@ -31,7 +32,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use rdmx_conn::{
-    Access, CompletionQueue, Device, ProtectionDomain, QpConfig, RegisteredBuf, SharedReceiveQueue,
+    Access, CompletionQueue, Device, EventChannel, ProtectionDomain, QpConfig, RegisteredBuf,
+    SharedReceiveQueue,
 };
 
 use crate::config::Config;
@@ -55,6 +57,9 @@ pub(crate) struct Rdma {
     pub(crate) pd: ProtectionDomain,
     pub(crate) cq: CompletionQueue,
     pub(crate) srq: SharedReceiveQueue,
+    /// The rdmacm event channel of all the worker's connections (in `qp_config` too): one
+    /// descriptor however many connections there are, as UCX's worker has.
+    pub(crate) events: EventChannel,
     pub(crate) qp_config: QpConfig,
     /// Bytes of receive buffers posted on the SRQ (fixed for the worker's life).
     pub(crate) recv_bytes: u64,
@@ -188,7 +193,8 @@ impl Rdma {
 }
 
 impl Rdma {
-    /// Creates the PD, CQ (with a completion channel), SRQ and its receive buffers, and
+    /// Creates the PD, CQ (with a completion channel), SRQ and its receive buffers, the
+    /// connections' event channel, and
     /// returns them with the receive buffers (cookie = buffer index): the first
     /// `RDMX_SRQ_DEPTH` to post, the rest for the [`Reserve`].
     pub(crate) fn new(device: &Device, cfg: &Config) -> Result<(Rdma, Vec<RegisteredBuf>)> {
@@ -226,7 +232,8 @@ impl Rdma {
             (srq_depth + reserve) as usize,
             Access::LOCAL_WRITE,
         )?;
-        let mut qp_config = QpConfig::new(&pd, &cq, Some(&srq));
+        let events = EventChannel::new()?;
+        let mut qp_config = QpConfig::new(&pd, &cq, Some(&srq), &events);
         qp_config.send_depth = send_depth;
         qp_config.max_inline = INLINE_MAX as u32;
         // A dead peer must surface as a failed work request in bounded time: QpConfig's 6
@@ -243,6 +250,7 @@ impl Rdma {
                 pd,
                 cq,
                 srq,
+                events,
                 qp_config,
                 recv_bytes: u64::from(srq_depth + reserve) * u64::from(buf_size),
                 windows: limits.memory_windows,

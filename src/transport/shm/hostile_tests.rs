@@ -104,7 +104,12 @@ type Corruption = Box<dyn Fn(&Segment)>;
 
 /// Writes `value` at `offset` of the segment, as the peer's stores would land.
 fn scribble(seg: &Segment, offset: usize, value: u64) {
-    rustix::io::pwrite(seg.fd(), &value.to_ne_bytes(), offset as u64).expect("pwrite");
+    rustix::io::pwrite(
+        seg.fd().expect("the memfd"),
+        &value.to_ne_bytes(),
+        offset as u64,
+    )
+    .expect("pwrite");
 }
 
 #[test]

@@ -364,8 +364,8 @@ impl TransportLink for ShmLink {
     }
 
     /// The Unix socket: readable when the peer hangs up.
-    fn event_fd(&self) -> BorrowedFd<'_> {
-        self.sock.as_fd()
+    fn event_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.sock.as_fd())
     }
 
     fn data_path(&self) -> String {

@@ -258,14 +258,19 @@ impl Accepting {
         let sock = connect_now(&offer.name, timeout)?;
         let peer_pid = peer_of(&sock, &shared.identity)?;
         let cma = cma_to(peer_pid, offer.probe, use_cma);
-        let seg = channel::create("rdmx-shm", RING_CAPACITY).map_err(|e| e.to_string())?;
+        let mut seg = channel::create("rdmx-shm", RING_CAPACITY).map_err(|e| e.to_string())?;
         let hand_over = HandOver {
             token: offer.token,
             capacity: RING_CAPACITY as u32,
             probe: shared.probe(),
         };
-        fdpass::send_with_fds(&sock, &hand_over.encode(), &[seg.fd(), shared.bell_fd()])
+        let memfd = seg.fd().ok_or("the segment's memfd is closed")?;
+        fdpass::send_with_fds(&sock, &hand_over.encode(), &[memfd, shared.bell_fd()])
             .map_err(|e| e.to_string())?;
+        // Handed over: the mapping is all this side needs (no descriptor per connection).
+        if let Some(seg) = Arc::get_mut(&mut seg) {
+            seg.close_fd();
+        }
         Ok(Accepting {
             seg,
             sock,
@@ -367,9 +372,11 @@ pub(crate) fn connected(
         ));
     }
     let cma = cma_to(peer_pid, hand_over.probe, use_cma);
-    let seg = Arc::new(
-        Segment::open(seg, channel::channel_len(capacity as usize)).map_err(|e| e.to_string())?,
-    );
+    let mut seg =
+        Segment::open(seg, channel::channel_len(capacity as usize)).map_err(|e| e.to_string())?;
+    // Mapped: the mapping is all this side needs (no descriptor per connection).
+    seg.close_fd();
+    let seg = Arc::new(seg);
     let peer_bell = Doorbell::from_fd(bell).map_err(|e| e.to_string())?;
     let (tx, rx) =
         channel::ends(&seg, capacity as usize, Side::Opener).map_err(|e| e.to_string())?;

@@ -194,8 +194,8 @@ impl TransportLink for TcpLink {
         self.link.peer_private_data()
     }
 
-    fn event_fd(&self) -> BorrowedFd<'_> {
-        self.link.fd()
+    fn event_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.link.fd())
     }
 
     fn queue_frame(

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use rdmx_conn::*;
 
+mod channel;
 mod connections;
 mod events;
 mod teardown;
@@ -34,11 +35,12 @@ fn addr_b() -> IpAddr {
     env_addr("SOFTROCE_ADDR_B")
 }
 
-/// One side's shared verbs objects: what a worker owns.
+/// One side's shared verbs objects and event channel: what a worker owns.
 struct Verbs {
     pd: ProtectionDomain,
     cq: CompletionQueue,
     srq: Option<SharedReceiveQueue>,
+    events: EventChannel,
 }
 
 impl Verbs {
@@ -47,11 +49,17 @@ impl Verbs {
         let pd = ProtectionDomain::new(&device).expect("pd");
         let cq = CompletionQueue::new(&device, 1024, events).expect("cq");
         let srq = srq_depth.map(|depth| SharedReceiveQueue::new(&pd, &cq, depth).expect("srq"));
-        Verbs { pd, cq, srq }
+        let events = EventChannel::new().expect("event channel");
+        Verbs {
+            pd,
+            cq,
+            srq,
+            events,
+        }
     }
 
     fn config(&self) -> QpConfig {
-        QpConfig::new(&self.pd, &self.cq, self.srq.as_ref())
+        QpConfig::new(&self.pd, &self.cq, self.srq.as_ref(), &self.events)
     }
 
     /// Registers `count` receive buffers of `len` bytes (one region) and posts them on the SRQ.

@@ -26,11 +26,18 @@ fn teardown_with_work_still_posted_in_any_order() {
     assert_eq!(client_cq.pending(), 8);
 
     // Drop the handles first, the connection last: ownership keeps QP before CQ/SRQ and MR
-    // before PD, and the posted receives' buffers are released with the QP.
-    let Verbs { pd, cq, srq } = client;
+    // before PD, the event channel until its last id is destroyed, and the posted receives'
+    // buffers are released with the QP.
+    let Verbs {
+        pd,
+        cq,
+        srq,
+        events,
+    } = client;
     drop(pd);
     drop(cq);
     drop(srq);
+    drop(events);
     drop(exposed);
     assert_eq!(client_cq.pending(), 8);
     drop(conn);
