@@ -23,10 +23,24 @@ pub const LONG: Duration = Duration::from_secs(60);
 /// A mebibyte.
 pub const MIB: usize = 1 << 20;
 
-/// Logs to the test's output (`RUST_LOG`).
+/// Logs to the test's output (`RUST_LOG`), and starts the binary's hang guard: a test
+/// blocked in a call without a deadline (an `accept`, a `wait`) would otherwise hold the
+/// run for ever. The whole binary takes well under a minute; after [`HANG_GUARD`] it is
+/// ended with a message (a bound against hangs, not a timing).
 pub fn init_log() {
     let _ = env_logger::builder().is_test(true).try_init();
+    static GUARD: std::sync::Once = std::sync::Once::new();
+    GUARD.call_once(|| {
+        std::thread::spawn(|| {
+            std::thread::sleep(HANG_GUARD);
+            eprintln!("tests/bounds: still running after {HANG_GUARD:?}: a test hangs");
+            std::process::abort();
+        });
+    });
 }
+
+/// How long the binary may run before [`init_log`]'s guard ends it.
+pub const HANG_GUARD: Duration = Duration::from_secs(15 * 60);
 
 /// The tests' environment: the connect and keepalive variables only (as the API suite).
 pub fn test_env(var: &str) -> Option<String> {
