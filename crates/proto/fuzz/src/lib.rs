@@ -228,6 +228,11 @@ pub struct EngineOutcome {
     pub completions: Vec<Completion>,
 }
 
+/// Whether frame `f` costs no credit: a CREDIT frame that grants credits.
+fn is_free(f: &wire::Frame<'_>) -> bool {
+    matches!(f.body, Body::Credit) && f.header.credits > 0
+}
+
 /// Splits off and returns the first `n` bytes of `rest` (fewer if it is shorter).
 fn take<'a>(rest: &mut &'a [u8], n: usize) -> &'a [u8] {
     let (head, tail) = rest.split_at(n.min(rest.len()));
@@ -254,7 +259,7 @@ struct Harness {
     open: bool,
     /// The peer's handshake.
     peer: Handshake,
-    /// Frames the engine sent on the connection.
+    /// Frames the engine sent on the connection, CREDIT frames aside (they cost no credit).
     sent: u64,
     /// Credits granted to the engine by frames it accepted.
     granted: u64,
@@ -263,7 +268,7 @@ struct Harness {
     window: u64,
     /// Next sequence number expected from the engine.
     tx_seq: u32,
-    /// Frames handed to the engine while the connection was up.
+    /// Frames handed to the engine while the connection was up, CREDIT frames aside.
     received: u64,
     /// Credits the engine returned in the frames it sent.
     returned: u64,
@@ -356,7 +361,10 @@ impl Harness {
     fn frame(&mut self, buf: RecvBufId, bytes: &[u8]) {
         let was_open = self.open;
         let expect = if was_open {
-            self.received += 1;
+            // (A CREDIT frame granting credits costs none.)
+            if !wire::decode(bytes).is_ok_and(|f| is_free(&f)) {
+                self.received += 1;
+            }
             Some(self.predict(bytes))
         } else {
             None
@@ -394,14 +402,16 @@ impl Harness {
     /// connection (and why).
     fn predict(&self, bytes: &[u8]) -> Result<u16, CloseReason> {
         let perr = || Err(CloseReason::ProtocolError(String::new()));
-        if self.received - self.returned > self.window - self.grown()
-            || bytes.len() > self.cfg.recv_buf_size as usize
-        {
+        if bytes.len() > self.cfg.recv_buf_size as usize {
             return perr();
         }
         let Ok(f) = wire::decode(bytes) else {
             return perr();
         };
+        let overrun = self.received - self.returned > self.window - self.grown();
+        if overrun && !is_free(&f) {
+            return perr();
+        }
         let tx_credits = u64::from(self.peer.credits) + self.granted - self.sent;
         if f.header.seq != self.rx_seq
             || tx_credits + u64::from(f.header.credits) > u64::from(self.peer.max_credits)
@@ -471,13 +481,18 @@ impl Harness {
                     payload,
                 } => {
                     assert_eq!(conn, CONN);
-                    self.sent += 1;
+                    let hdr = wire::decode_header(frame.as_bytes()).expect("valid header");
                     self.outcome.sent += 1;
+                    if hdr.opcode == Opcode::Credit {
+                        // (It costs no credit, and grants some.)
+                        assert!(hdr.credits > 0, "a CREDIT frame granting nothing");
+                    } else {
+                        self.sent += 1;
+                    }
                     assert!(
                         self.sent <= u64::from(self.peer.credits) + self.granted,
                         "the engine sent more frames than the peer granted credits"
                     );
-                    let hdr = wire::decode_header(frame.as_bytes()).expect("valid header");
                     assert_eq!(hdr.seq, self.tx_seq, "engine frames are numbered in order");
                     self.tx_seq = self.tx_seq.wrapping_add(1);
                     self.returned += u64::from(hdr.credits);

@@ -67,14 +67,29 @@ impl Engine {
             return Ok(Processed::Quiet);
         };
         let recv_buf_size = c.recv_buf_size as usize;
-        c.rx_unreturned += 1;
-        if c.rx_unreturned > c.window {
-            return Err(overran(c.rx_unreturned, c.window));
-        }
         if bytes.len() > recv_buf_size {
             return Err(too_long(bytes.len(), recv_buf_size));
         }
         let wire::Frame { header: h, body } = wire::decode(bytes).map_err(malformed)?;
+        // A CREDIT frame that grants credits costs none (see `send::CTRL_CREDITS`); any
+        // other frame costs one. (Credits withheld are the peer's no more than those it
+        // holds.)
+        if !(matches!(body, Body::Credit) && h.credits > 0) {
+            c.rx_unreturned += 1;
+            if c.rx_unreturned + c.withheld > c.window {
+                return Err(overran(c.rx_unreturned + c.withheld, c.window));
+            }
+            // A message takes two credits (see `send::DATA_CREDITS`): one whose peer held
+            // fewer — all it could have held is what is neither withheld nor owed for its
+            // earlier frames — spent one meant for a control frame, which would let it
+            // trickle messages past its withheld credits (see `budget`).
+            if c.withheld != 0
+                && matches!(body, Body::Eager(_) | Body::Rts(_))
+                && c.rx_unreturned + c.withheld + send::DATA_CREDITS - 1 > c.window
+            {
+                return Err(message_without_credit(c.window - c.withheld));
+            }
+        }
         if h.seq != c.rx_seq {
             return Err(out_of_sequence(h.seq, c.rx_seq));
         }
@@ -84,16 +99,12 @@ impl Engine {
             return Err(overgranted(new_credits, c.peer.max_credits));
         }
         c.tx_credits = new_credits;
-        if !matches!(body, Body::Credit) {
-            c.rx_unreturned_data += 1;
-        }
-        // (A window not from the pool stays as it is.)
-        if h.flags & wire::FLAG_CREDIT_WANTED != 0 && c.pooled {
+        // (A window not from the pool stays as it is, and one whose credits are withheld
+        // does not grow: see `budget`.)
+        if h.flags & wire::FLAG_CREDIT_WANTED != 0 && c.pooled && c.withheld == 0 {
             let more = self.credits.grow(c.window);
             c.window += more;
             c.rx_unreturned += more;
-            // (The peer waits for them.)
-            c.rx_unreturned_data += more;
         }
         // An eager message or a credit update adds nothing to send: unless frames wait for
         // credits or the peer is owed a credit update, there is nothing to flush after it.
@@ -181,6 +192,16 @@ fn overran(unreturned: u32, window: u32) -> CloseReason {
 fn too_long(len: usize, recv_buf_size: usize) -> CloseReason {
     perr(format!(
         "{len}-byte frame exceeds the {recv_buf_size}-byte receive buffer"
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn message_without_credit(left: u32) -> CloseReason {
+    perr(format!(
+        "peer sent a message holding fewer than the {} credits a message needs, while all but \
+         {left} of its credits were withheld",
+        send::DATA_CREDITS
     ))
 }
 

@@ -3,10 +3,12 @@
 //!
 //! One module per job: `actions` (what the driver is asked to do), `conn_table` (the
 //! connections by id), `connections` (handshake, admission, failure), `credits` (the pool windows are granted from), `send` (eager and rendezvous sends, credit
-//! flow), `matching` (posted and unexpected receives, probes, cancel), `rendezvous` (the
+//! flow), `matching` (posted and unexpected receives, probes, cancel), `budget` (the
+//! unexpected-message budget and the credits withheld past it), `rendezvous` (the
 //! receiver's READs) and `frames` (decoding and dispatching arrivals).
 
 mod actions;
+mod budget;
 mod conn_table;
 mod connections;
 mod credits;
@@ -32,7 +34,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use log::{debug, warn};
 
-use crate::config::Config;
+use crate::config::{Config, UNEXPECTED_ENTRY_COST};
 use crate::requests::{made_of, receive_id, Requests, IMMEDIATE, RECEIVE};
 use crate::wire::{
     self, Body, FrameBuf, Handshake, Header, Opcode, RtsBody, WireStatus, HANDSHAKE_MAGIC,
@@ -102,6 +104,13 @@ pub struct ConnStats {
     pub peer_max_credits: u32,
     /// Frames waiting for credits (data and control).
     pub queued: usize,
+    /// Credits owed to the peer for frames that arrived unexpected past the worker's
+    /// unexpected-message budget, withheld until receives bring it back within the budget
+    /// (see [`Engine::unexpected_bytes`]).
+    pub withheld: u32,
+    /// Bytes held for the peer's unexpected messages (its part of
+    /// [`Engine::unexpected_bytes`]).
+    pub unexpected_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -242,10 +251,13 @@ struct Conn {
     /// Bytes each rendezvous READ on it fetches ([`ConnLimits::rndv_chunk`], 0 resolved).
     rndv_chunk: u64,
     /// Frames received (and credits added to the window) not yet granted back to the peer.
+    /// (CREDIT frames cost no credit: see `send::CTRL_CREDITS`.)
     rx_unreturned: u32,
-    /// Of `rx_unreturned`, those for anything but CREDIT frames: only they make a CREDIT
-    /// frame of this side's worth sending (see [`Conn::credit_due`]).
-    rx_unreturned_data: u32,
+    /// Credits owed to the peer but withheld: its frames arrived unexpected past the
+    /// unexpected-message budget (see `budget`). Part of `window`, never of `rx_unreturned`.
+    withheld: u32,
+    /// Bytes held for the peer's unexpected messages, against the budget (see `budget`).
+    unexpected: u64,
     tx_seq: u32,
     rx_seq: u32,
     ctrl_q: VecDeque<Ctrl>,
@@ -305,6 +317,10 @@ pub struct Engine {
     rma_memory: one_sided::Memory,
     /// Worker-wide flushes waiting for operations ([`Engine::rma_flush_all`]).
     worker_flushes: Vec<one_sided::WorkerFlush>,
+    /// Bytes held for unexpected messages, queued or claimed (see `budget`).
+    unexpected_bytes: u64,
+    /// Connections that may have credits withheld (see `budget`).
+    withholding: Vec<ConnId>,
 }
 
 /// How many handed-back payload allocations the engine keeps for reuse, and the largest it
@@ -333,6 +349,8 @@ impl Engine {
             spare_payloads: Vec::new(),
             rma_memory: one_sided::Memory::default(),
             worker_flushes: Vec::new(),
+            unexpected_bytes: 0,
+            withholding: Vec::new(),
         }
     }
 
@@ -432,6 +450,8 @@ impl Engine {
             eager_limit: c.eager_limit,
             peer_max_credits: u32::from(c.peer.max_credits),
             queued: c.ctrl_q.len() + c.data_q.len(),
+            withheld: c.withheld,
+            unexpected_bytes: c.unexpected,
         })
     }
 
