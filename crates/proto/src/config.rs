@@ -51,6 +51,10 @@ pub struct Config {
     /// growing; the withheld credits go back once receives bring the total back within it
     /// (see the `Engine` docs, "Flow control").
     pub max_unexpected: u64,
+    /// How long (ns) a rendezvous send waits for the receiver's ATS after its RTS went
+    /// out before it completes with [`Status::TimedOut`](crate::Status::TimedOut) and its
+    /// exposure is released; 0: for ever (the default, as in UCP).
+    pub rndv_timeout_ns: u64,
 }
 
 /// What one unexpected message costs against [`Config::max_unexpected`] besides its
@@ -72,6 +76,7 @@ impl Default for Config {
             max_reads_in_flight: 4,
             drain_timeout_ns: 1_000_000_000,
             max_unexpected: DEFAULT_MAX_UNEXPECTED,
+            rndv_timeout_ns: 0,
         }
     }
 }
@@ -199,6 +204,12 @@ impl ConfigBuilder {
     /// Overrides the unexpected-message budget (bytes; see [`Config::max_unexpected`]).
     pub fn max_unexpected(mut self, bytes: u64) -> Self {
         self.cfg.max_unexpected = bytes;
+        self
+    }
+    /// Overrides the rendezvous timeout (nanoseconds, 0: none; see
+    /// [`Config::rndv_timeout_ns`]).
+    pub fn rndv_timeout_ns(mut self, ns: u64) -> Self {
+        self.cfg.rndv_timeout_ns = ns;
         self
     }
 

@@ -124,11 +124,16 @@
 //! [`Engine::unexpected_bytes`], [`ConnStats::withheld`]). A peer that sends a message
 //! without the credits for it while its credits are withheld is a protocol error.
 //!
+//! **The rendezvous timeout.** With `Config::rndv_timeout_ns` set (0, none, by default), a
+//! rendezvous send not ended by an ATS within it after its RTS went out completes with
+//! [`Status::TimedOut`] and its exposure is released; a later READ of it fails, a late ATS
+//! is ignored, and the connection stays up. The engine's clock is [`Engine::handle_timeout`].
+//!
 //! ## Configuration
 //!
 //! [`Config`] defaults: 8 KiB receive buffers, eager threshold 8152 bytes (a full buffer
 //! minus the header), windows of 4 credits growing to 64 per connection, SRQ depth 4096, 256 KiB READ chunks,
-//! 4 READs in flight, an unexpected-message budget of 64 MiB. [`ConfigBuilder::from_env`] reads `RDMX_EAGER_THRESHOLD` (bytes,
+//! 4 READs in flight, an unexpected-message budget of 64 MiB, no rendezvous timeout. [`ConfigBuilder::from_env`] reads `RDMX_EAGER_THRESHOLD` (bytes,
 //! suffixes `k`/`K`/`KiB`/`m`/`M`/`MiB`, range 0..=1 MiB); an invalid value is an
 //! [`Error::InvalidConfig`] naming the variable, the value and the allowed range.
 //! Programmatic setters on [`ConfigBuilder`] override the environment.

@@ -97,6 +97,7 @@ impl Engine {
     pub fn handle_timeout(&mut self, now: u64) {
         self.now = self.now.max(now);
         let now = self.now;
+        self.expire_rendezvous(now);
         let expired: Vec<RequestId> = self
             .draining
             .iter()

@@ -5,7 +5,8 @@
 //! connections by id), `connections` (handshake, admission, failure), `credits` (the pool windows are granted from), `send` (eager and rendezvous sends, credit
 //! flow), `matching` (posted and unexpected receives, probes, cancel), `budget` (the
 //! unexpected-message budget and the credits withheld past it), `rendezvous` (the
-//! receiver's READs) and `frames` (decoding and dispatching arrivals).
+//! receiver's READs), `rndv_timeout` (the sender's optional deadline for them) and `frames`
+//! (decoding and dispatching arrivals).
 
 mod actions;
 mod budget;
@@ -16,6 +17,7 @@ mod frames;
 mod matching;
 mod one_sided;
 mod rendezvous;
+mod rndv_timeout;
 mod send;
 
 pub use actions::{
@@ -321,6 +323,9 @@ pub struct Engine {
     unexpected_bytes: u64,
     /// Connections that may have credits withheld (see `budget`).
     withholding: Vec<ConnId>,
+    /// Rendezvous sends whose RTS went out since the clock last advanced, and those whose
+    /// deadline is set, in deadline order (see `rndv_timeout`).
+    rndv_timeouts: rndv_timeout::Deadlines,
 }
 
 /// How many handed-back payload allocations the engine keeps for reuse, and the largest it
@@ -351,6 +356,7 @@ impl Engine {
             worker_flushes: Vec::new(),
             unexpected_bytes: 0,
             withholding: Vec::new(),
+            rndv_timeouts: rndv_timeout::Deadlines::default(),
         }
     }
 
@@ -420,9 +426,14 @@ impl Engine {
         !self.actions.is_empty()
     }
 
-    /// Earliest time (ns) at which [`Engine::handle_timeout`] has work to do.
+    /// Earliest time (ns) at which [`Engine::handle_timeout`] has work to do (0: at once,
+    /// with the current time: a rendezvous send's deadline is to be set from it).
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.draining.iter().map(|d| d.0).min()
+        let drain = self.draining.iter().map(|d| d.0).min();
+        match self.rndv_timeouts.next() {
+            Some(at) => Some(drain.map_or(at, |d| d.min(at))),
+            None => drain,
+        }
     }
 
     /// Number of user requests not yet completed.

@@ -211,6 +211,9 @@ impl Engine {
                     remote: Some(remote),
                 } => {
                     s.phase = SendPhase::AwaitAts;
+                    if self.cfg.rndv_timeout_ns != 0 {
+                        self.rndv_timeouts.rts_sent(id);
+                    }
                     let mut h = Header::new(Opcode::Rts);
                     h.tag = tag;
                     h.sreq = id.0;
