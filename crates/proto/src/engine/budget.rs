@@ -61,18 +61,20 @@ impl Unexpected {
 impl Engine {
     /// An unexpected message that cost `cost` arrived on `conn` in the frame just counted:
     /// past the budget, that frame's credit is withheld if the peer holds more than its
-    /// share.
+    /// share. A peer that sent it without the credits a message needs while its credits were
+    /// withheld is a protocol error.
     #[inline]
-    pub(super) fn hold_unexpected(&mut self, conn: ConnId, cost: u64) {
+    pub(super) fn hold_unexpected(&mut self, conn: ConnId, cost: u64) -> Result<(), CloseReason> {
         self.unexpected_bytes += cost;
         let over = self.unexpected_bytes > self.cfg.max_unexpected;
         let Some(c) = self.conns.get_mut(&conn) else {
-            return;
+            return Ok(());
         };
         c.unexpected += cost;
         if over {
-            self.withhold(conn);
+            return self.withhold(conn);
         }
+        Ok(())
     }
 
     /// An unexpected message of `conn` that cost `cost` left the engine (a receive took it):
@@ -97,23 +99,32 @@ impl Engine {
         self.cfg.max_unexpected / self.conns.len().max(1) as u64
     }
 
-    /// Withholds the credit of the frame that just arrived on `conn_id` if its peer holds
-    /// more than its share, unless that would leave it fewer than `DATA_CREDITS - 1` of its
-    /// window (enough for control frames, not for data: see `send::DATA_CREDITS`).
+    /// Withholds the credit of the message frame that just arrived on `conn_id` if its peer
+    /// holds more than its share, unless that would leave it less than one credit of its
+    /// window (what control frames need, not messages: see `send::DATA_CREDITS`).
     #[cold]
     #[inline(never)]
-    fn withhold(&mut self, conn_id: ConnId) {
+    fn withhold(&mut self, conn_id: ConnId) -> Result<(), CloseReason> {
         let share = self.share();
         let Some(c) = self.conns.get_mut(&conn_id) else {
-            return;
+            return Ok(());
         };
-        if c.unexpected <= share
-            || c.rx_unreturned == 0
-            || c.window.saturating_sub(c.withheld) < send::DATA_CREDITS
-        {
-            return;
+        // A message takes two credits: a peer that held fewer (all it could hold is what its
+        // window, less what is owed for its earlier frames, left it) spent one meant for a
+        // control frame, which would let it trickle messages past its withheld credits.
+        if c.withheld != 0 && c.rx_unreturned + send::DATA_CREDITS - 1 > c.window {
+            return Err(CloseReason::ProtocolError(format!(
+                "peer sent a message holding fewer than the {} credits a message needs, while \
+                 all but {} of its credits were withheld",
+                send::DATA_CREDITS,
+                c.window
+            )));
+        }
+        if c.unexpected <= share || c.rx_unreturned == 0 || c.window < send::DATA_CREDITS {
+            return Ok(());
         }
         c.rx_unreturned -= 1;
+        c.window -= 1;
         c.withheld += 1;
         if c.withheld == 1 {
             debug!(
@@ -126,6 +137,7 @@ impl Engine {
                 self.withholding.push(conn_id);
             }
         }
+        Ok(())
     }
 
     /// Gives `conn_id`'s withheld credits back if its peer holds no more than its share.
@@ -166,6 +178,7 @@ impl Engine {
         if n == 0 {
             return;
         }
+        c.window += n;
         c.rx_unreturned += n;
         self.flush(conn_id);
         if let Some(c) = self.conns.get_mut(&conn_id) {

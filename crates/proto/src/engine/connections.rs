@@ -127,7 +127,8 @@ impl Engine {
         };
         debug!("connection {conn_id:?} failed: {reason:?}");
         if conn.pooled {
-            self.credits.release(conn.window);
+            // (Withheld credits are granted too.)
+            self.credits.release(conn.window + conn.withheld);
         }
         if let Some(CloseReason::ProtocolError(_)) = reason {
             if conn.tx_credits >= 1 {

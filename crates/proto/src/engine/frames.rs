@@ -72,22 +72,11 @@ impl Engine {
         }
         let wire::Frame { header: h, body } = wire::decode(bytes).map_err(malformed)?;
         // A CREDIT frame that grants credits costs none (see `send::CTRL_CREDITS`); any
-        // other frame costs one. (Credits withheld are the peer's no more than those it
-        // holds.)
+        // other frame costs one. (`window` leaves withheld credits out: see `budget`.)
         if !(matches!(body, Body::Credit) && h.credits > 0) {
             c.rx_unreturned += 1;
-            if c.rx_unreturned + c.withheld > c.window {
-                return Err(overran(c.rx_unreturned + c.withheld, c.window));
-            }
-            // A message takes two credits (see `send::DATA_CREDITS`): one whose peer held
-            // fewer — all it could have held is what is neither withheld nor owed for its
-            // earlier frames — spent one meant for a control frame, which would let it
-            // trickle messages past its withheld credits (see `budget`).
-            if c.withheld != 0
-                && matches!(body, Body::Eager(_) | Body::Rts(_))
-                && c.rx_unreturned + c.withheld + send::DATA_CREDITS - 1 > c.window
-            {
-                return Err(message_without_credit(c.window - c.withheld));
+            if c.rx_unreturned > c.window {
+                return Err(overran(c.rx_unreturned, c.window));
             }
         }
         if h.seq != c.rx_seq {
@@ -134,14 +123,14 @@ impl Engine {
                     return Ok(Processed::Matched(delivery, !quiet));
                 }
                 let data = self.payload_copy(payload);
-                self.push_unexpected(conn_id, h.tag, UnexpKind::Eager(data));
+                self.push_unexpected(conn_id, h.tag, UnexpKind::Eager(data))?;
                 return Ok(flush);
             }
             Body::Rts(body) => {
                 if let Some(p) = self.take_posted_match(h.tag) {
                     self.start_rndv(p, conn_id, h.tag, h.sreq, body);
                 } else {
-                    self.push_unexpected(conn_id, h.tag, UnexpKind::Rts { sreq: h.sreq, body });
+                    self.push_unexpected(conn_id, h.tag, UnexpKind::Rts { sreq: h.sreq, body })?;
                 }
             }
             Body::Ats => {
@@ -192,16 +181,6 @@ fn overran(unreturned: u32, window: u32) -> CloseReason {
 fn too_long(len: usize, recv_buf_size: usize) -> CloseReason {
     perr(format!(
         "{len}-byte frame exceeds the {recv_buf_size}-byte receive buffer"
-    ))
-}
-
-#[cold]
-#[inline(never)]
-fn message_without_credit(left: u32) -> CloseReason {
-    perr(format!(
-        "peer sent a message holding fewer than the {} credits a message needs, while all but \
-         {left} of its credits were withheld",
-        send::DATA_CREDITS
     ))
 }
 

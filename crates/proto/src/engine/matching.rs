@@ -7,7 +7,12 @@ impl Engine {
     /// Queues a message no posted receive matched, in arrival order, against the
     /// unexpected-message budget (see `budget`): `conn` is the connection of the frame just
     /// counted.
-    pub(super) fn push_unexpected(&mut self, conn: ConnId, tag: Tag, kind: UnexpKind) {
+    pub(super) fn push_unexpected(
+        &mut self,
+        conn: ConnId,
+        tag: Tag,
+        kind: UnexpKind,
+    ) -> Result<(), CloseReason> {
         let id = MessageId(self.next_msg);
         self.next_msg += 1;
         let u = Unexpected {
@@ -18,7 +23,7 @@ impl Engine {
         };
         let cost = u.cost();
         self.unexpected.push_back(u);
-        self.hold_unexpected(conn, cost);
+        self.hold_unexpected(conn, cost)
     }
 
     /// Removes and returns the first posted receive (in posting order) whose tag and mask

@@ -246,7 +246,9 @@ struct Conn {
     /// Whether this side ran out of credits with frames waiting since its last frame (the
     /// next one asks for a larger window).
     starved: bool,
-    /// Credits granted to the peer in all (see [`ConnStats::window`]).
+    /// Credits granted to the peer in all (see [`ConnStats::window`]) but those withheld: what
+    /// the peer may have in flight, hold or be owed (withheld ones are counted apart, so that
+    /// every check of a frame's credits, on the path of every message, is as it was).
     window: u32,
     /// Whether `window` was granted from the pool (see [`ConnLimits::pooled`]).
     pooled: bool,
@@ -256,7 +258,8 @@ struct Conn {
     /// (CREDIT frames cost no credit: see `send::CTRL_CREDITS`.)
     rx_unreturned: u32,
     /// Credits owed to the peer but withheld: its frames arrived unexpected past the
-    /// unexpected-message budget (see `budget`). Part of `window`, never of `rx_unreturned`.
+    /// unexpected-message budget (see `budget`). Granted to it, but in neither `window` nor
+    /// `rx_unreturned` until they go back.
     withheld: u32,
     /// Bytes held for the peer's unexpected messages, against the budget (see `budget`).
     unexpected: u64,
@@ -428,7 +431,21 @@ impl Engine {
 
     /// Earliest time (ns) at which [`Engine::handle_timeout`] has work to do (0: at once,
     /// with the current time: a rendezvous send's deadline is to be set from it).
+    #[inline]
     pub fn poll_timeout(&self) -> Option<u64> {
+        // (After every locked section of a driver: most often there is nothing to wait for.)
+        if self.draining.is_empty() && self.rndv_timeouts.is_empty() {
+            return None;
+        }
+        self.earliest_timeout()
+    }
+
+    /// [`Engine::poll_timeout`] with timers to look at. (Out of line: inlined into every
+    /// locked section of the worker, a larger body made the progress call it sits in cost
+    /// more, whatever ran.)
+    #[cold]
+    #[inline(never)]
+    fn earliest_timeout(&self) -> Option<u64> {
         let drain = self.draining.iter().map(|d| d.0).min();
         match self.rndv_timeouts.next() {
             Some(at) => Some(drain.map_or(at, |d| d.min(at))),
@@ -457,7 +474,7 @@ impl Engine {
         self.conns.get(&conn).map(|c| ConnStats {
             tx_credits: c.tx_credits,
             rx_unreturned: c.rx_unreturned,
-            window: c.window,
+            window: c.window + c.withheld,
             eager_limit: c.eager_limit,
             peer_max_credits: u32::from(c.peer.max_credits),
             queued: c.ctrl_q.len() + c.data_q.len(),

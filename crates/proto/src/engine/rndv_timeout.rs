@@ -22,6 +22,8 @@ use super::*;
 /// Rendezvous sends under a deadline (see the module docs).
 #[derive(Debug, Default)]
 pub(super) struct Deadlines {
+    /// Whether any send is listed below (one flag for `Engine::poll_timeout` to look at).
+    armed: bool,
     /// Sends whose RTS went out since the clock last advanced: their deadline is set by the
     /// next [`Engine::handle_timeout`].
     sent: Vec<RequestId>,
@@ -35,6 +37,13 @@ impl Deadlines {
     #[inline]
     pub(super) fn rts_sent(&mut self, id: RequestId) {
         self.sent.push(id);
+        self.armed = true;
+    }
+
+    /// Whether no send is under a deadline.
+    #[inline(always)]
+    pub(super) fn is_empty(&self) -> bool {
+        !self.armed
     }
 
     /// When the earliest deadline falls, if any (0: sends wait for theirs to be set).
@@ -55,11 +64,10 @@ impl Engine {
     /// and fails those whose deadline has passed at `now` (see the module docs).
     pub(super) fn expire_rendezvous(&mut self, now: u64) {
         let timeout = self.cfg.rndv_timeout_ns;
-        if timeout == 0 {
-            self.rndv_timeouts.sent.clear();
+        if timeout == 0 || self.rndv_timeouts.is_empty() {
             return;
         }
-        let Deadlines { sent, due } = &mut self.rndv_timeouts;
+        let Deadlines { sent, due, .. } = &mut self.rndv_timeouts;
         let at = now.saturating_add(timeout);
         due.extend(sent.drain(..).map(|id| (at, id)));
         if due.len() >= SWEEP_AT && due.len() > 2 * self.reqs.len() {
@@ -94,6 +102,8 @@ impl Engine {
                 Some(conn),
             );
         }
+        let d = &mut self.rndv_timeouts;
+        d.armed = !d.due.is_empty();
     }
 }
 

@@ -290,9 +290,10 @@ impl Conn {
     /// frame could make the other's due, beside every message, each way, for good.)
     #[inline(always)]
     pub(super) fn credit_due(&self) -> bool {
+        // (`window` leaves withheld credits out. At one, this can hold with nothing owed: no
+        // CREDIT frame goes then, see `Conn::emit_credit`.)
         self.rx_unreturned >= self.credit_threshold()
-            || (self.rx_unreturned > 0
-                && self.rx_unreturned + self.withheld + DATA_CREDITS > self.window)
+            || self.rx_unreturned + DATA_CREDITS > self.window
     }
 
     /// Whether a send of `len` bytes goes out at once (see [`Engine::tag_send_now`]): with
@@ -348,11 +349,11 @@ impl Conn {
         actions: &mut VecDeque<Action>,
         pool: &mut CreditPool,
     ) {
-        // (The pool may take all but one back: a CREDIT frame grants at least one.)
-        let h = self.grant(Header::new(Opcode::Credit), pool, 1);
-        if h.credits == 0 {
+        if self.rx_unreturned == 0 {
             return;
         }
+        // (The pool may take all but one back: a CREDIT frame grants at least one.)
+        let h = self.grant(Header::new(Opcode::Credit), pool, 1);
         actions.push_back(Action::SendFrame {
             conn: id,
             frame: FrameBuf::encode(&h, None),
@@ -365,8 +366,8 @@ impl Conn {
     #[inline(always)]
     fn grant(&mut self, mut h: Header, pool: &mut CreditPool, keep: u32) -> Header {
         if self.rx_unreturned > keep && self.pooled {
-            // (Withheld credits are not the pool's to take: only the rest of the window.)
-            let back = pool.reclaim(self.window - self.withheld, self.rx_unreturned - keep);
+            // (Withheld credits are not the pool's to take: `window` leaves them out.)
+            let back = pool.reclaim(self.window, self.rx_unreturned - keep);
             self.window -= back;
             self.rx_unreturned -= back;
         }
