@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 use rdmx::{Context, Ep, Listener, Transport, Worker, TAG_MASK_ALL};
 
+mod rndv_timeout;
+mod unexpected;
+
 /// A hang guard for the tests (not a timing: nothing is asserted against it but progress).
 pub const LONG: Duration = Duration::from_secs(60);
 /// A mebibyte.
@@ -43,6 +46,13 @@ pub fn listening(ctx: &Context) -> (Worker, Listener, String) {
     let l = w.listen("127.0.0.1:0").expect("listen");
     let addr = l.local_addr().expect("bound").to_string();
     (w, l, addr)
+}
+
+/// Held by a test while it measures [`rss`], which is the whole process's: no other test
+/// that holds it runs meanwhile (a poisoned lock, left by a failed test, still serves).
+pub fn rss_guard() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// This process's resident set, in bytes (`/proc/self/statm`).

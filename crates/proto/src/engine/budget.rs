@@ -6,7 +6,8 @@
 //! engine and the buffer goes back to the driver (reposted to the SRQ, or the shared-memory
 //! ring's record consumed). What bounds the copies is the sender's credit: past the budget,
 //! the credit of each frame that arrives unexpected (an EAGER or an RTS no posted receive
-//! matched) is withheld — owed to the peer, counted in its window, but not returned — if
+//! matched) is withheld — still granted to the peer, but neither returned nor counted in
+//! the window its frames are checked against (`Conn::window`) — if
 //! that peer holds more than its share of the budget (an equal part per connection), so a
 //! peer whose messages fill the queue runs out of credit and waits; the engine never refuses
 //! or drops a frame. A peer whose messages match posted receives has its credits returned
@@ -39,7 +40,9 @@
 //! reach it (at most the budget again), and what each peer's window held in flight once its
 //! credits were withheld (at most a window of eager frames per peer): twice the budget and a
 //! window of eager frames per peer, whatever the peers declare. A peer that sends past the
-//! credits it holds is a protocol error (`overran`) and only its connection closes.
+//! credits it holds, or sends a message holding fewer than two while its credits are
+//! withheld (spending the one left for its control frames), is a protocol error, and only
+//! its connection closes.
 //!
 //! The bound holds on every link: frames come in through a pooled window (RDMA's SRQ, TCP)
 //! or a fixed one (shared memory's ring), and the credit is the engine's in both.
