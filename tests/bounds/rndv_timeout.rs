@@ -4,7 +4,7 @@
 //! with `Status::TimedOut`, its buffer is no longer exposed (a READ the peer makes later is
 //! refused), and the endpoint carries later messages; a sender that only waits, with no
 //! traffic, wakes for the deadline. Without it (the default) the send stays pending, as in
-//! UCP, and is read whenever the receiver gets to it.
+//! UCP, and is read whenever the receiver gets to it (checked over TCP).
 
 use std::time::Instant;
 
@@ -103,42 +103,12 @@ fn an_unread_rendezvous_times_out(transport: Transport, settings: &[(&str, &str)
     assert_eq!(st.pending_requests, 0, "{st:?}");
 }
 
+/// (And without the timeout, the default, the same send stays pending — for ten times the
+/// timeout here — and is read whenever the receiver gets to it.)
 #[test]
 fn an_unread_rendezvous_times_out_over_tcp() {
     an_unread_rendezvous_times_out(Transport::Tcp, &[]);
-}
 
-#[test]
-fn an_unread_rendezvous_times_out_over_shm() {
-    an_unread_rendezvous_times_out(Transport::Shm, &[]);
-}
-
-#[test]
-fn an_unread_rendezvous_times_out_over_shm_without_cma() {
-    an_unread_rendezvous_times_out(Transport::Shm, &[(SHM_CMA_VAR, "0")]);
-}
-
-/// A sender that only waits for its send, in event mode with no traffic at all (the
-/// receiver is never progressed), wakes for the deadline.
-#[test]
-fn a_waiting_sender_wakes_for_the_deadline() {
-    init_log();
-    let timeout = TIMEOUT_MS.to_string();
-    let (_sender, sep, _receiver, _rep) = pair(
-        Transport::Tcp,
-        &[(RNDV_TIMEOUT_VAR, &timeout), (WAIT_MODE_VAR, "event")],
-        &[],
-    );
-    let s = sep.tag_send(TAG, big());
-    let err = s.wait().expect_err("timed out");
-    assert_eq!(err.status(), Some(Status::TimedOut), "{err}");
-}
-
-/// Without the timeout (the default), the send stays pending for as long as the receiver
-/// takes to post its receive — here ten times the timeout above — and is then read.
-#[test]
-fn without_the_timeout_an_unread_rendezvous_stays_pending() {
-    init_log();
     let (sender, sep, receiver, _rep) = pair(Transport::Tcp, &[], &[]);
     let data = big();
     let s = sep.tag_send(TAG, data.clone());
@@ -153,4 +123,35 @@ fn without_the_timeout_an_unread_rendezvous_stays_pending() {
     until(&sender, &receiver, || r.is_done() && s.is_done());
     s.wait().expect("read at last");
     assert!(r.wait().expect("the late receive").buf == data);
+}
+
+#[test]
+fn an_unread_rendezvous_times_out_over_shm() {
+    an_unread_rendezvous_times_out(Transport::Shm, &[]);
+}
+
+#[test]
+fn an_unread_rendezvous_times_out_over_shm_without_cma() {
+    an_unread_rendezvous_times_out(Transport::Shm, &[(SHM_CMA_VAR, "0")]);
+}
+
+/// A sender that only waits for its send, in event mode with no traffic at all (the
+/// receiver is never progressed), sees the deadline pass: its worker's clock is fed while it
+/// sleeps (it sleeps until the engine's next deadline, `Engine::poll_timeout`).
+#[test]
+fn a_waiting_sender_wakes_for_the_deadline() {
+    init_log();
+    let timeout = TIMEOUT_MS.to_string();
+    let (_sender, sep, _receiver, _rep) = pair(
+        Transport::Tcp,
+        &[(RNDV_TIMEOUT_VAR, &timeout), (WAIT_MODE_VAR, "event")],
+        &[],
+    );
+    let s = sep.tag_send(TAG, big());
+    let deadline = Instant::now() + LONG;
+    while !s.wait_for(std::time::Duration::from_millis(100)) {
+        assert!(Instant::now() < deadline, "hung");
+    }
+    let err = s.wait().expect_err("timed out");
+    assert_eq!(err.status(), Some(Status::TimedOut), "{err}");
 }

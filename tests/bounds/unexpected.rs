@@ -42,6 +42,8 @@ fn bound(transport: Transport) -> usize {
 
 /// What the process may grow by beyond that: the flood's 20 000 pending requests (handles,
 /// the sender's table and engine), the sender's queued frames and the allocator's slack.
+/// (The counters are the sharper bound: the RSS check sees growth only where the heap had
+/// not grown already, in an earlier test of this process, and kept the memory.)
 const SLACK: usize = 16 * MIB;
 
 /// Connects a worker of `ctx` to `addr` (accepted on `listener`): (its worker, its ep, the

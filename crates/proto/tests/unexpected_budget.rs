@@ -408,7 +408,8 @@ fn a_peer_ignoring_withheld_credits_is_closed_and_only_it() {
 }
 
 /// Three peers flooding each other every way, with budgets from none to a few messages (and
-/// unlimited), windows from 4 to 64 credits, at random interleavings: rendezvous and
+/// unlimited), windows from 4 to 64 credits, at random interleavings: each holds no more
+/// than twice its budget and a window of eager frames per peer; rendezvous and
 /// one-sided operations made while every window is withheld complete, then every message
 /// arrives in order, nothing is left pending or withheld, no connection is closed (no false
 /// alarm of the checks on withheld credits), and every run ends (no CREDIT frames back and
@@ -449,6 +450,17 @@ fn floods_every_way_neither_deadlock_nor_livelock() {
                 }
             }
             s.run();
+            // The documented bound: twice the budget, and a window of eager frames per peer.
+            if budget != u64::MAX {
+                let limit = 2 * budget + 2 * u64::from(credits) * (200 + UNEXPECTED_ENTRY_COST);
+                for (i, p) in s.peers.iter().enumerate() {
+                    let held = p.engine.unexpected_bytes();
+                    assert!(
+                        held <= limit,
+                        "seed {seed}: peer {i} holds {held} > {limit}"
+                    );
+                }
+            }
             for (i, j) in edges {
                 let buf = s.alloc(i, vec![0; 8]);
                 let get = s.peers[i]
