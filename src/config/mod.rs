@@ -613,7 +613,10 @@ impl Config {
     /// twice the budget (the budget, then what peers below their share add) and a window
     /// of eager frames per peer ([`Config::credits`] × the eager threshold over RDMA and
     /// TCP, 1024 × 16 KiB over shared memory) — see [`crate::WorkerStats::unexpected_bytes`].
-    /// A peer that sends on regardless is a protocol error and its endpoint fails.
+    /// A peer that sends on regardless is a protocol error and its endpoint fails. Messages
+    /// of an endpoint gone stay queued until received and count against the others' shares:
+    /// a peer that reconnects gets no fresh share, each connection adding at most what its
+    /// initial window carries.
     ///
     /// An application that receives a peer's later message before earlier ones that arrived
     /// unexpected needs those to fit in the peer's share, or the peer waits for ever, as it

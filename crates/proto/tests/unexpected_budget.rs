@@ -508,3 +508,59 @@ fn floods_every_way_neither_deadlock_nor_livelock() {
         }
     }
 }
+
+/// A peer that floods, goes and comes back again and again (its messages stay queued until
+/// received) gets no fresh share of the budget each time: the messages of connections gone
+/// count against the shares of those that remain, so each new connection adds at most what
+/// its initial window carries before its credits are withheld.
+#[test]
+fn a_peer_reconnecting_gets_no_fresh_share() {
+    let budget = 2000;
+    let mut e = Engine::new(cfg(budget));
+    let hs = Engine::new(cfg(budget)).local_handshake();
+    let per_window = u64::from(hs.credits) * (LEN as u64 + UNEXPECTED_ENTRY_COST);
+    let mut before = 0;
+    for c in 1..=20u64 {
+        e.handle_connection_up(ConnId(c), &hs).unwrap();
+        // An honest sender: a message while it holds the two credits one needs.
+        let mut held = u64::from(hs.credits);
+        let mut seq = 0u32;
+        while held >= 2 && seq < 200 {
+            let frame = eager_frame(seq, c << 32 | u64::from(seq), &pattern(LEN, 0));
+            seq += 1;
+            held -= 1;
+            e.handle_frame(ConnId(c), RecvBufId(0), &frame);
+            while let Some(a) = e.poll_action() {
+                if let Action::SendFrame { frame, .. } = a {
+                    held += u64::from(wire::decode_header(frame.as_bytes()).unwrap().credits);
+                }
+            }
+        }
+        assert!(seq < 200, "connection {c}: its credits were never withheld");
+        e.handle_connection_down(ConnId(c));
+        while e.poll_action().is_some() {}
+        let now = e.unexpected_bytes();
+        if c > 1 {
+            assert!(
+                now - before <= per_window,
+                "connection {c} added {} bytes, more than its window's {per_window}",
+                now - before
+            );
+        }
+        before = now;
+    }
+    // They are all still there, in order, for the application.
+    let mut buf = vec![0; LEN];
+    let mut n = 0;
+    while let Some(c) = e.tag_recv_now(0, 0, &mut buf) {
+        assert_eq!(c.status, Status::Ok);
+        n += 1;
+    }
+    assert_eq!(
+        (
+            n * (LEN as u64 + UNEXPECTED_ENTRY_COST),
+            e.unexpected_bytes()
+        ),
+        (before, 0)
+    );
+}

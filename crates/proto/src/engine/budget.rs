@@ -7,10 +7,10 @@
 //! ring's record consumed). What bounds the copies is the sender's credit: past the budget,
 //! the credit of each frame that arrives unexpected (an EAGER or an RTS no posted receive
 //! matched) is withheld — still granted to the peer, but neither returned nor counted in
-//! the window its frames are checked against (`Conn::window`) — if
-//! that peer holds more than its share of the budget (an equal part per connection), so a
-//! peer whose messages fill the queue runs out of credit and waits; the engine never refuses
-//! or drops a frame. A peer whose messages match posted receives has its credits returned
+//! the window its frames are checked against (`Conn::window`) — if that peer holds more
+//! than its share of the budget (an equal part per connection of what messages of
+//! connections gone leave of it), so a peer whose messages fill the queue runs out of
+//! credit and waits; the engine never refuses or drops a frame. A peer whose messages match posted receives has its credits returned
 //! as always, whatever the queue holds, and so does one that holds no more than its share.
 //! When receives (or matched probes and their `msg_recv`) bring a peer back within its share
 //! its withheld credits go back; when they bring the total back within the budget, every
@@ -39,7 +39,11 @@
 //! What the queue may hold: the budget, then what peers below their share add until they
 //! reach it (at most the budget again), and what each peer's window held in flight once its
 //! credits were withheld (at most a window of eager frames per peer): twice the budget and a
-//! window of eager frames per peer, whatever the peers declare. A peer that sends past the
+//! window of eager frames per peer, whatever the peers declare. Messages of a connection
+//! gone stay queued until received and count against the shares of those that remain, so a
+//! peer that reconnects gets no fresh share: each connection it makes adds at most what its
+//! window carries before its credits are withheld (a window is granted at connect, before
+//! anything is known of the peer). A peer that sends past the
 //! credits it holds, or sends a message holding fewer than two while its credits are
 //! withheld (spending the one left for its control frames), is a protocol error, and only
 //! its connection closes.
@@ -91,15 +95,25 @@ impl Engine {
             if c.withheld != 0 {
                 self.release_within_share(conn);
             }
+        } else {
+            self.orphaned_bytes = self.orphaned_bytes.saturating_sub(cost);
         }
         if !self.withholding.is_empty() && self.unexpected_bytes <= self.cfg.max_unexpected {
             self.release_withheld();
         }
     }
 
-    /// A peer's share of the budget: an equal part of it per connection.
+    /// A peer's share of the budget: an equal part per connection of what messages of
+    /// connections gone leave of it (they stay queued until received: a peer that reconnects
+    /// gets no fresh share).
     fn share(&self) -> u64 {
-        self.cfg.max_unexpected / self.conns.len().max(1) as u64
+        let left = self.cfg.max_unexpected.saturating_sub(self.orphaned_bytes);
+        left / self.conns.len().max(1) as u64
+    }
+
+    /// A connection gone left messages that cost `bytes` queued.
+    pub(super) fn orphan_unexpected(&mut self, bytes: u64) {
+        self.orphaned_bytes += bytes;
     }
 
     /// Withholds the credit of the message frame that just arrived on `conn_id` if its peer

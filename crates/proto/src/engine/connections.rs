@@ -130,6 +130,7 @@ impl Engine {
             // (Withheld credits are granted too.)
             self.credits.release(conn.window + conn.withheld);
         }
+        self.orphan_unexpected(conn.unexpected);
         if let Some(CloseReason::ProtocolError(_)) = reason {
             if conn.tx_credits >= 1 {
                 let mut h = Header::new(Opcode::Error);

@@ -326,6 +326,8 @@ pub struct Engine {
     unexpected_bytes: u64,
     /// Connections that may have credits withheld (see `budget`).
     withholding: Vec<ConnId>,
+    /// Of `unexpected_bytes`, those of connections gone (see `budget`).
+    orphaned_bytes: u64,
     /// Rendezvous sends whose RTS went out since the clock last advanced, and those whose
     /// deadline is set, in deadline order (see `rndv_timeout`).
     rndv_timeouts: rndv_timeout::Deadlines,
@@ -359,6 +361,7 @@ impl Engine {
             worker_flushes: Vec::new(),
             unexpected_bytes: 0,
             withholding: Vec::new(),
+            orphaned_bytes: 0,
             rndv_timeouts: rndv_timeout::Deadlines::default(),
         }
     }
