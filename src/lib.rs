@@ -224,7 +224,7 @@
 //!
 //! | what | default | set by | at the bound |
 //! | --- | --- | --- | --- |
-//! | bytes held for messages that arrived before a matching receive (eager payloads, 64 B per message) | 64 MiB | `RDMX_MAX_UNEXPECTED` | the credits of each peer holding more than its share (an equal part per endpoint) are withheld as its messages arrive: its sends wait on credit (its ATS, RMA replies and credit updates still go) until the application receives; a worker holds at most twice the budget plus a window of eager frames per peer ([`Config::max_unexpected`]); a peer that sends on regardless fails its endpoint |
+//! | bytes held for messages that arrived before a matching receive (eager payloads, 64 B per message) | 64 MiB | `RDMX_MAX_UNEXPECTED` | the credits of each peer holding more than its share (an equal part per endpoint) are withheld as its messages arrive: its sends wait on credit (its ATS, RMA replies and credit updates still go) until the application receives; a worker holds at most twice the budget plus a window of eager frames per peer, and a peer that reconnects gets no fresh share (a window per connection) ([`Config::max_unexpected`]); a peer that sends on regardless fails its endpoint |
 //! | how long a rendezvous send's buffer stays exposed to a peer that does not read it | none (for ever, as UCP) | `RDMX_RNDV_TIMEOUT_MS` | the send fails with [`Status::TimedOut`] and its exposure is revoked (a later READ fails; over RDMA a READ in flight breaks that connection; over shared memory the buffer is kept until the endpoint closes); the endpoint stays up ([`Config::rndv_timeout`]) |
 //!
 //! These promises are tests: a peer process SIGKILLed during an eager stream and during a
