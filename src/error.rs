@@ -181,6 +181,10 @@ pub(crate) fn describe(status: Status) -> &'static str {
         Status::ReadFailed => "the RDMA READ of the sender's buffer failed",
         Status::ExposeFailed => "the send buffer could not be registered for the peer",
         Status::ConnectionClosed => "the connection closed or the peer died",
+        Status::TimedOut => {
+            "the receiver did not read the message within RDMX_RNDV_TIMEOUT_MS; the buffer is \
+             no longer exposed to it"
+        }
         Status::Refused(kind) => kind.describe(),
     }
 }

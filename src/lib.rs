@@ -242,6 +242,8 @@
 //! | file descriptors per TCP endpoint | 1 on each side, its socket: inherent | fixed | the process's limit: that connect or accept fails, saying "too many open files (EMFILE): the process's descriptor limit (N) is reached"; other endpoints go on |
 //! | file descriptors per shared-memory endpoint | 2 on each side: its Unix socket (the peer's hang-up) and the peer worker's doorbell (eventfd); the setup's TCP socket and the segment's memfd are closed | fixed | as for TCP; the acceptor refuses the peer saying why |
 //! | the process's descriptor limit | the soft `RLIMIT_NOFILE` raised to the hard limit when a context is made (as Go's runtime does; logged at debug level) | `RDMX_RAISE_NOFILE` (`0`: left as it is) | as above: an error naming EMFILE and the limit, wherever a descriptor was needed |
+//! | bytes held for messages that arrived before a matching receive (eager payloads, 64 B per message) | 64 MiB | `RDMX_MAX_UNEXPECTED` | the credits of each peer holding more than its share (an equal part per endpoint) are withheld as its messages arrive: its sends wait on credit (its ATS, RMA replies and credit updates still go) until the application receives; a worker holds at most twice the budget plus a window of eager frames per peer, and a peer that reconnects gets no fresh share (a window per connection) ([`Config::max_unexpected`]); a peer that sends on regardless fails its endpoint |
+//! | how long a rendezvous send's buffer stays exposed to a peer that does not read it | none (for ever, as UCP) | `RDMX_RNDV_TIMEOUT_MS` | the send fails with [`Status::TimedOut`] and its exposure is revoked (a later READ fails; over RDMA a READ in flight breaks that connection; over shared memory the buffer is kept until the endpoint closes); the endpoint stays up ([`Config::rndv_timeout`]) |
 //!
 //! These promises are tests: a peer process SIGKILLed during an eager stream and during a
 //! rendezvous READ in either direction (every pending request fails within 5 s; memory
@@ -291,6 +293,7 @@ pub use config::{
     SEND_BUFS_VAR, SHM_CMA_VAR, SHM_EAGER_THRESHOLD, SHM_RECV_BUF_SIZE, SHM_RNDV_CHUNK,
     SRQ_DEPTH_VAR, TCP_EAGER_THRESHOLD, TCP_RECV_BUF_SIZE, TRANSPORT_VAR, WAIT_MODE_VAR,
 };
+pub use config::{MAX_UNEXPECTED_VAR, RNDV_TIMEOUT_VAR};
 pub use context::{Context, ContextBuilder};
 pub use ep::{ConnRequest, Ep, Listener};
 pub use error::{Error, Result, Status};

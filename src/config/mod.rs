@@ -167,6 +167,8 @@ pub struct Config {
     pub(crate) connect_timeout: Setting<Duration>,
     pub(crate) keepalive: Setting<Duration>,
     pub(crate) max_pending_handshakes: Setting<u32>,
+    pub(crate) max_unexpected: Setting<u64>,
+    pub(crate) rndv_timeout: Setting<Duration>,
     pub(crate) transport: Setting<Vec<Transport>>,
     /// The transports a context resolved `transport` to (usable here, in order of
     /// preference); empty before a context resolved them (then RDMA's values apply).
@@ -225,6 +227,8 @@ pub const RNDV_CHUNK_VAR: &str = "RDMX_RNDV_CHUNK";
 /// Bytes of one message a rendezvous receiver keeps in flight at most (READs of
 /// [`Config::rndv_chunk`] each, at least 4 and at most 64 of them).
 const RNDV_BYTES_IN_FLIGHT: u64 = 1 << 20;
+/// The largest `RDMX_MAX_UNEXPECTED`: 1 TiB (as good as no bound).
+const MAX_UNEXPECTED_LIMIT: u64 = 1 << 40;
 /// `RDMX_TRANSPORT`: `auto`, or transports in order of preference (`rdma,tcp`, `tcp`, …).
 pub const TRANSPORT_VAR: &str = "RDMX_TRANSPORT";
 /// `RDMX_CONNECT_TIMEOUT_MS`: how long connect and accept wait for the peer.
@@ -235,6 +239,12 @@ pub const KEEPALIVE_VAR: &str = "RDMX_KEEPALIVE_MS";
 /// `RDMX_MAX_PENDING_HANDSHAKES`: connections a listener holds at once while their
 /// handshake arrives; see [`Config::max_pending_handshakes`].
 pub const MAX_PENDING_HANDSHAKES_VAR: &str = "RDMX_MAX_PENDING_HANDSHAKES";
+/// `RDMX_MAX_UNEXPECTED`: bytes a worker holds for messages no receive matched yet before
+/// their senders wait on credit; see [`Config::max_unexpected`].
+pub const MAX_UNEXPECTED_VAR: &str = "RDMX_MAX_UNEXPECTED";
+/// `RDMX_RNDV_TIMEOUT_MS`: how long a rendezvous send waits for its receiver to read it
+/// (`0`: for ever, the default); see [`Config::rndv_timeout`].
+pub const RNDV_TIMEOUT_VAR: &str = "RDMX_RNDV_TIMEOUT_MS";
 
 impl Default for Config {
     fn default() -> Self {
@@ -258,6 +268,8 @@ impl Default for Config {
             max_pending_handshakes: Setting::default(
                 rdmx_tcp::Listener::DEFAULT_MAX_PENDING.min(u32::MAX as usize) as u32,
             ),
+            max_unexpected: Setting::default(proto.max_unexpected),
+            rndv_timeout: Setting::default(Duration::ZERO),
             transport: Setting::default(vec![Transport::Auto]),
             resolved: Vec::new(),
         }
@@ -374,6 +386,14 @@ impl Config {
             let n = parse_count(MAX_PENDING_HANDSHAKES_VAR, &v, 1, 1 << 20)?;
             put(&mut c.max_pending_handshakes, n as u32, source);
         }
+        if let Some(v) = env(MAX_UNEXPECTED_VAR) {
+            let n = parse_size(MAX_UNEXPECTED_VAR, &v, 0, MAX_UNEXPECTED_LIMIT)?;
+            put(&mut c.max_unexpected, n, source);
+        }
+        if let Some(v) = env(RNDV_TIMEOUT_VAR) {
+            let ms = parse_count(RNDV_TIMEOUT_VAR, &v, 0, 86_400_000)?;
+            put(&mut c.rndv_timeout, Duration::from_millis(ms), source);
+        }
         Ok(())
     }
 
@@ -399,6 +419,8 @@ impl Config {
             .credits(self.credits.value)
             .rndv_chunk_size(self.rndv_chunk.value)
             .max_reads_in_flight(self.reads_in_flight())
+            .max_unexpected(self.max_unexpected.value)
+            .rndv_timeout_ns(self.rndv_timeout.value.as_nanos() as u64)
             .build()
             .map_err(|e| {
                 // The engine names its own fields; say which settings they come from.
@@ -624,6 +646,50 @@ impl Config {
         self.max_pending_handshakes.value as usize
     }
 
+    /// Bytes a worker holds for messages that arrived before a matching receive
+    /// (`RDMX_MAX_UNEXPECTED`, default 64 MiB, 0 to 1 TiB): their eager payloads, and 64
+    /// bytes per message (rendezvous ones included). Past it, the credit of each frame that
+    /// arrives unexpected from a peer holding more than its share (an equal part per
+    /// endpoint) is withheld, so that peer's sends wait on credit instead of the worker
+    /// growing (as an MPI library stops buffering eager messages); its ATS, RMA replies and
+    /// credit updates still go, and its credits come back as the application receives.
+    /// Messages that match posted receives are never held back. What the worker may hold:
+    /// twice the budget (the budget, then what peers below their share add) and a window
+    /// of eager frames per peer ([`Config::credits`] × the eager threshold over RDMA and
+    /// TCP, 1024 × 16 KiB over shared memory) — see [`crate::WorkerStats::unexpected_bytes`].
+    /// A peer that sends on regardless is a protocol error and its endpoint fails. Messages
+    /// of an endpoint gone stay queued until received and count against the others' shares:
+    /// a peer that reconnects gets no fresh share, each connection adding at most what its
+    /// initial window carries.
+    ///
+    /// An application that receives a peer's later message before earlier ones that arrived
+    /// unexpected needs those to fit in the peer's share, or the peer waits for ever, as it
+    /// would for an MPI library's eager buffers; raise it for such patterns.
+    pub fn max_unexpected(&self) -> u64 {
+        self.max_unexpected.value
+    }
+
+    /// How long a rendezvous send (above the eager threshold) waits for its receiver to read
+    /// it (`RDMX_RNDV_TIMEOUT_MS`; zero, the default: for ever, as in UCP). Counted from the
+    /// RTS leaving to the receiver's ATS: a send not read by then fails with
+    /// [`crate::Status::TimedOut`], and its buffer is no longer exposed to the peer: over TCP
+    /// a later READ is refused (the receive fails with [`crate::Status::ReadFailed`]); over
+    /// RDMA the registration or window is revoked, and a READ in flight or made later fails
+    /// at the NIC, which breaks that connection (its requests fail with
+    /// [`crate::Status::ConnectionClosed`]); over shared memory the peer reads this
+    /// process's memory itself (CMA), which cannot be refused, so the worker keeps the
+    /// buffer (the error hands back an empty one) until the endpoint closes. A late ATS is
+    /// ignored and the endpoint stays up. `TimedOut` says the sender gave up, not that the
+    /// receiver got nothing: a READ the sender's TCP link was already answering, or one by
+    /// CMA, still delivers the message.
+    ///
+    /// A receiver that posts its receive late or reads slowly is legitimate (MPI, UCP): set
+    /// it well above the longest the application's receivers may take to post their
+    /// receives and read the largest message, or a slow receiver's message is lost to it.
+    pub fn rndv_timeout(&self) -> Duration {
+        self.rndv_timeout.value
+    }
+
     /// The RC ACK timeout exponent (4.096 µs × 2^e per try) that the keepalive implies:
     /// 7 tries within an interval, between 12 (17 ms) and 20 (4.3 s); `None` (rdmacm's
     /// default) without a keepalive.
@@ -765,6 +831,18 @@ impl Config {
                 &c.max_pending_handshakes,
                 c.max_pending_handshakes.value.to_string(),
                 "connections a listener holds while their handshake arrives (more: the oldest is closed)",
+            ),
+            e(
+                MAX_UNEXPECTED_VAR,
+                &c.max_unexpected,
+                c.max_unexpected.value.to_string(),
+                "bytes held for unexpected messages before their senders wait on credit",
+            ),
+            e(
+                RNDV_TIMEOUT_VAR,
+                &c.rndv_timeout,
+                c.rndv_timeout.value.as_millis().to_string(),
+                "how long a rendezvous send waits to be read (ms; 0: for ever)",
             ),
         ]
     }

@@ -183,3 +183,38 @@ fn shared_memory_reads_rendezvous_in_larger_chunks_unless_set() {
     c.resolved = vec![Transport::Shm];
     assert_eq!(c.limits(Transport::Shm, 4).rndv_chunk, 64 << 10);
 }
+
+#[test]
+fn the_unexpected_budget_and_the_rendezvous_timeout_reach_the_engine() {
+    let c = Config::from_lookup(lookup(&[])).unwrap();
+    assert_eq!(
+        (c.max_unexpected(), c.rndv_timeout()),
+        (64 << 20, Duration::ZERO)
+    );
+    let proto = c.proto().unwrap();
+    assert_eq!((proto.max_unexpected, proto.rndv_timeout_ns), (64 << 20, 0));
+    let c = Config::from_lookup(lookup(&[
+        (MAX_UNEXPECTED_VAR, "4M"),
+        (RNDV_TIMEOUT_VAR, "250"),
+    ]))
+    .unwrap();
+    let proto = c.proto().unwrap();
+    assert_eq!(
+        (proto.max_unexpected, proto.rndv_timeout_ns),
+        (4 << 20, 250_000_000)
+    );
+    assert_eq!(shown(&c, MAX_UNEXPECTED_VAR), "4194304");
+    assert_eq!(shown(&c, RNDV_TIMEOUT_VAR), "250");
+    for (var, bad) in [
+        (MAX_UNEXPECTED_VAR, "lots"),
+        (MAX_UNEXPECTED_VAR, "2048M0"),
+        (RNDV_TIMEOUT_VAR, "-1"),
+        (RNDV_TIMEOUT_VAR, "1s"),
+    ] {
+        let e = Config::from_lookup(lookup(&[(var, bad)])).unwrap_err();
+        assert!(
+            e.to_string().contains(var) && e.to_string().contains(bad),
+            "{e}"
+        );
+    }
+}

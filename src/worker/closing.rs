@@ -54,6 +54,7 @@ impl Protocol {
                 }
                 self.reclaim_lent(&cs);
                 self.conns.remove(&id);
+                self.kept.retain(|(conn, _)| *conn != id);
                 cs.link.reaped(&mut self.ifaces);
                 self.reads_lost_with(id, out);
                 out.reaped.push(cs);

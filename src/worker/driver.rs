@@ -246,6 +246,15 @@ impl Driver {
         result
     }
 
+    /// Runs the actions a locked section left queued and posts what they made (taking a
+    /// message that arrived unexpected can give a peer its withheld credits back: their
+    /// CREDIT frames). (Out of line, as it is rare: off the path of a receive.)
+    #[cold]
+    #[inline(never)]
+    pub(super) fn run_pending(&self) {
+        self.with_protocol(|_| {});
+    }
+
     pub(super) fn run(&self, st: &mut Protocol, out: &mut AfterUnlock) {
         st.run_actions(out);
         let arrivals = st.engine.unexpected_arrivals();

@@ -366,7 +366,8 @@ impl Protocol {
         c: rdmx_proto::Completion,
         out: &mut AfterUnlock,
     ) {
-        if let Some(cs) = self.requests.take_conn(slot) {
+        let cs = self.requests.take_conn(slot);
+        if let Some(cs) = &cs {
             if cs.pending_sends.fetch_sub(1, Ordering::AcqRel) == 1 {
                 // A flushing endpoint waits for this.
                 out.news = true;
@@ -378,7 +379,25 @@ impl Protocol {
             self.held.push((buf, Some(c)));
             return;
         }
+        if c.status == Status::TimedOut {
+            if let Some(cs) = cs.filter(|cs| cs.link.transport() == Transport::Shm) {
+                self.keep_from_peer(cs.id, buf);
+            }
+        }
         self.hand_back(buf, c, out);
+    }
+
+    /// Keeps the buffer `buf` of a rendezvous send to `conn`'s peer that timed out over
+    /// shared memory until the connection is destroyed: the peer reads by CMA, straight from
+    /// this process's memory, and no withdrawal stops a READ of it, so the memory must not go
+    /// back to the user, to be changed or freed, while the peer may still read it. (Its
+    /// request completes with an empty buffer, as one the NIC may still use does.)
+    #[cold]
+    fn keep_from_peer(&mut self, conn: ConnId, buf: UserBufId) {
+        if let Some(mem) = self.requests.take_mem(buf) {
+            log::debug!("{conn:?}: the buffer of a timed-out send is kept until it closes");
+            self.kept.push((conn, mem));
+        }
     }
 
     /// Hands a completed request its buffer `buf` (released already) and its outcome.

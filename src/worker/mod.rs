@@ -134,6 +134,12 @@ pub struct WorkerStats {
     pub pending_requests: usize,
     /// Messages that arrived before a matching receive.
     pub unexpected_messages: usize,
+    /// Bytes the worker holds for them (eager payloads, and 64 bytes per message): against
+    /// [`crate::Config::max_unexpected`].
+    pub unexpected_bytes: u64,
+    /// Credits withheld from peers whose unexpected messages hold more than their share of
+    /// [`crate::Config::max_unexpected`]: those peers' sends wait for them.
+    pub withheld_credits: u64,
     /// User buffers the worker holds for requests not yet handed back (sends in flight,
     /// posted receives, rendezvous buffers a peer may still read).
     pub user_buffers: usize,
@@ -291,6 +297,10 @@ struct Protocol {
     next_read: u64,
     /// Closing connections and when they started closing (coarse clock, ns).
     closing: Vec<(ConnId, u64)>,
+    /// Buffers of rendezvous sends over shared memory that timed out
+    /// ([`Status::TimedOut`]): the peer may still read them by CMA, which cannot be refused,
+    /// so they stay here, unchanged, until their connection is destroyed.
+    kept: Vec<(ConnId, UserMem)>,
     /// Endpoints whose last handle was dropped with sends in flight, and when to give up
     /// on those (coarse clock, ns).
     lingering: Vec<(Arc<Conn>, u64)>,
@@ -351,6 +361,7 @@ impl Worker {
                 reads: HashMap::default(),
                 next_read: 0,
                 closing: Vec::new(),
+                kept: Vec::new(),
                 lingering: Vec::new(),
             }),
             done_flags,
@@ -513,7 +524,12 @@ impl Worker {
         if let Some(c) = st.engine.tag_recv_now(tag, mask, &mut buf) {
             // Its message had arrived eagerly: copied in already, the buffer never entering
             // the request table (the common case of a receiver that fell behind its sender).
+            let more = st.engine.has_actions();
             drop(guard);
+            if more {
+                // Taking it gave a peer its withheld credits back: their CREDIT frames.
+                sh.run_pending();
+            }
             let outcome = Outcome::of(&c, buf);
             return Request::done(outcome);
         }
@@ -736,7 +752,9 @@ impl Worker {
             rcache_registrations: usage.rcache_registrations,
             pending_requests: st.engine.pending_requests(),
             unexpected_messages: st.engine.unexpected_len(),
-            user_buffers: st.requests.buffers(),
+            unexpected_bytes: st.engine.unexpected_bytes(),
+            withheld_credits: st.engine.withheld_credits(),
+            user_buffers: st.requests.buffers() + st.kept.len(),
             reads_in_flight: st.reads.len(),
             connections: sh.conn_list.read().len(),
             mapped_regions: sh.regions.lock().len(),

@@ -5,18 +5,18 @@
 //! counters) stays within a stated bound while the attack runs, and that a legitimate peer
 //! connects and exchanges messages meanwhile. One module per bound.
 
-mod get_reply;
-
-use std::time::{Duration, Instant};
-
-mod tcp_output;
-
-use rdmx::{Context, Ep, Listener, Transport, Worker, TAG_MASK_ALL};
-
 mod accept;
+mod get_reply;
+mod rndv_timeout;
 mod shm_gets;
 mod shm_handover;
 mod shm_raw;
+mod tcp_output;
+mod unexpected;
+
+use std::time::{Duration, Instant};
+
+use rdmx::{Context, Ep, Listener, Transport, Worker, TAG_MASK_ALL};
 
 /// A hang guard for the tests (not a timing: nothing is asserted against it but progress).
 pub const LONG: Duration = Duration::from_secs(60);

@@ -452,9 +452,10 @@ fn engine_frames_seeds() -> Vec<(String, Vec<u8>)> {
             )],
         ),
     ));
-    // A peer that grants 4 credits and never more sends gets: the engine answers 3 (its
-    // last credit kept for a CREDIT frame), holds the other replies with their credits,
-    // and the peer's 68th frame overruns its window of 64 (plus the 3 credits returned).
+    // A peer that grants 4 credits and never more sends gets: the engine answers 4 (a
+    // CREDIT frame costs no credit, so none is kept for one), holds the other replies with
+    // their credits, and the peer's 69th frame overruns its window of 64 (plus the 4
+    // credits returned).
     let gets: Vec<Vec<u8>> = (0..70)
         .map(|i| rma(Opcode::Get, req(i + 1), VALID, 64, &[]))
         .collect();

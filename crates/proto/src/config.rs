@@ -44,7 +44,25 @@ pub struct Config {
     /// How long (ns) a failed connection's in-flight READs may take to be reported before
     /// the requests that issued them are completed anyway.
     pub drain_timeout_ns: u64,
+    /// The unexpected-message budget: bytes the engine holds for messages no receive
+    /// matched yet (an eager message's payload, plus [`UNEXPECTED_ENTRY_COST`] for each
+    /// message, rendezvous ones included). Past it, the credit of each frame that arrives
+    /// unexpected is withheld, so that its sender waits on credit instead of the queue
+    /// growing; the withheld credits go back once receives bring the total back within it
+    /// (see the `Engine` docs, "Flow control").
+    pub max_unexpected: u64,
+    /// How long (ns) a rendezvous send waits for the receiver's ATS after its RTS went
+    /// out before it completes with [`Status::TimedOut`](crate::Status::TimedOut) and its
+    /// exposure is released; 0: for ever (the default, as in UCP).
+    pub rndv_timeout_ns: u64,
 }
+
+/// What one unexpected message costs against [`Config::max_unexpected`] besides its
+/// payload: about the size of its queue entry, so that a flood of empty messages or RTS
+/// frames is bounded too.
+pub const UNEXPECTED_ENTRY_COST: u64 = 64;
+/// Default unexpected-message budget: 64 MiB.
+pub const DEFAULT_MAX_UNEXPECTED: u64 = 64 << 20;
 
 impl Default for Config {
     fn default() -> Self {
@@ -57,6 +75,8 @@ impl Default for Config {
             rndv_chunk_size: 256 * 1024,
             max_reads_in_flight: 4,
             drain_timeout_ns: 1_000_000_000,
+            max_unexpected: DEFAULT_MAX_UNEXPECTED,
+            rndv_timeout_ns: 0,
         }
     }
 }
@@ -179,6 +199,17 @@ impl ConfigBuilder {
     /// Overrides the drain timeout (nanoseconds).
     pub fn drain_timeout_ns(mut self, ns: u64) -> Self {
         self.cfg.drain_timeout_ns = ns;
+        self
+    }
+    /// Overrides the unexpected-message budget (bytes; see [`Config::max_unexpected`]).
+    pub fn max_unexpected(mut self, bytes: u64) -> Self {
+        self.cfg.max_unexpected = bytes;
+        self
+    }
+    /// Overrides the rendezvous timeout (nanoseconds, 0: none; see
+    /// [`Config::rndv_timeout_ns`]).
+    pub fn rndv_timeout_ns(mut self, ns: u64) -> Self {
+        self.cfg.rndv_timeout_ns = ns;
         self
     }
 

@@ -104,29 +104,44 @@
 //! Receive buffers come from one pool per engine (the worker's SRQ, `Config::srq_depth`),
 //! and nothing of it is reserved per connection beyond a small initial grant: each side
 //! grants its peer `Config::initial_credits` frames at connect (the handshake's
-//! `credits`); every frame costs the sender one credit, and the receiver returns a credit
-//! for each frame whose buffer it reposted, piggybacked on the `credits` header field of
-//! any frame it sends, or in a standalone CREDIT frame once `max(2, window / 4)` are owed
-//! for frames other than CREDIT frames (or all it is owed would leave the peer fewer than the
-//! two credits a data frame needs): credits for CREDIT frames alone never make one due, or
-//! each side's CREDIT frame could make the other's due, beside every message, for good.
-//! A sender that ran out of credits with frames waiting sets the credit-wanted flag on its
-//! next frame, and the receiver doubles that peer's window from the pool, up to
-//! `Config::credits` (the handshake's `max_credits`); when the pool cannot serve such a
-//! request, windows above the initial grant are halved as their credits come back
-//! ([`Engine::credit_stats`] counts all this). Data and ATS frames are only sent while at
-//! least two credits remain, the last credit being reserved for a CREDIT frame, which
-//! rules out credit deadlock. No connection is refused: up to `srq_depth /
-//! initial_credits` connections (1024 by default) the pool can never be overrun by
-//! well-behaved peers; past that, initial grants overcommit it and RC's RNR retry (over
-//! TCP, the socket's own flow control) is the backstop. A peer exceeding its credits is a
-//! protocol error.
+//! `credits`); every frame costs the sender one credit but a CREDIT frame, which costs none
+//! and must grant at least one (a CREDIT frame granting nothing costs a credit like any
+//! other frame), and the receiver returns a credit for each frame whose buffer it reposted,
+//! piggybacked on the `credits` header field of any frame it sends, or in a standalone
+//! CREDIT frame once `max(2, window / 4)` are owed, or all it is owed would leave the peer
+//! fewer than the two credits a message needs. A sender that ran out of credits with frames
+//! waiting sets the credit-wanted flag on its next frame, and the receiver doubles that
+//! peer's window from the pool, up to `Config::credits` (the handshake's `max_credits`);
+//! when the pool cannot serve such a request, windows above the initial grant are halved as
+//! their credits come back ([`Engine::credit_stats`] counts all this). A message (EAGER,
+//! RTS) is only sent while at least two credits remain; a control frame (ATS, RMA reply)
+//! or a one-sided request with one. As CREDIT frames are free, a side can always give
+//! credits back, which rules out credit deadlock, and no credit is ever owed for a CREDIT
+//! frame, so none calls for another (as UCX's pure grants). No connection is refused: up to
+//! `srq_depth / initial_credits` connections (1024 by default) the pool can never be
+//! overrun by well-behaved peers' windows; past that, initial grants overcommit it and RC's
+//! RNR retry (over TCP, the socket's own flow control) is the backstop, as it is for CREDIT
+//! frames in flight. A peer exceeding its credits is a protocol error.
+//!
+//! **The unexpected-message budget.** Messages no receive matched are copied into the engine
+//! (the receive buffer goes back at once). Past `Config::max_unexpected` bytes held, the
+//! credit of each frame that arrives unexpected is withheld from a peer holding more than
+//! its share of the budget (an equal part per connection), so that peer waits on credit
+//! instead of the queue growing; its control frames still go (it keeps the one credit they
+//! need), and its credits come back as receives drain the queue (see
+//! [`Engine::unexpected_bytes`], [`ConnStats::withheld`]). A peer that sends a message
+//! without the credits for it while its credits are withheld is a protocol error.
+//!
+//! **The rendezvous timeout.** With `Config::rndv_timeout_ns` set (0, none, by default), a
+//! rendezvous send not ended by an ATS within it after its RTS went out completes with
+//! [`Status::TimedOut`] and its exposure is released; a later READ of it fails, a late ATS
+//! is ignored, and the connection stays up. The engine's clock is [`Engine::handle_timeout`].
 //!
 //! ## Configuration
 //!
 //! [`Config`] defaults: 8 KiB receive buffers, eager threshold 8152 bytes (a full buffer
 //! minus the header), windows of 4 credits growing to 64 per connection, SRQ depth 4096, 256 KiB READ chunks,
-//! 4 READs in flight. [`ConfigBuilder::from_env`] reads `RDMX_EAGER_THRESHOLD` (bytes,
+//! 4 READs in flight, an unexpected-message budget of 64 MiB, no rendezvous timeout. [`ConfigBuilder::from_env`] reads `RDMX_EAGER_THRESHOLD` (bytes,
 //! suffixes `k`/`K`/`KiB`/`m`/`M`/`MiB`, range 0..=1 MiB); an invalid value is an
 //! [`Error::InvalidConfig`] naming the variable, the value and the allowed range.
 //! Programmatic setters on [`ConfigBuilder`] override the environment.

@@ -156,13 +156,26 @@ fn a_rendezvous_receive_completes_once_its_ats_has_left() {
     let mut peer = e.local_handshake();
     peer.credits = 4;
     e.handle_connection_up(ConnId(1), &peer).unwrap();
-    // Three messages spend 3 of the peer's 4 credits: the ATS (which needs 2, one being kept
-    // for credit updates) will have to wait.
+    // Three messages spend 3 of the peer's 4 credits (a message leaves one, for control
+    // frames) and a one-sided operation the last: the ATS will have to wait.
     for k in 0..3 {
         e.tag_send(ConnId(1), 9, UserBufId(100 + k), 8).unwrap();
     }
+    let key = rdmx_proto::rma::PackedKey {
+        key: rdmx_proto::rma::KeyRef {
+            region: 0,
+            generation: 0,
+            secret: 1,
+        },
+        len: 64,
+        access: rdmx_proto::rma::RemoteAccess::ALL,
+        rdma: None,
+    };
+    let add = rdmx_proto::rma::AtomicOp::FetchAdd(1);
+    e.rma_atomic(ConnId(1), &key, 0, add, UserBufId(99))
+        .unwrap();
     while e.poll_action().is_some() {}
-    assert_eq!(e.conn_stats(ConnId(1)).unwrap().tx_credits, 1);
+    assert_eq!(e.conn_stats(ConnId(1)).unwrap().tx_credits, 0);
     let len = 100_000u64;
     let r = e.tag_recv(3, !0, UserBufId(4), len);
     let mut h = Header::new(Opcode::Rts);

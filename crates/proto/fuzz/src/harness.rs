@@ -12,7 +12,7 @@ use rdmx_proto::{
 };
 
 use super::one_sided::{rma_flag, Answer, Memory, Ops};
-use super::EngineOutcome;
+use super::{is_free, EngineOutcome};
 
 /// The only connection of [`super::engine_frames`].
 pub(crate) const CONN: ConnId = ConnId(1);
@@ -45,7 +45,7 @@ pub(crate) struct Harness {
     open: bool,
     /// The peer's handshake.
     peer: Handshake,
-    /// Frames the engine sent on the connection.
+    /// Frames the engine sent on the connection, CREDIT frames aside (they cost no credit).
     sent: u64,
     /// Credits granted to the engine by frames it accepted.
     granted: u64,
@@ -54,7 +54,7 @@ pub(crate) struct Harness {
     window: u64,
     /// Next sequence number expected from the engine.
     tx_seq: u32,
-    /// Frames handed to the engine while the connection was up.
+    /// Frames handed to the engine while the connection was up, CREDIT frames aside.
     received: u64,
     /// Credits the engine returned in the frames it sent.
     returned: u64,
@@ -210,7 +210,10 @@ impl Harness {
     pub(crate) fn frame(&mut self, buf: RecvBufId, bytes: &[u8]) {
         let was_open = self.open;
         let expect = if was_open {
-            self.received += 1;
+            // (A CREDIT frame granting credits costs none.)
+            if !wire::decode(bytes).is_ok_and(|f| is_free(&f)) {
+                self.received += 1;
+            }
             Some(self.predict(bytes))
         } else {
             None
@@ -260,14 +263,16 @@ impl Harness {
     /// connection (and why).
     fn predict(&self, bytes: &[u8]) -> Result<u16, CloseReason> {
         let perr = || Err(CloseReason::ProtocolError(String::new()));
-        if self.received - self.returned > self.window - self.grown()
-            || bytes.len() > self.cfg.recv_buf_size as usize
-        {
+        if bytes.len() > self.cfg.recv_buf_size as usize {
             return perr();
         }
         let Ok(f) = wire::decode(bytes) else {
             return perr();
         };
+        let overrun = self.received - self.returned > self.window - self.grown();
+        if overrun && !is_free(&f) {
+            return perr();
+        }
         let tx_credits = u64::from(self.peer.credits) + self.granted - self.sent;
         if f.header.seq != self.rx_seq
             || tx_credits + u64::from(f.header.credits) > u64::from(self.peer.max_credits)
@@ -336,8 +341,13 @@ impl Harness {
     /// the peer's oldest operation not answered with what the memory returned. `total` is
     /// its length with the payload the driver appends, `data` a reply's bytes.
     fn sent_frame(&mut self, hdr: &wire::Header, total: u64, data: &[u8]) {
-        self.sent += 1;
         self.outcome.sent += 1;
+        if hdr.opcode == Opcode::Credit {
+            // (It costs no credit, and grants some.)
+            assert!(hdr.credits > 0, "a CREDIT frame granting nothing");
+        } else {
+            self.sent += 1;
+        }
         assert!(
             self.sent <= u64::from(self.peer.credits) + self.granted,
             "the engine sent more frames than the peer granted credits"

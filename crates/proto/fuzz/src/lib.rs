@@ -267,6 +267,11 @@ pub struct EngineOutcome {
     pub replies: Vec<wire::WireStatus>,
 }
 
+/// Whether frame `f` costs no credit: a CREDIT frame that grants credits.
+fn is_free(f: &wire::Frame<'_>) -> bool {
+    matches!(f.body, Body::Credit) && f.header.credits > 0
+}
+
 /// Splits off and returns the first `n` bytes of `rest` (fewer if it is shorter).
 fn take<'a>(rest: &mut &'a [u8], n: usize) -> &'a [u8] {
     let (head, tail) = rest.split_at(n.min(rest.len()));

@@ -44,6 +44,10 @@ pub enum Status {
     ExposeFailed,
     /// The connection failed or was closed before the request finished.
     ConnectionClosed,
+    /// Send: the receiver did not read a rendezvous message within the configured timeout
+    /// after its RTS went out (`Config::rndv_timeout_ns`); its exposure was released, so a
+    /// later READ of it fails, and the connection stays up. UCP's `UCS_ERR_TIMED_OUT`.
+    TimedOut,
     /// A one-sided operation: the target refused the access (see [`crate::rma`]), and
     /// nothing of it was performed.
     Refused(RefusalKind),

@@ -34,6 +34,11 @@ impl ConnTable {
         }
     }
 
+    /// How many connections are in the table.
+    pub(super) fn len(&self) -> usize {
+        self.index.len()
+    }
+
     /// Whether `id` is in the table.
     pub(super) fn contains_key(&self, id: &ConnId) -> bool {
         self.slot_of(*id).is_some()

@@ -76,7 +76,8 @@ impl Engine {
                     n => n,
                 },
                 rx_unreturned: 0,
-                rx_unreturned_data: 0,
+                withheld: 0,
+                unexpected: 0,
                 tx_seq: 0,
                 rx_seq: 0,
                 ctrl_q: VecDeque::new(),
@@ -109,6 +110,7 @@ impl Engine {
     pub fn handle_timeout(&mut self, now: u64) {
         self.now = self.now.max(now);
         let now = self.now;
+        self.expire_rendezvous(now);
         let expired: Vec<RequestId> = self
             .draining
             .iter()
@@ -138,8 +140,10 @@ impl Engine {
         };
         debug!("connection {conn_id:?} failed: {reason:?}");
         if conn.pooled {
-            self.credits.release(conn.window);
+            // (Withheld credits are granted too.)
+            self.credits.release(conn.window + conn.withheld);
         }
+        self.orphan_unexpected(conn.unexpected);
         if let Some(CloseReason::ProtocolError(_)) = reason {
             if conn.tx_credits >= 1 {
                 let mut h = Header::new(Opcode::Error);

@@ -67,15 +67,19 @@ impl Engine {
             return Ok(Processed::Quiet);
         };
         let recv_buf_size = c.recv_buf_size as usize;
-        c.rx_unreturned += 1;
-        // (The credits of one-sided operations whose replies wait count as unreturned.)
-        if c.rx_unreturned + c.replies_waiting > c.window {
-            return Err(overran(c.rx_unreturned + c.replies_waiting, c.window));
-        }
         if bytes.len() > recv_buf_size {
             return Err(too_long(bytes.len(), recv_buf_size));
         }
         let wire::Frame { header: h, body } = wire::decode(bytes).map_err(malformed)?;
+        // A CREDIT frame that grants credits costs none (see `send::CTRL_CREDITS`); any
+        // other frame costs one. (`window` leaves withheld credits out: see `budget`; the
+        // credits of one-sided operations whose replies wait count as unreturned.)
+        if !(matches!(body, Body::Credit) && h.credits > 0) {
+            c.rx_unreturned += 1;
+            if c.rx_unreturned + c.replies_waiting > c.window {
+                return Err(overran(c.rx_unreturned + c.replies_waiting, c.window));
+            }
+        }
         if h.seq != c.rx_seq {
             return Err(out_of_sequence(h.seq, c.rx_seq));
         }
@@ -85,16 +89,12 @@ impl Engine {
             return Err(overgranted(new_credits, c.peer.max_credits));
         }
         c.tx_credits = new_credits;
-        if !matches!(body, Body::Credit) {
-            c.rx_unreturned_data += 1;
-        }
-        // (A window not from the pool stays as it is.)
-        if h.flags & wire::FLAG_CREDIT_WANTED != 0 && c.pooled {
+        // (A window not from the pool stays as it is, and one whose credits are withheld
+        // does not grow: see `budget`.)
+        if h.flags & wire::FLAG_CREDIT_WANTED != 0 && c.pooled && c.withheld == 0 {
             let more = self.credits.grow(c.window);
             c.window += more;
             c.rx_unreturned += more;
-            // (The peer waits for them.)
-            c.rx_unreturned_data += more;
         }
         // An eager message or a credit update adds nothing to send: unless frames wait for
         // credits or the peer is owed a credit update, there is nothing to flush after it.
@@ -124,14 +124,14 @@ impl Engine {
                     return Ok(Processed::Matched(delivery, !quiet));
                 }
                 let data = self.payload_copy(payload);
-                self.push_unexpected(conn_id, h.tag, UnexpKind::Eager(data));
+                self.push_unexpected(conn_id, h.tag, UnexpKind::Eager(data))?;
                 return Ok(flush);
             }
             Body::Rts(body) => {
                 if let Some(p) = self.take_posted_match(h.tag) {
                     self.start_rndv(p, conn_id, h.tag, h.sreq, body);
                 } else {
-                    self.push_unexpected(conn_id, h.tag, UnexpKind::Rts { sreq: h.sreq, body });
+                    self.push_unexpected(conn_id, h.tag, UnexpKind::Rts { sreq: h.sreq, body })?;
                 }
             }
             Body::Ats => {

@@ -4,16 +4,26 @@
 use super::*;
 
 impl Engine {
-    /// Queues a message no posted receive matched, in arrival order.
-    pub(super) fn push_unexpected(&mut self, conn: ConnId, tag: Tag, kind: UnexpKind) {
+    /// Queues a message no posted receive matched, in arrival order, against the
+    /// unexpected-message budget (see `budget`): `conn` is the connection of the frame just
+    /// counted.
+    pub(super) fn push_unexpected(
+        &mut self,
+        conn: ConnId,
+        tag: Tag,
+        kind: UnexpKind,
+    ) -> Result<(), CloseReason> {
         let id = MessageId(self.next_msg);
         self.next_msg += 1;
-        self.unexpected.push_back(Unexpected {
+        let u = Unexpected {
             id,
             conn,
             tag,
             kind,
-        });
+        };
+        let cost = u.cost();
+        self.unexpected.push_back(u);
+        self.hold_unexpected(conn, cost)
     }
 
     /// Removes and returns the first posted receive (in posting order) whose tag and mask
@@ -68,6 +78,9 @@ impl Engine {
         capacity: u64,
     ) -> RequestId {
         let found = self.take_unexpected_match(tag, mask);
+        let (from, cost) = found
+            .as_ref()
+            .map_or((ConnId(0), 0), |u| (u.conn, u.cost()));
         if let Some(
             u @ Unexpected {
                 kind: UnexpKind::Eager(_),
@@ -77,6 +90,7 @@ impl Engine {
         {
             let id = immediate_id(&mut self.next_immediate);
             self.deliver_eager(id, buf, capacity, u);
+            self.unhold_unexpected(from, cost);
             return id;
         }
         let id = self.new_recv_id();
@@ -88,7 +102,10 @@ impl Engine {
             cap: capacity,
         };
         match found {
-            Some(u) => self.deliver_unexpected(p, u),
+            Some(u) => {
+                self.deliver_unexpected(p, u);
+                self.unhold_unexpected(from, cost);
+            }
             None => self.posted.push_back(p),
         }
         id
@@ -98,9 +115,11 @@ impl Engine {
     /// (its length is the capacity): when the first unexpected message matching
     /// `tag`/`mask` is an eager one, it is copied into `buf` (if it fits; else the receive
     /// is [`Status::Truncated`]) and its completion comes back, under an id for which
-    /// [`RequestId::is_immediate`] holds; no action is queued. Otherwise (nothing matches,
-    /// or the first match is a rendezvous) `None`, and nothing happened. The driver needs
-    /// no table entry for the buffer, which the engine never names.
+    /// [`RequestId::is_immediate`] holds; no action is queued for it (the only actions it
+    /// may queue are CREDIT frames, when taking the message gave back credits withheld past
+    /// `Config::max_unexpected`: [`Engine::has_actions`] tells). Otherwise (nothing
+    /// matches, or the first match is a rendezvous) `None`, and nothing happened. The driver
+    /// needs no table entry for the buffer, which the engine never names.
     #[inline]
     pub fn tag_recv_now(&mut self, tag: Tag, mask: Tag, buf: &mut [u8]) -> Option<Completion> {
         // (Most often nothing waits: no call then.)
@@ -117,6 +136,7 @@ impl Engine {
             return None;
         }
         let u = self.unexpected.remove(pos)?;
+        let (from, cost) = (u.conn, u.cost());
         let UnexpKind::Eager(data) = u.kind else {
             // (Checked just above.)
             return None;
@@ -130,6 +150,7 @@ impl Engine {
             None => Status::Truncated,
         };
         self.recycle_payload(data);
+        self.unhold_unexpected(from, cost);
         Some(Completion {
             request: immediate_id(&mut self.next_immediate),
             kind: RequestKind::Recv,
@@ -193,6 +214,7 @@ impl Engine {
                 self.unexpected.remove(pos)?
             }
         };
+        let (from, cost) = (u.conn, u.cost());
         let id = self.new_recv_id();
         let p = Posted {
             req: id,
@@ -202,6 +224,7 @@ impl Engine {
             cap: capacity,
         };
         self.deliver_unexpected(p, u);
+        self.unhold_unexpected(from, cost);
         Some(id)
     }
 

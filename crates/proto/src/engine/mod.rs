@@ -3,10 +3,13 @@
 //!
 //! One module per job: `actions` (what the driver is asked to do), `conn_table` (the
 //! connections by id), `connections` (handshake, admission, failure), `credits` (the pool windows are granted from), `send` (eager and rendezvous sends, credit
-//! flow), `matching` (posted and unexpected receives, probes, cancel), `rendezvous` (the
-//! receiver's READs) and `frames` (decoding and dispatching arrivals).
+//! flow), `matching` (posted and unexpected receives, probes, cancel), `budget` (the
+//! unexpected-message budget and the credits withheld past it), `rendezvous` (the
+//! receiver's READs), `rndv_timeout` (the sender's optional deadline for them) and `frames`
+//! (decoding and dispatching arrivals).
 
 mod actions;
+mod budget;
 mod conn_table;
 mod connections;
 mod credits;
@@ -14,6 +17,7 @@ mod frames;
 mod matching;
 mod one_sided;
 mod rendezvous;
+mod rndv_timeout;
 mod send;
 
 pub use actions::{
@@ -33,7 +37,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use log::{debug, warn};
 
-use crate::config::Config;
+use crate::config::{Config, UNEXPECTED_ENTRY_COST};
 use crate::requests::{made_of, receive_id, Requests, IMMEDIATE, RECEIVE};
 use crate::wire::{
     self, Body, FrameBuf, Handshake, Header, Opcode, RtsBody, WireStatus, HANDSHAKE_MAGIC,
@@ -112,6 +116,13 @@ pub struct ConnStats {
     /// `rx_unreturned`): a peer that withholds credits makes this side hold at most its
     /// window of replies.
     pub replies_waiting: u32,
+    /// Credits owed to the peer for frames that arrived unexpected past the worker's
+    /// unexpected-message budget, withheld until receives bring it back within the budget
+    /// (see [`Engine::unexpected_bytes`]).
+    pub withheld: u32,
+    /// Bytes held for the peer's unexpected messages (its part of
+    /// [`Engine::unexpected_bytes`]).
+    pub unexpected_bytes: u64,
 }
 
 #[derive(Debug)]
@@ -247,17 +258,23 @@ struct Conn {
     /// Whether this side ran out of credits with frames waiting since its last frame (the
     /// next one asks for a larger window).
     starved: bool,
-    /// Credits granted to the peer in all (see [`ConnStats::window`]).
+    /// Credits granted to the peer in all (see [`ConnStats::window`]) but those withheld: what
+    /// the peer may have in flight, hold or be owed (withheld ones are counted apart, so that
+    /// every check of a frame's credits, on the path of every message, is as it was).
     window: u32,
     /// Whether `window` was granted from the pool (see [`ConnLimits::pooled`]).
     pooled: bool,
     /// Bytes each rendezvous READ on it fetches ([`ConnLimits::rndv_chunk`], 0 resolved).
     rndv_chunk: u64,
     /// Frames received (and credits added to the window) not yet granted back to the peer.
+    /// (CREDIT frames cost no credit: see `send::CTRL_CREDITS`.)
     rx_unreturned: u32,
-    /// Of `rx_unreturned`, those for anything but CREDIT frames: only they make a CREDIT
-    /// frame of this side's worth sending (see [`Conn::credit_due`]).
-    rx_unreturned_data: u32,
+    /// Credits owed to the peer but withheld: its frames arrived unexpected past the
+    /// unexpected-message budget (see `budget`). Granted to it, but in neither `window` nor
+    /// `rx_unreturned` until they go back.
+    withheld: u32,
+    /// Bytes held for the peer's unexpected messages, against the budget (see `budget`).
+    unexpected: u64,
     tx_seq: u32,
     rx_seq: u32,
     ctrl_q: VecDeque<Ctrl>,
@@ -328,6 +345,15 @@ pub struct Engine {
     rma_memory: one_sided::Memory,
     /// Worker-wide flushes waiting for operations ([`Engine::rma_flush_all`]).
     worker_flushes: Vec<one_sided::WorkerFlush>,
+    /// Bytes held for unexpected messages, queued or claimed (see `budget`).
+    unexpected_bytes: u64,
+    /// Connections that may have credits withheld (see `budget`).
+    withholding: Vec<ConnId>,
+    /// Of `unexpected_bytes`, those of connections gone (see `budget`).
+    orphaned_bytes: u64,
+    /// Rendezvous sends whose RTS went out since the clock last advanced, and those whose
+    /// deadline is set, in deadline order (see `rndv_timeout`).
+    rndv_timeouts: rndv_timeout::Deadlines,
 }
 
 /// How many handed-back payload allocations the engine keeps for reuse, and the largest it
@@ -356,6 +382,10 @@ impl Engine {
             spare_payloads: Vec::new(),
             rma_memory: one_sided::Memory::default(),
             worker_flushes: Vec::new(),
+            unexpected_bytes: 0,
+            withholding: Vec::new(),
+            orphaned_bytes: 0,
+            rndv_timeouts: rndv_timeout::Deadlines::default(),
         }
     }
 
@@ -425,9 +455,28 @@ impl Engine {
         !self.actions.is_empty()
     }
 
-    /// Earliest time (ns) at which [`Engine::handle_timeout`] has work to do.
+    /// Earliest time (ns) at which [`Engine::handle_timeout`] has work to do (0: at once,
+    /// with the current time: a rendezvous send's deadline is to be set from it).
+    #[inline]
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.draining.iter().map(|d| d.0).min()
+        // (After every locked section of a driver: most often there is nothing to wait for.)
+        if self.draining.is_empty() && self.rndv_timeouts.is_empty() {
+            return None;
+        }
+        self.earliest_timeout()
+    }
+
+    /// [`Engine::poll_timeout`] with timers to look at. (Out of line: inlined into every
+    /// locked section of the worker, a larger body made the progress call it sits in cost
+    /// more, whatever ran.)
+    #[cold]
+    #[inline(never)]
+    fn earliest_timeout(&self) -> Option<u64> {
+        let drain = self.draining.iter().map(|d| d.0).min();
+        match self.rndv_timeouts.next() {
+            Some(at) => Some(drain.map_or(at, |d| d.min(at))),
+            None => drain,
+        }
     }
 
     /// Number of user requests not yet completed.
@@ -451,12 +500,14 @@ impl Engine {
         self.conns.get(&conn).map(|c| ConnStats {
             tx_credits: c.tx_credits,
             rx_unreturned: c.rx_unreturned,
-            window: c.window,
+            window: c.window + c.withheld,
             eager_limit: c.eager_limit,
             peer_max_credits: u32::from(c.peer.max_credits),
             queued: c.ctrl_q.len() + c.data_q.len(),
             reads_in_flight: c.reads_out,
             replies_waiting: c.replies_waiting,
+            withheld: c.withheld,
+            unexpected_bytes: c.unexpected,
         })
     }
 

@@ -299,7 +299,6 @@ impl Conn {
     ) {
         self.replies_waiting -= 1;
         self.rx_unreturned += 1;
-        self.rx_unreturned_data += 1;
         let mut h = Header::new(Opcode::RmaReply);
         h.sreq = reply.sreq;
         h.tag = reply.tag;
@@ -607,7 +606,6 @@ impl Engine {
             // The credit of the operation's frame (counted as it arrived, and returned by
             // nothing since) goes back with the reply.
             c.rx_unreturned -= 1;
-            c.rx_unreturned_data = c.rx_unreturned_data.saturating_sub(1);
             c.replies_waiting += 1;
             c.ctrl_q.push_back(Ctrl::RmaReply(Box::new(Reply {
                 sreq: h.sreq,

@@ -136,8 +136,11 @@ impl Engine {
         };
         let actions = &mut self.actions;
         let pool = &mut self.credits;
-        // Data and control frames leave one credit in reserve for credit updates.
-        while c.tx_credits >= 2 {
+        // Control frames and one-sided requests go while CTRL_CREDITS are left, messages
+        // (EAGER, RTS) while DATA_CREDITS are (see their docs). Whether a message at the
+        // head waits for them:
+        let mut short = false;
+        while c.tx_credits >= CTRL_CREDITS {
             match c.ctrl_q.pop_front() {
                 Some(Ctrl::Ats {
                     sreq,
@@ -169,6 +172,12 @@ impl Engine {
             };
             let (tag, len, buf) = (s.tag, s.len, s.buf);
             match s.phase {
+                SendPhase::EagerQueued | SendPhase::RtsQueued { remote: Some(_) }
+                    if c.tx_credits < DATA_CREDITS =>
+                {
+                    short = true;
+                    break;
+                }
                 SendPhase::EagerQueued => {
                     let mut h = Header::new(Opcode::Eager);
                     h.tag = tag;
@@ -202,6 +211,9 @@ impl Engine {
                     remote: Some(remote),
                 } => {
                     s.phase = SendPhase::AwaitAts;
+                    if self.cfg.rndv_timeout_ns != 0 {
+                        self.rndv_timeouts.rts_sent(id);
+                    }
                     let mut h = Header::new(Opcode::Rts);
                     h.tag = tag;
                     h.sreq = id.0;
@@ -234,22 +246,32 @@ impl Engine {
                 }
             }
         }
-        if c.tx_credits < 2 && !(c.ctrl_q.is_empty() && c.data_q.is_empty()) {
+        if short || (c.tx_credits < CTRL_CREDITS && !(c.ctrl_q.is_empty() && c.data_q.is_empty())) {
             // Frames wait for credits: the next frame asks for a larger window.
             c.starved = true;
         }
-        if c.credit_due() && c.tx_credits >= 1 {
-            c.emit(
-                conn_id,
-                Header::new(Opcode::Credit),
-                None,
-                None,
-                actions,
-                pool,
-            );
+        if c.credit_due() {
+            c.emit_credit(conn_id, actions, pool);
         }
     }
 }
+
+/// The credits a control frame (ATS, RMA reply) or a one-sided request needs to go: one. A
+/// CREDIT frame costs none (it must grant at least one credit, or it is a protocol error):
+/// so a peer can always give credits back, and two peers can never be left without
+/// credits while they owe each other some (what reserving the last credit for CREDIT
+/// frames achieved before), and no credit is ever owed for a CREDIT frame, so no CREDIT
+/// frame calls for another. What CREDIT frames in flight take of the receive buffers (at
+/// most one per credit returned) is beyond the windows: RC's RNR retry, TCP's flow control
+/// and the ring's own room absorb it.
+pub(super) const CTRL_CREDITS: u32 = 1;
+
+/// The credits a message's frame (EAGER, RTS: what may land in the peer's unexpected queue)
+/// needs to go: one more than a control frame. A peer that withholds this side's credits
+/// (see `budget`) leaves it one, with which it sends no more messages while its ATS, its
+/// RMA replies and requests and its credit updates still go. A window of W credits keeps
+/// W - 1 messages in flight.
+pub(super) const DATA_CREDITS: u32 = 2;
 
 impl Conn {
     /// Credits owed to the peer that are worth a CREDIT frame of their own: a quarter of
@@ -258,25 +280,29 @@ impl Conn {
         (self.window / 4).max(2)
     }
 
-    /// Whether the credits owed to the peer are worth a CREDIT frame of their own: those for
-    /// its other frames reached [`Conn::credit_threshold`], or all it is owed leave it less
-    /// than 2 of its window (what a data frame needs, see [`Conn::sends_now`]).
+    /// Whether the credits owed to the peer are worth a CREDIT frame of their own: they
+    /// reached [`Conn::credit_threshold`], or the peer is left with fewer than a message needs
+    /// ([`DATA_CREDITS`]) of what is neither owed nor withheld (see `budget`: while credits
+    /// are withheld, that is every credit owed).
     ///
-    /// Credits for the peer's CREDIT frames alone never make one due, though they count
-    /// towards the second condition: otherwise each side's CREDIT frame could make the
-    /// other's due, and a ping-pong would carry a CREDIT frame beside every message, each
-    /// way, for good (seen with 8-credit windows: the threshold of 2 is met by one message
-    /// and one CREDIT frame).
+    /// (CREDIT frames cost no credit, so none is owed for them: a ping-pong carries no
+    /// CREDIT frames, as it once did with 4- and 8-credit windows when each side's CREDIT
+    /// frame could make the other's due, beside every message, each way, for good.)
+    #[inline(always)]
     pub(super) fn credit_due(&self) -> bool {
-        self.rx_unreturned_data >= self.credit_threshold() || self.rx_unreturned + 2 > self.window
+        // (`window` leaves withheld credits out. At one, this can hold with nothing owed: no
+        // CREDIT frame goes then, see `Conn::emit_credit`.)
+        self.rx_unreturned >= self.credit_threshold()
+            || self.rx_unreturned + DATA_CREDITS > self.window
     }
 
-    /// Whether a send of `len` bytes goes out at once (see [`Engine::tag_send_now`]).
+    /// Whether a send of `len` bytes goes out at once (see [`Engine::tag_send_now`]): with
+    /// the credits of a data frame ([`DATA_CREDITS`]).
     fn sends_now(&self, len: u64) -> bool {
         len <= self.eager_limit
             && self.data_q.is_empty()
             && self.ctrl_q.is_empty()
-            && self.tx_credits >= 2
+            && self.tx_credits >= DATA_CREDITS
     }
 
     /// Emits a frame on this connection (`id`), [stamped](Conn::stamp), as a
@@ -309,9 +335,39 @@ impl Conn {
     /// What [`Conn::stamp`] does to the header of the next frame, for a frame with another
     /// body (the caller encodes it).
     #[inline(always)]
-    pub(super) fn number(&mut self, mut h: Header, pool: &mut CreditPool) -> Header {
-        if self.rx_unreturned > 0 && self.pooled {
-            let back = pool.reclaim(self.window, self.rx_unreturned);
+    pub(super) fn number(&mut self, h: Header, pool: &mut CreditPool) -> Header {
+        let h = self.grant(h, pool, 0);
+        self.tx_credits -= 1;
+        h
+    }
+
+    /// Emits a CREDIT frame with the credits owed to the peer (it costs no credit), unless
+    /// the pool takes them all back.
+    pub(super) fn emit_credit(
+        &mut self,
+        id: ConnId,
+        actions: &mut VecDeque<Action>,
+        pool: &mut CreditPool,
+    ) {
+        if self.rx_unreturned == 0 {
+            return;
+        }
+        // (The pool may take all but one back: a CREDIT frame grants at least one.)
+        let h = self.grant(Header::new(Opcode::Credit), pool, 1);
+        actions.push_back(Action::SendFrame {
+            conn: id,
+            frame: FrameBuf::encode(&h, None),
+            payload: None,
+        });
+    }
+
+    /// Numbers the next frame and grants it the credits owed to the peer, but for what the
+    /// pool takes back from its window (leaving at least `keep` of them, if there are).
+    #[inline(always)]
+    fn grant(&mut self, mut h: Header, pool: &mut CreditPool, keep: u32) -> Header {
+        if self.rx_unreturned > keep && self.pooled {
+            // (Withheld credits are not the pool's to take: `window` leaves them out.)
+            let back = pool.reclaim(self.window, self.rx_unreturned - keep);
             self.window -= back;
             self.rx_unreturned -= back;
         }
@@ -320,11 +376,9 @@ impl Conn {
         }
         let grant = self.rx_unreturned.min(u32::from(u16::MAX));
         self.rx_unreturned -= grant;
-        self.rx_unreturned_data = self.rx_unreturned_data.min(self.rx_unreturned);
         h.credits = grant as u16;
         h.seq = self.tx_seq;
         self.tx_seq = self.tx_seq.wrapping_add(1);
-        self.tx_credits -= 1;
         h
     }
 }
