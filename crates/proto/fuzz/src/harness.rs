@@ -230,6 +230,10 @@ impl Harness {
             }
         }
         self.e.handle_frame(CONN, buf, bytes);
+        if let Some(Err((_, taken))) = expect {
+            // Refused, but after the engine took the credits it grants.
+            self.granted += u64::from(taken);
+        }
         if let Some(Ok(credits)) = expect {
             // Accepted: the engine may spend these credits on its answer at once.
             self.rx_seq = self.rx_seq.wrapping_add(1);
@@ -248,7 +252,7 @@ impl Harness {
         );
         match expect {
             None => assert_eq!(d.actions, 0, "a frame on a closed connection is dropped"),
-            Some(Err(expected)) => match (&expected, &d.close) {
+            Some(Err((expected, _))) => match (&expected, &d.close) {
                 (CloseReason::ProtocolError(_), Some(CloseReason::ProtocolError(_))) => {}
                 (CloseReason::PeerError(a), Some(CloseReason::PeerError(b))) if a == b => {}
                 _ => panic!("expected close {expected:?}, got {:?}", d.close),
@@ -260,38 +264,41 @@ impl Harness {
     }
 
     /// Whether the engine must accept `bytes` (then the credits it grants) or close the
-    /// connection (and why).
-    fn predict(&self, bytes: &[u8]) -> Result<u16, CloseReason> {
-        let perr = || Err(CloseReason::ProtocolError(String::new()));
+    /// connection (why, and the credits the frame granted that the engine took before it
+    /// found the frame wrong: it may spend one on its ERROR frame).
+    fn predict(&self, bytes: &[u8]) -> Result<u16, (CloseReason, u16)> {
+        let perr = |taken| Err((CloseReason::ProtocolError(String::new()), taken));
         if bytes.len() > self.cfg.recv_buf_size as usize {
-            return perr();
+            return perr(0);
         }
         let Ok(f) = wire::decode(bytes) else {
-            return perr();
+            return perr(0);
         };
         let overrun = self.received - self.returned > self.window - self.grown();
         if overrun && !is_free(&f) {
-            return perr();
+            return perr(0);
         }
         let tx_credits = u64::from(self.peer.credits) + self.granted - self.sent;
         if f.header.seq != self.rx_seq
             || tx_credits + u64::from(f.header.credits) > u64::from(self.peer.max_credits)
         {
-            return perr();
+            return perr(0);
         }
+        // (From here on the engine has taken the frame's credits.)
+        let credits = f.header.credits;
         match f.body {
-            Body::Error => Err(CloseReason::PeerError(f.header.status)),
-            Body::Handshake(_) => perr(),
+            Body::Error => Err((CloseReason::PeerError(f.header.status), credits)),
+            Body::Handshake(_) => perr(credits),
             Body::OneSided(p) => match f.header.opcode {
-                Opcode::RmaReply if !self.ops.reply_ok(&f.header, p) => perr(),
+                Opcode::RmaReply if !self.ops.reply_ok(&f.header, p) => perr(credits),
                 // A get asks for at most what a reply carries into the smaller buffers.
                 Opcode::Get => match wire::RmaBody::split(p) {
-                    Some((rma, _)) if rma.word <= self.ops.chunk => Ok(f.header.credits),
-                    _ => perr(),
+                    Some((rma, _)) if rma.word <= self.ops.chunk => Ok(credits),
+                    _ => perr(credits),
                 },
-                _ => Ok(f.header.credits),
+                _ => Ok(credits),
             },
-            _ => Ok(f.header.credits),
+            _ => Ok(credits),
         }
     }
 
