@@ -317,7 +317,17 @@ impl Socket {
         let bound = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
             .and_then(|()| {
                 let path = dir.join(SOCKET_FILE);
-                let l = UnixListener::bind(&path)?;
+                let l = UnixListener::bind(&path).map_err(|e| {
+                    // A file system that holds no sockets (9p, some network file systems)
+                    // says ENXIO or EOPNOTSUPP here: say where, and what to change.
+                    std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "{}: {e} (set XDG_RUNTIME_DIR or TMPDIR to a local directory)",
+                            path.display()
+                        ),
+                    )
+                })?;
                 l.set_nonblocking(true)?;
                 Ok((l, path))
             });
