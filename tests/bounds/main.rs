@@ -145,8 +145,9 @@ pub fn assert_grown_within(base: usize, bound: usize, when: &str) {
     );
 }
 
-/// The rdmx handshake an rdmx engine with the default configuration sends, as bytes a raw
-/// peer can alter before connecting with `rdmx_tcp::connect`.
+/// The rdmx handshake an rdmx engine with the default configuration sends, for a raw peer
+/// to alter before it connects ([`raw_tcp::connect`], [`shm_raw::connect`], or its own
+/// HELLO to `rdmx_tcp::connect`).
 pub fn default_handshake() -> Handshake {
     rdmx::proto::Engine::new(Default::default()).local_handshake()
 }
@@ -199,16 +200,13 @@ pub fn get_frame(seq: u32, sreq: u64, grant: u16, key: KeyRef, offset: u64, len:
 /// and `b` (on `wb`): what a legitimate peer does while an attack runs. Both workers are
 /// progressed by this thread (neither may have a progress thread of its own busy elsewhere).
 pub fn exchange(wa: &Worker, a: &Ep, wb: &Worker, b: &Ep) {
-    let deadline = Instant::now() + LONG;
     for len in [64, MIB] {
         for (from, fw, tw) in [(a, wa, wb), (b, wb, wa)] {
             let r = tw.tag_recv(0x900d, TAG_MASK_ALL, vec![0; len]);
             let s = from.tag_send(0x900d, vec![0x5a; len]);
-            while !(r.is_done() && s.is_done()) {
-                assert!(Instant::now() < deadline, "the legitimate exchange hung");
-                fw.progress();
-                tw.progress();
-            }
+            progress_until(&[fw, tw], "the legitimate exchange", || {
+                r.is_done() && s.is_done()
+            });
             s.wait().expect("legitimate send");
             let got = r.wait().expect("legitimate receive");
             assert!(
@@ -225,11 +223,7 @@ fn a_legitimate_pair_exchanges_messages() {
     init_log();
     let ctx = context(Transport::Tcp, &[]);
     let (server, listener, addr) = listening(&ctx);
-    let client = ctx.worker().unwrap();
-    let c = client.clone();
-    let t = std::thread::spawn(move || c.connect(&addr).unwrap());
-    let sep = listener.accept().unwrap();
-    let cep = t.join().unwrap();
+    let (client, cep, sep) = connected(&ctx, &listener, &addr);
     exchange(&client, &cep, &server, &sep);
     assert!(rss() > 0);
     assert!(default_handshake().recv_buf_size > 0);
