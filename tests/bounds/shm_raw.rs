@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::io::Read;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -147,12 +147,37 @@ impl Drop for RawSocket {
 /// keep it until then).
 pub fn offering(hs: &Handshake) -> (Vec<u8>, RawSocket) {
     let unix = RawSocket::new();
+    (hello_offering(hs, &unix.name), unix)
+}
+
+/// The private data of a TCP HELLO with the rdmx handshake `hs` offering shared memory over
+/// the socket `name` (under a random token).
+pub fn hello_offering(hs: &Handshake, name: &str) -> Vec<u8> {
     // (Leaked: the victim reads it by CMA during the setup.)
     let probe: &'static u64 = Box::leak(Box::new(0x5eed_u64));
     let mut private = hs.encode().to_vec();
     private.resize(MAX_HANDSHAKE_LEN, 0);
-    private.extend_from_slice(&offer(rand::random(), probe, &unix.name));
-    (private, unix)
+    private.extend_from_slice(&offer(rand::random(), probe, name));
+    private
+}
+
+/// A connection to the socket `name` (a path, or an abstract name) made without waiting: a
+/// full backlog is an error (`WouldBlock`), not a wait.
+pub fn connect_now(name: &str) -> std::io::Result<OwnedFd> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )?;
+    let addr = if name.starts_with('/') {
+        SocketAddrUnix::new(name)?
+    } else {
+        SocketAddrUnix::new_abstract_name(name.as_bytes())?
+    };
+    rustix::net::connect(&fd, &addr)?;
+    Ok(fd)
 }
 
 /// A raw peer's end of a shared-memory connection with a victim, and the victim's endpoint.
