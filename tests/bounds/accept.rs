@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use rdmx::{Context, Ep, Listener, Transport, Worker, CONNECT_TIMEOUT_VAR};
 
+use super::shm_raw::{connect_now, hello_offering};
 use super::{context, exchange, init_log, listening, test_env, LONG};
 
 /// The connect timeout of most of these tests: a connection taken has this long for its
@@ -339,41 +340,29 @@ fn an_offer_naming_a_full_socket_blocks_no_one() {
     let dir = std::env::temp_dir().join(format!(
         "rdmx-shm-trap-{}-{:x}",
         std::process::id(),
-        rand_u64()
+        rand::random::<u64>()
     ));
     std::fs::create_dir(&dir).unwrap();
     let name = dir.join("s").to_str().unwrap().to_string();
-    let sock_addr = SocketAddrUnix::new(name.as_str()).unwrap();
-    let new_socket = || {
-        rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::STREAM,
-            SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
-            None,
-        )
-        .unwrap()
-    };
-    let trap = new_socket();
-    rustix::net::bind(&trap, &sock_addr).unwrap();
+    let trap = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    rustix::net::bind(&trap, &SocketAddrUnix::new(name.as_str()).unwrap()).unwrap();
     rustix::net::listen(&trap, 0).unwrap();
-    let filler = new_socket();
-    rustix::net::connect(&filler, &sock_addr).unwrap();
-    let another = new_socket();
+    let filler = connect_now(&name).unwrap();
+    let another = connect_now(&name);
     assert_eq!(
-        rustix::net::connect(&another, &sock_addr),
-        Err(rustix::io::Errno::AGAIN),
-        "the trap's backlog is full"
+        another.as_ref().map_err(|e| e.kind()).err(),
+        Some(std::io::ErrorKind::WouldBlock),
+        "the trap's backlog is full: {another:?}"
     );
 
     // A TCP HELLO offering shared memory over the trap.
-    let mut private = default_hello_data();
-    private.resize(rdmx::proto::MAX_HANDSHAKE_LEN.max(private.len()), 0);
-    private.extend_from_slice(b"RXSO\x02\x00\x00\x00");
-    private.extend_from_slice(&rdmx_shm::HostIdentity::this().unwrap().encode());
-    private.extend_from_slice(&0x5eed_u64.to_le_bytes());
-    private.extend_from_slice(&[0u8; 16]);
-    private.push(name.len() as u8);
-    private.extend_from_slice(name.as_bytes());
+    let private = hello_offering(&super::default_handshake(), &name);
     let hostile = rdmx_tcp::connect(&addr, &private, LONG)
         .expect("the offer is declined and the connection stays TCP");
     let answer = &hostile.peer_private_data()[rdmx::proto::MAX_HANDSHAKE_LEN..];
@@ -398,9 +387,4 @@ fn an_offer_naming_a_full_socket_blocks_no_one() {
 /// The rdmx handshake of a default engine, as the private data of a TCP HELLO.
 fn default_hello_data() -> Vec<u8> {
     super::default_handshake().encode()
-}
-
-fn rand_u64() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(Instant::now())
 }

@@ -26,26 +26,10 @@ fn pair(
     settings: &[(&str, &str)],
     receiving: &[(&str, &str)],
 ) -> (Worker, Ep, Worker, Ep) {
-    let rctx = context(transport, receiving);
-    let (receiver, listener, addr) = listening(&rctx);
-    let sctx = context(transport, settings);
-    let sender = sctx.worker().expect("worker");
-    let s = sender.clone();
-    let t = std::thread::spawn(move || s.connect(&addr).expect("connect"));
-    let rep = listener.accept().expect("accept");
-    let sep = t.join().unwrap();
+    let (receiver, listener, addr) = listening(&context(transport, receiving));
+    let (sender, sep, rep) = connected(&context(transport, settings), &listener, &addr);
     assert_eq!(sep.transport(), transport);
     (sender, sep, receiver, rep)
-}
-
-/// Progresses both workers until `done` (a hang guard only).
-fn until(a: &Worker, b: &Worker, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + LONG;
-    while !done() {
-        assert!(Instant::now() < deadline, "hung");
-        a.progress();
-        b.progress();
-    }
 }
 
 /// `settings` go to both sides.
@@ -58,7 +42,7 @@ fn an_unread_rendezvous_times_out(transport: Transport, settings: &[(&str, &str)
     let data = big();
     let s = sep.tag_send(TAG, data.clone());
     // The receiver progresses (its RTS arrives, unexpected) but never posts the receive.
-    until(&sender, &receiver, || s.is_done());
+    progress_until(&[&sender, &receiver], "the unread send", || s.is_done());
     let mut err = s.wait().expect_err("the unread send fails");
     assert_eq!(err.status(), Some(Status::TimedOut), "{err}");
     assert!(err.to_string().contains("RDMX_RNDV_TIMEOUT_MS"), "{err}");
@@ -78,7 +62,7 @@ fn an_unread_rendezvous_times_out(transport: Transport, settings: &[(&str, &str)
     // CMA the kept memory reads as the message, never as anything else).
     let by_cma = transport == Transport::Shm && rep.data_path().ends_with("by CMA");
     let r = receiver.tag_recv(TAG, !0, vec![0; MIB]);
-    until(&sender, &receiver, || r.is_done());
+    progress_until(&[&sender, &receiver], "the late receive", || r.is_done());
     match r.wait() {
         Err(e) if !by_cma => assert_eq!(e.status(), Some(Status::ReadFailed), "{e}"),
         Ok(done) if by_cma => assert!(done.buf == data, "bytes of the late read"),
@@ -89,7 +73,9 @@ fn an_unread_rendezvous_times_out(transport: Transport, settings: &[(&str, &str)
     for len in [100, MIB] {
         let r = receiver.tag_recv(TAG + 1, !0, vec![0; len]);
         let s = sep.tag_send(TAG + 1, vec![0x42; len]);
-        until(&sender, &receiver, || r.is_done() && s.is_done());
+        progress_until(&[&sender, &receiver], "a later message", || {
+            r.is_done() && s.is_done()
+        });
         s.wait().expect("a later send");
         assert!(r
             .wait()
@@ -120,7 +106,9 @@ fn an_unread_rendezvous_times_out_over_tcp() {
     assert!(!s.is_done(), "the send stays pending");
     assert_eq!(sender.stats().user_buffers, 1, "its buffer stays exposed");
     let r = receiver.tag_recv(TAG, !0, vec![0; MIB]);
-    until(&sender, &receiver, || r.is_done() && s.is_done());
+    progress_until(&[&sender, &receiver], "the read at last", || {
+        r.is_done() && s.is_done()
+    });
     s.wait().expect("read at last");
     assert!(r.wait().expect("the late receive").buf == data);
 }

@@ -10,7 +10,10 @@ use std::time::Instant;
 use rdmx::{Ep, Transport, Worker, TAG_MASK_ALL};
 
 use crate::shm_raw::{self, get_record, KIND_GET};
-use crate::{context, default_handshake, exchange, init_log, listening, measuring, LONG, MIB};
+use crate::{
+    connected, context, default_handshake, exchange, init_log, listening, measuring,
+    progress_until, LONG, MIB,
+};
 
 /// Shared memory with rendezvous data copied through the rings.
 fn copying() -> rdmx::Context {
@@ -20,15 +23,14 @@ fn copying() -> rdmx::Context {
 /// A legitimate peer of the victim listening at `addr` (with `listener`): its worker, its
 /// endpoint and the victim's.
 fn legitimate(listener: &rdmx::Listener, addr: &str) -> (Worker, Ep, Ep) {
-    let w = copying().worker().expect("worker");
-    let c = w.clone();
-    let addr = addr.to_string();
-    let t = std::thread::spawn(move || c.connect(&addr).expect("legitimate connect"));
-    let victims = listener.accept().expect("accept the legitimate peer");
-    let ep = t.join().expect("connector");
+    let (w, ep, victims) = connected(&copying(), listener, addr);
     assert_eq!(ep.transport(), Transport::Shm);
     (w, ep, victims)
 }
+
+/// What a worker's outboxes may hold for one peer that never reads its ring: 1024 frames of
+/// the 16 KiB receive buffer (each counted 64 bytes more), and 128 GETs or answers: 16.1 MiB.
+const OUTBOX_BOUND: u64 = 1024 * (rdmx::SHM_RECV_BUF_SIZE as u64 + 64) + 128 * 96;
 
 /// A peer writes GET records (for a buffer that was never exposed: each is answered with a
 /// refusal) into the victim's ring as fast as it can and never reads its own ring. Before
@@ -114,9 +116,7 @@ fn a_peer_that_never_reads_its_ring_fails_at_the_outbox_bound() {
     hs.max_credits = u16::MAX;
     let raw = shm_raw::connect(&listener, &hs);
 
-    // The bound: 1024 frames of the 16 KiB receive buffer (each counted 64 bytes more), and
-    // 128 GETs or answers: 16.1 MiB.
-    let bound = 1024 * (u64::from(rdmx::SHM_RECV_BUF_SIZE) + 64) + 128 * 96;
+    let bound = OUTBOX_BOUND;
     let block = Arc::new(vec![0x33u8; rdmx::SHM_EAGER_THRESHOLD as usize]);
     let mut sends = Vec::new();
     let mut peak = 0;
@@ -147,14 +147,9 @@ fn a_peer_that_never_reads_its_ring_fails_at_the_outbox_bound() {
     );
     assert!(peak > bound / 2, "the outbox filled up to {peak} bytes");
     // What waited for it is dropped with it; its sends end.
-    let deadline = Instant::now() + LONG;
-    while victim.stats().send_queue_bytes > 0 || sends.iter().any(|s| !s.is_done()) {
-        assert!(
-            Instant::now() < deadline,
-            "the failed endpoint's sends hung"
-        );
-        victim.progress();
-    }
+    progress_until(&[&victim], "the failed endpoint's sends", || {
+        victim.stats().send_queue_bytes == 0 && sends.iter().all(|s| s.is_done())
+    });
     exchange(&good, &good_ep, &victim, &victims_good_ep);
     assert!(victims_good_ep.close_reason().is_none());
 }
@@ -194,7 +189,7 @@ fn two_peers_copying_both_ways_never_both_stop() {
             sends.push(from.tag_send(tag, pattern(dir, i, len)));
         }
     }
-    let bound = 1024 * (u64::from(rdmx::SHM_RECV_BUF_SIZE) + 64) + 128 * 96;
+    let bound = OUTBOX_BOUND;
     let deadline = Instant::now() + LONG;
     let mut peak = 0;
     while !(sends.iter().all(|s| s.is_done()) && recvs.iter().all(|r| r.3.is_done())) {

@@ -12,7 +12,7 @@ use std::sync::{mpsc, Arc};
 
 use rdmx::{Ep, Transport, Worker};
 
-use crate::shm_raw::offered_socket;
+use crate::shm_raw::{connect_now, offered_socket};
 use crate::{context, exchange, init_log, listening, LONG};
 
 /// The connect timeout of the workers here: short, so that a connect the attack delays by
@@ -30,25 +30,6 @@ fn shm_context() -> rdmx::Context {
         Transport::Shm,
         &[(rdmx::CONNECT_TIMEOUT_VAR, CONNECT_TIMEOUT_MS)],
     )
-}
-
-/// A connection to the socket `name` made without waiting (a full backlog is an error, not
-/// a wait), or why not.
-fn connect_now(name: &str) -> std::io::Result<OwnedFd> {
-    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-    let fd = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::STREAM,
-        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
-        None,
-    )?;
-    let addr = if name.starts_with('/') {
-        SocketAddrUnix::new(name)?
-    } else {
-        SocketAddrUnix::new_abstract_name(name.as_bytes())?
-    };
-    rustix::net::connect(&fd, &addr)?;
-    Ok(fd)
 }
 
 /// The name of `victim`'s hand-over socket, read off the offer its connect sends (to a raw

@@ -22,14 +22,14 @@
 //! always has a peer that reads it, and resumes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdmx::proto::rma::{KeyRef, PackedKey};
-use rdmx::proto::wire::{self, Body, FrameBuf, Header, Opcode, RmaBody, RtsBody};
+use rdmx::proto::wire::{self, Body, Opcode, RtsBody};
 use rdmx::{Ep, RemoteAccess, Transport, Worker, TAG_MASK_ALL};
-use rdmx_tcp::Event;
 
+use super::raw_tcp::{self, RawTcp};
 use super::*;
 
 /// A TCP connection's output limit with the defaults (64 credits × 64 KiB frames, times 4,
@@ -47,66 +47,49 @@ const QUEUED_BOUND: u64 = 2 * LIMIT as u64 + MIB as u64;
 /// keeps the memory an earlier test freed, and an RSS measured after it grows less).
 const RSS_BOUND: usize = 96 * MIB;
 
-/// One test of this module at a time: they measure the process's memory, and the
-/// no-deadlock test holds half a GiB of buffers.
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// A raw TCP peer that spoke the rdmx handshake (as a TCP rdmx peer does: 64 KiB receive
 /// buffers) and then sends frames built by hand.
 struct Raw {
-    link: rdmx_tcp::Link,
+    tcp: RawTcp,
     /// The sequence number of its next frame.
     seq: u32,
 }
 
 impl Raw {
-    /// Connects to `listener` (at `addr`); returns the peer and the victim's endpoint.
-    fn connect(listener: &rdmx::Listener, addr: &str) -> (Raw, Ep) {
+    /// Connects to `listener`; returns the peer and the victim's endpoint.
+    fn connect(listener: &rdmx::Listener) -> (Raw, Ep) {
         let mut hs = default_handshake();
         hs.recv_buf_size = rdmx::TCP_RECV_BUF_SIZE;
-        let hs = hs.encode();
-        let a = addr.to_string();
-        let t = std::thread::spawn(move || rdmx_tcp::connect(&a, &hs, LONG).expect("connect"));
-        let ep = listener.accept().expect("accept");
-        let link = t.join().expect("no panic");
-        (Raw { link, seq: 0 }, ep)
-    }
-
-    /// Progresses `victim` until this peer receives a frame `pick` takes; returns what it
-    /// took. (The frames before it are read and dropped.)
-    fn expect<T>(&mut self, victim: &Worker, mut pick: impl FnMut(&[u8]) -> Option<T>) -> T {
-        let deadline = Instant::now() + LONG;
-        let mut events = Vec::new();
-        loop {
-            assert!(Instant::now() < deadline, "the frame never came");
-            victim.progress();
-            self.link.flush().expect("raw flush");
-            events.clear();
-            self.link.poll(&mut events).expect("raw poll");
-            for e in events.drain(..) {
-                if let Event::Frame(bytes) = e {
-                    if let Some(t) = pick(&bytes) {
-                        return t;
-                    }
-                }
-            }
-        }
+        let (tcp, ep) = raw_tcp::connect(listener, &hs);
+        (Raw { tcp, seq: 0 }, ep)
     }
 
     /// Queues a GET of `len` bytes at offset 0 of `key`'s region, returning a credit (the
     /// one its reply spends: the victim's window never runs dry).
     fn queue_get(&mut self, key: KeyRef, len: u64) {
-        let mut h = Header::new(Opcode::Get);
-        h.seq = self.seq;
-        h.credits = 1;
-        h.sreq = 1 + u64::from(self.seq);
-        h.payload_len = RmaBody::LEN as u32;
+        let frame = get_frame(self.seq, 1 + u64::from(self.seq), 1, key, 0, len);
         self.seq += 1;
-        let frame = FrameBuf::encode_rma(&h, &RmaBody { key, word: len });
-        self.link.queue_frame(frame.as_bytes(), &[]);
+        self.tcp.send(frame.as_bytes());
+    }
+
+    /// Takes in what the victim sent, counting its GET replies into `replies`: each in
+    /// order and whole (`len` bytes), once the victim sent them. The victim must not close
+    /// the connection.
+    fn count_replies(&mut self, replies: &mut usize, len: u64) {
+        let mut frames = Vec::new();
+        assert!(
+            self.tcp.poll(&mut frames),
+            "the victim closed the attacker's link"
+        );
+        for bytes in frames {
+            let h = wire::decode_header(&bytes).expect("a frame");
+            if h.opcode == Opcode::RmaReply {
+                *replies += 1;
+                assert_eq!(h.sreq, *replies as u64, "replies in order");
+                assert_eq!(h.status, wire::WireStatus::Ok);
+                assert_eq!(bytes.len() as u64, wire::HEADER_LEN as u64 + len);
+            }
+        }
     }
 }
 
@@ -114,11 +97,13 @@ impl Raw {
 /// (how an application hands its keys out), as the raw peer decodes it.
 fn hand_key(victim: &Worker, ep: &Ep, raw: &mut Raw, mem: &rdmx::MemHandle) -> KeyRef {
     let send = ep.tag_send(0x4b, mem.pack_rkey());
-    let key = raw.expect(victim, |bytes| match wire::decode(bytes).ok()?.body {
-        Body::Eager(payload) => Some(PackedKey::decode(payload).expect("a packed key").key),
-        _ => None,
-    });
-    send.wait().expect("the key went out");
+    let key = raw
+        .tcp
+        .expect(victim, |bytes| match wire::decode(bytes).ok()?.body {
+            Body::Eager(payload) => Some(PackedKey::decode(payload).expect("a packed key").key),
+            _ => None,
+        });
+    wait_within(send, "the key's send").expect("the key went out");
     key
 }
 
@@ -127,19 +112,14 @@ fn hand_key(victim: &Worker, ep: &Ep, raw: &mut Raw, mem: &rdmx::MemHandle) -> K
 /// left open.
 fn legitimate_exchange(victim: &Worker, listener: &rdmx::Listener, addr: &str) -> (Worker, Ep, Ep) {
     let ctx = context(Transport::Tcp, &[]);
-    let client = ctx.worker().expect("worker");
-    let c = client.clone();
-    let a = addr.to_string();
-    let t = std::thread::spawn(move || c.connect(&a).expect("legitimate connect"));
-    let server_ep = listener.accept().expect("accept the legitimate peer");
-    let client_ep = t.join().expect("no panic");
+    let (client, client_ep, server_ep) = connected(&ctx, listener, addr);
     exchange(&client, &client_ep, victim, &server_ep);
     (client, client_ep, server_ep)
 }
 
 /// Progresses `victim` (flushing `raw` meanwhile) until it has been idle for a while:
 /// everything it could read, it read.
-fn progress_until_idle(victim: &Worker, raw: &Raw) {
+fn progress_until_idle(victim: &Worker, raw: &RawTcp) {
     let deadline = Instant::now() + LONG;
     let mut idle = 0;
     while idle < 2000 {
@@ -153,6 +133,71 @@ fn progress_until_idle(victim: &Worker, raw: &Raw) {
     }
 }
 
+/// GETs of a flood, each of 64 KiB less the header: 250 KiB sent, 250 MiB asked.
+const GETS: usize = 4000;
+
+/// A victim of `settings` and a raw peer that queued [`GETS`] GETs with a valid key (not
+/// yet sent): what a GET flood test starts from.
+struct GetFlood {
+    victim: Worker,
+    listener: rdmx::Listener,
+    addr: String,
+    raw: Raw,
+    /// The victim's endpoint for the raw peer.
+    ep: Ep,
+    /// The region the GETs read (mapped while the flood lasts).
+    _region: rdmx::MemHandle,
+    /// Bytes each GET asks for.
+    len: u64,
+    /// The victim's resident set before the flood.
+    before: usize,
+}
+
+/// The victim listens, the raw peer connects and is handed the key of a MiB region of the
+/// victim's, and queues [`GETS`] GETs of it.
+fn get_flood(settings: &[(&str, &str)]) -> GetFlood {
+    let ctx = context(Transport::Tcp, settings);
+    let (victim, listener, addr) = listening(&ctx);
+    let (mut raw, ep) = Raw::connect(&listener);
+    let region = victim
+        .mem_map(MIB, RemoteAccess::READ)
+        .expect("map a region");
+    let key = hand_key(&victim, &ep, &mut raw, &region);
+    let len = u64::from(rdmx::TCP_RECV_BUF_SIZE) - wire::HEADER_LEN as u64;
+    let before = rss();
+    for _ in 0..GETS {
+        raw.queue_get(key, len);
+    }
+    GetFlood {
+        victim,
+        listener,
+        addr,
+        raw,
+        ep,
+        _region: region,
+        len,
+        before,
+    }
+}
+
+/// The victim holds an attack up: its resident set grew by less than [`RSS_BOUND`] since
+/// `before`, its output queues hold at most [`QUEUED_BOUND`], and it stopped reading one
+/// peer (the attacker). `what` names the attack.
+fn assert_held_up(victim: &Worker, before: usize, what: &str) {
+    let stats = victim.stats();
+    eprintln!(
+        "{what}: {} bytes queued, {} inputs paused",
+        stats.send_queue_bytes, stats.paused_inputs
+    );
+    assert_grown_within(before, RSS_BOUND, what);
+    assert!(
+        stats.send_queue_bytes <= QUEUED_BOUND,
+        "{what}: {} bytes queued, more than {QUEUED_BOUND}",
+        stats.send_queue_bytes
+    );
+    assert_eq!(stats.paused_inputs, 1, "{what}: the attacker's input waits");
+}
+
 /// The regression: a peer that never reads its socket and floods GETs for a region it
 /// holds a valid key to. Without a bound, 4000 GETs of 64 KiB (250 KiB sent) grew the
 /// victim by 249 MiB, linearly; with it, the victim queues at most about its output limit
@@ -161,75 +206,35 @@ fn progress_until_idle(victim: &Worker, raw: &Raw) {
 #[test]
 fn a_get_flood_that_is_never_read_is_held_up_by_its_own_socket() {
     let _measuring = measuring();
-    let _one = one_at_a_time();
     init_log();
-    let ctx = context(Transport::Tcp, &[]);
-    let (victim, listener, addr) = listening(&ctx);
-    let (mut raw, ep) = Raw::connect(&listener, &addr);
-    let region = victim
-        .mem_map(MIB, RemoteAccess::READ)
-        .expect("map a region");
-    let key = hand_key(&victim, &ep, &mut raw, &region);
-
-    const GETS: usize = 4000;
-    let len = u64::from(rdmx::TCP_RECV_BUF_SIZE) - wire::HEADER_LEN as u64;
-    let before = rss();
-    for _ in 0..GETS {
-        raw.queue_get(key, len);
-    }
-    progress_until_idle(&victim, &raw);
+    let GetFlood {
+        victim,
+        listener,
+        addr,
+        mut raw,
+        ep,
+        _region,
+        len,
+        before,
+    } = get_flood(&[]);
+    progress_until_idle(&victim, &raw.tcp);
     let (_client, _cep, _sep) = legitimate_exchange(&victim, &listener, &addr);
-    progress_until_idle(&victim, &raw);
-
-    let grown = rss().saturating_sub(before);
-    let stats = victim.stats();
-    eprintln!(
-        "GET flood: RSS +{} MiB, {} bytes queued, {} inputs paused",
-        grown / MIB,
-        stats.send_queue_bytes,
-        stats.paused_inputs
-    );
-    assert!(
-        grown < RSS_BOUND,
-        "the victim grew by {} MiB under {GETS} unread GETs (bound {} MiB)",
-        grown / MIB,
-        RSS_BOUND / MIB
-    );
-    assert!(
-        stats.send_queue_bytes <= QUEUED_BOUND,
-        "{} bytes queued, more than {QUEUED_BOUND}",
-        stats.send_queue_bytes
-    );
-    assert_eq!(stats.paused_inputs, 1, "the attacker's input waits");
+    progress_until_idle(&victim, &raw.tcp);
+    assert_held_up(&victim, before, &format!("under {GETS} unread GETs"));
     assert!(ep.is_connected(), "the attacker waits; it is not cut off");
 
     // The attacker reads at last: every GET is answered, in order.
     let mut replies = 0;
     let deadline = Instant::now() + LONG;
-    let mut events = Vec::new();
     while replies < GETS {
         assert!(
             Instant::now() < deadline,
             "{replies} of {GETS} replies came"
         );
         victim.progress();
-        let _ = raw.link.flush();
-        events.clear();
-        raw.link.poll(&mut events).expect("raw poll");
-        for e in events.drain(..) {
-            let Event::Frame(bytes) = e else {
-                panic!("the victim closed the attacker's link: {e:?}")
-            };
-            let h = wire::decode_header(&bytes).expect("a frame");
-            if h.opcode == Opcode::RmaReply {
-                replies += 1;
-                assert_eq!(h.sreq, replies as u64, "replies in order");
-                assert_eq!(h.status, wire::WireStatus::Ok);
-                assert_eq!(bytes.len() as u64, wire::HEADER_LEN as u64 + len);
-            }
-        }
+        raw.count_replies(&mut replies, len);
     }
-    progress_until_idle(&victim, &raw);
+    progress_until_idle(&victim, &raw.tcp);
     let stats = victim.stats();
     assert_eq!(stats.paused_inputs, 0);
     assert!(
@@ -247,16 +252,17 @@ fn a_get_flood_that_is_never_read_is_held_up_by_its_own_socket() {
 #[test]
 fn a_read_request_flood_that_is_never_read_is_held_up_by_its_own_socket() {
     let _measuring = measuring();
-    let _one = one_at_a_time();
     init_log();
     let ctx = context(Transport::Tcp, &[]);
     let (victim, listener, addr) = listening(&ctx);
-    let (mut raw, ep) = Raw::connect(&listener, &addr);
+    let (mut raw, ep) = Raw::connect(&listener);
     let _send = ep.tag_send(0x52, vec![0x17; MIB]);
-    let rts: RtsBody = raw.expect(&victim, |bytes| match wire::decode(bytes).ok()?.body {
-        Body::Rts(rts) => Some(rts),
-        _ => None,
-    });
+    let rts: RtsBody = raw
+        .tcp
+        .expect(&victim, |bytes| match wire::decode(bytes).ok()?.body {
+            Body::Rts(rts) => Some(rts),
+            _ => None,
+        });
     assert_eq!(rts.len, MIB as u64);
 
     const READS: u64 = 4_400_000;
@@ -268,9 +274,10 @@ fn a_read_request_flood_that_is_never_read_is_held_up_by_its_own_socket() {
     // small), until all are asked or the victim stopped taking them.
     while sent < READS && idle < 2000 {
         assert!(Instant::now() < deadline, "the flood never ended");
-        if raw.link.flush().expect("raw flush") {
+        if raw.tcp.link.flush().expect("raw flush") {
             for id in sent..sent + BATCH {
-                raw.link
+                raw.tcp
+                    .link
                     .queue_read_request(id, rts.addr, rts.rkey, 256 * 1024);
             }
             sent += BATCH;
@@ -281,30 +288,15 @@ fn a_read_request_flood_that_is_never_read_is_held_up_by_its_own_socket() {
             idle = 0;
         }
     }
-    progress_until_idle(&victim, &raw);
+    progress_until_idle(&victim, &raw.tcp);
     let (_client, _cep, _sep) = legitimate_exchange(&victim, &listener, &addr);
-    progress_until_idle(&victim, &raw);
+    progress_until_idle(&victim, &raw.tcp);
 
-    let grown = rss().saturating_sub(before);
-    let stats = victim.stats();
-    eprintln!(
-        "READ flood: {sent} asked, RSS +{} MiB, {} bytes queued, {} inputs paused",
-        grown / MIB,
-        stats.send_queue_bytes,
-        stats.paused_inputs
+    assert_held_up(
+        &victim,
+        before,
+        &format!("under {sent} unread READ requests"),
     );
-    assert!(
-        grown < RSS_BOUND,
-        "the victim grew by {} MiB under {sent} unread READ requests (bound {} MiB)",
-        grown / MIB,
-        RSS_BOUND / MIB
-    );
-    assert!(
-        stats.send_queue_bytes <= QUEUED_BOUND,
-        "{} bytes queued, more than {QUEUED_BOUND}",
-        stats.send_queue_bytes
-    );
-    assert_eq!(stats.paused_inputs, 1, "the attacker's input waits");
     assert!(sent < READS, "the attacker was held up before it asked all");
 
     // The attacker leaves: its queue, and the send buffer's clones in it, are freed.
@@ -323,30 +315,26 @@ fn a_read_request_flood_that_is_never_read_is_held_up_by_its_own_socket() {
 #[test]
 fn a_paused_peer_does_not_wake_an_event_mode_wait() {
     let _measuring = measuring();
-    let _one = one_at_a_time();
     init_log();
-    let ctx = context(Transport::Tcp, &[("RDMX_WAIT_MODE", "event")]);
-    let (victim, listener, addr) = listening(&ctx);
-    let (mut raw, ep) = Raw::connect(&listener, &addr);
-    let region = victim.mem_map(MIB, RemoteAccess::READ).expect("map");
-    let key = hand_key(&victim, &ep, &mut raw, &region);
-    let len = u64::from(rdmx::TCP_RECV_BUF_SIZE) - wire::HEADER_LEN as u64;
-    let before = rss();
-    for _ in 0..4000 {
-        raw.queue_get(key, len);
-    }
+    let GetFlood {
+        victim,
+        listener,
+        addr,
+        raw,
+        ep: _ep,
+        _region,
+        len: _,
+        before,
+    } = get_flood(&[("RDMX_WAIT_MODE", "event")]);
     let deadline = Instant::now() + LONG;
     while victim.stats().paused_inputs == 0 {
         assert!(Instant::now() < deadline, "the attacker never paused");
-        let _ = raw.link.flush();
+        let _ = raw.tcp.link.flush();
         victim.progress();
     }
     let (_client, _cep, _sep) = legitimate_exchange(&victim, &listener, &addr);
-    progress_until_idle(&victim, &raw);
-    let grown = rss().saturating_sub(before);
-    assert!(grown < RSS_BOUND, "grew by {} MiB", grown / MIB);
-    assert!(victim.stats().send_queue_bytes <= QUEUED_BOUND);
-    assert_eq!(victim.stats().paused_inputs, 1);
+    progress_until_idle(&victim, &raw.tcp);
+    assert_held_up(&victim, before, "a GET flood, waiting for events");
 
     let signalled = Arc::new(AtomicBool::new(false));
     let (s, v) = (signalled.clone(), victim.clone());
@@ -356,8 +344,15 @@ fn a_paused_peer_does_not_wake_an_event_mode_wait() {
         v.signal();
     });
     let mut wakeups = 0;
+    // (Each wait bounded, as a hang guard: one that lasted its whole bound was not woken
+    // by the signal.)
+    let deadline = Instant::now() + LONG;
     while !signalled.load(Ordering::Acquire) {
-        victim.wait(None).expect("wait");
+        victim.wait(Some(LONG)).expect("wait");
+        assert!(
+            Instant::now() < deadline,
+            "the signal did not wake the wait"
+        );
         wakeups += 1;
     }
     t.join().expect("no panic");
@@ -374,52 +369,34 @@ fn a_paused_peer_does_not_wake_an_event_mode_wait() {
 #[test]
 fn a_progress_thread_holds_the_flood_up_and_resumes_it() {
     let _measuring = measuring();
-    let _one = one_at_a_time();
     init_log();
-    let ctx = context(
-        Transport::Tcp,
-        &[("RDMX_WAIT_MODE", "event"), ("RDMX_PROGRESS_THREAD", "1")],
-    );
-    let (victim, listener, addr) = listening(&ctx);
-    let (mut raw, ep) = Raw::connect(&listener, &addr);
-    let region = victim.mem_map(MIB, RemoteAccess::READ).expect("map");
-    let key = hand_key(&victim, &ep, &mut raw, &region);
-    let len = u64::from(rdmx::TCP_RECV_BUF_SIZE) - wire::HEADER_LEN as u64;
-    const GETS: usize = 4000;
-    let before = rss();
-    for _ in 0..GETS {
-        raw.queue_get(key, len);
-    }
+    let GetFlood {
+        victim,
+        listener,
+        addr,
+        mut raw,
+        ep: _ep,
+        _region,
+        len,
+        before,
+    } = get_flood(&[("RDMX_WAIT_MODE", "event"), ("RDMX_PROGRESS_THREAD", "1")]);
     let deadline = Instant::now() + LONG;
-    while raw.link.wants_write() || victim.stats().paused_inputs == 0 {
+    while raw.tcp.link.wants_write() || victim.stats().paused_inputs == 0 {
         assert!(Instant::now() < deadline, "the attacker never paused");
-        let _ = raw.link.flush();
+        let _ = raw.tcp.link.flush();
         std::thread::yield_now();
     }
     let (_client, _cep, _sep) = legitimate_exchange(&victim, &listener, &addr);
-    let grown = rss().saturating_sub(before);
-    let stats = victim.stats();
-    assert!(grown < RSS_BOUND, "grew by {} MiB", grown / MIB);
-    assert!(stats.send_queue_bytes <= QUEUED_BOUND);
-    assert_eq!(stats.paused_inputs, 1);
+    assert_held_up(&victim, before, "a GET flood, with a progress thread");
 
     let mut replies = 0;
-    let mut events = Vec::new();
     let deadline = Instant::now() + LONG;
     while replies < GETS {
         assert!(
             Instant::now() < deadline,
             "{replies} of {GETS} replies came"
         );
-        events.clear();
-        raw.link.poll(&mut events).expect("raw poll");
-        for e in events.drain(..) {
-            if let Event::Frame(bytes) = e {
-                if wire::decode_header(&bytes).map(|h| h.opcode) == Ok(Opcode::RmaReply) {
-                    replies += 1;
-                }
-            }
-        }
+        raw.count_replies(&mut replies, len);
     }
 }
 
@@ -432,7 +409,6 @@ fn a_progress_thread_holds_the_flood_up_and_resumes_it() {
 #[test]
 fn two_legitimate_peers_with_large_messages_both_ways_never_stall() {
     let _measuring = measuring();
-    let _one = one_at_a_time();
     init_log();
     for settings in [
         &[][..],
@@ -441,11 +417,7 @@ fn two_legitimate_peers_with_large_messages_both_ways_never_stall() {
         let threads = !settings.is_empty();
         let ctx = context(Transport::Tcp, settings);
         let (a, listener, addr) = listening(&ctx);
-        let b = ctx.worker().expect("worker");
-        let bc = b.clone();
-        let t = std::thread::spawn(move || bc.connect(&addr).expect("connect"));
-        let a_ep = listener.accept().expect("accept");
-        let b_ep = t.join().expect("no panic");
+        let (b, b_ep, a_ep) = connected(&ctx, &listener, &addr);
 
         const N: usize = 64;
         const LEN: usize = 4 * MIB;

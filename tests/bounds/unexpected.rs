@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use rdmx::{Ep, Request, Transport, Worker, WorkerStats, MAX_UNEXPECTED_VAR, TAG_MASK_ANY};
+use rdmx::{Request, Transport, WorkerStats, MAX_UNEXPECTED_VAR, TAG_MASK_ANY};
 
 use crate::*;
 
@@ -46,23 +46,12 @@ fn bound(transport: Transport) -> usize {
 /// not grown already, in an earlier test of this process, and kept the memory.)
 const SLACK: usize = 16 * MIB;
 
-/// Connects a worker of `ctx` to `addr` (accepted on `listener`): (its worker, its ep, the
-/// accepted ep).
-fn connect(ctx: &rdmx::Context, listener: &rdmx::Listener, addr: &str) -> (Worker, Ep, Ep) {
-    let w = ctx.worker().expect("worker");
-    let c = w.clone();
-    let a = addr.to_string();
-    let t = std::thread::spawn(move || c.connect(&a).expect("connect"));
-    let accepted = listener.accept().expect("accept");
-    (w, t.join().unwrap(), accepted)
-}
-
 fn flood_waits_on_credit(transport: Transport) {
     init_log();
     let _measuring = measuring();
     let ctx = context(transport, &[(MAX_UNEXPECTED_VAR, "4M")]);
     let (victim, listener, addr) = listening(&ctx);
-    let (flooder, flood_ep, _flooded_ep) = connect(&ctx, &listener, &addr);
+    let (flooder, flood_ep, _flooded_ep) = connected(&ctx, &listener, &addr);
     assert_eq!(flood_ep.transport(), transport);
     let patterns: Vec<Arc<Vec<u8>>> = (0..PATTERNS).map(|k| Arc::new(payload(k))).collect();
     let base = rss();
@@ -126,7 +115,7 @@ fn flood_waits_on_credit(transport: Transport) {
 
     // A legitimate peer connects and exchanges messages meanwhile (its receives posted first:
     // its messages are expected, never held back).
-    let (legit, legit_ep, victim_ep) = connect(&ctx, &listener, &addr);
+    let (legit, legit_ep, victim_ep) = connected(&ctx, &listener, &addr);
     exchange(&legit, &legit_ep, &victim, &victim_ep);
     assert!(victim.stats().unexpected_bytes as usize <= bound);
     assert!(
@@ -155,7 +144,7 @@ fn flood_waits_on_credit(transport: Transport) {
         }
     }
     for s in sends {
-        s.wait().expect("every flooded send completes");
+        wait_within(s, "a flooded send").expect("every flooded send completes");
     }
     let st = victim.stats();
     assert_eq!((st.unexpected_bytes, st.withheld_credits), (0, 0), "{st:?}");
