@@ -14,6 +14,7 @@ mod tcp_output;
 use rdmx::{Context, Ep, Listener, Transport, Worker, TAG_MASK_ALL};
 
 mod accept;
+mod accept_waits;
 mod shm_gets;
 mod shm_handover;
 mod shm_raw;

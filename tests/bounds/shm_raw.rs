@@ -22,7 +22,7 @@ const OFFER_VERSION: u8 = 2;
 
 /// The bytes of an offer of shared memory under `token`, naming the socket `name`, with the
 /// probe word at `probe`.
-fn offer(token: u64, probe: &u64, name: &str) -> Vec<u8> {
+pub fn offer(token: u64, probe: &u64, name: &str) -> Vec<u8> {
     let mut b = OFFER_MAGIC.to_vec();
     b.extend_from_slice(&[OFFER_VERSION, 0, 0, 0]);
     b.extend_from_slice(&HostIdentity::this().expect("identity").encode());
@@ -45,14 +45,14 @@ pub fn offered_socket(private: &[u8]) -> String {
 
 /// The hand-over socket of a raw peer: in a directory of its own, named as rdmx names them
 /// (removed when dropped).
-struct RawSocket {
-    listener: UnixListener,
+pub struct RawSocket {
+    pub listener: UnixListener,
     dir: PathBuf,
-    name: String,
+    pub name: String,
 }
 
 impl RawSocket {
-    fn new() -> RawSocket {
+    pub fn new() -> RawSocket {
         let dir = std::env::temp_dir().join(format!("rdmx-shm-raw-{:016x}", rand::random::<u64>()));
         std::fs::create_dir(&dir).expect("the raw peer's directory");
         let path = dir.join("s");
