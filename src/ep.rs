@@ -23,7 +23,7 @@ pub(crate) fn codec() -> impl Options {
 }
 
 /// A connection to a peer worker, like UCP's ep. Made by [`Worker::connect`] or
-/// [`Listener::accept`].
+/// [`Listener::accept`](crate::Listener::accept).
 ///
 /// Cheap to clone (all clones are the same endpoint), `Send` and `Sync`: several threads may
 /// send on one endpoint at once. Messages from one endpoint are matched at the peer in the

@@ -325,19 +325,32 @@ impl Accepts {
     /// listener's channel says have news), drops those past their deadline, and returns an
     /// endpoint set up, if one is.
     fn progress(&self, ready: &[Ready]) -> Option<Ep> {
-        #[cfg_attr(not(feature = "rdma"), allow(unused_mut))]
-        let mut tokens: Vec<u64> = ready
-            .iter()
-            .filter(|r| pending::is_pending(r.token))
-            .map(|r| r.token)
-            .collect();
+        // (The caller takes the requests next, whether or not some came.)
+        let news = |tokens: &mut Vec<u64>| {
+            self.news(ready, tokens);
+        };
+        self.pending.progress(true, news, &self.poll)
+    }
+
+    /// Appends the tokens of the accepts under way that have news: those `ready` names, and
+    /// those the RDMA listener's channel does (reading it). Returns whether connect requests
+    /// came on that channel.
+    fn news(&self, ready: &[Ready], tokens: &mut Vec<u64>) -> bool {
+        tokens.extend(
+            ready
+                .iter()
+                .filter(|r| pending::is_pending(r.token))
+                .map(|r| r.token),
+        );
         #[cfg(feature = "rdma")]
         if let Some(r) = &self.rdma {
-            if let Err(e) = r.take_ready(&mut tokens) {
+            let from = tokens.len();
+            if let Err(e) = r.take_ready(tokens) {
                 log::error!("listener {:?}: {e}", r.local_addr());
             }
+            return tokens[from..].contains(&rdmx_conn::Listener::REQUESTS);
         }
-        self.pending.progress(&tokens, &self.poll)
+        false
     }
 
     /// Keeps `accept` among those under way.
@@ -362,8 +375,14 @@ impl Accepts {
         if let Err(e) = self.poll.wait(&mut ready, Some(Duration::ZERO)) {
             log::debug!("listener: epoll_wait: {e}");
         }
-        if let Some(ep) = self.progress(&ready) {
+        let mut requests = false;
+        let news = |tokens: &mut Vec<u64>| requests = self.news(&ready, tokens);
+        if let Some(ep) = self.pending.progress(false, news, &self.poll) {
             self.queue(ep);
+        } else if requests {
+            // (Read here, they no longer make the channel readable: a thread asleep in
+            // `accept` is told.)
+            self.waker.wake();
         }
     }
 }

@@ -111,15 +111,27 @@ impl Pending {
         self.under_way.store(t.entries.len(), Ordering::Release);
     }
 
-    /// Looks at the accepts named by `tokens` (those with news), sets up those whose peer
-    /// did its part, drops those that failed or whose deadline passed, and returns an
-    /// endpoint set up (the oldest first), if there is one.
-    pub(super) fn progress(&self, tokens: &[u64], poll: &Registry) -> Option<Ep> {
-        let mut t = self.table.lock();
+    /// Looks at the accepts named by `news` (which appends the tokens of those with news,
+    /// called under the table's lock: tokens read are never left unhandled by a caller
+    /// that waits for the lock), sets up those whose peer did its part, drops those that
+    /// failed or whose deadline passed, and returns an endpoint set up (the oldest first),
+    /// if there is one. With `wait` false, a table another thread holds is left to it.
+    pub(super) fn progress(
+        &self,
+        wait: bool,
+        news: impl FnOnce(&mut Vec<u64>),
+        poll: &Registry,
+    ) -> Option<Ep> {
+        let mut t = match wait {
+            true => self.table.lock(),
+            false => self.table.try_lock()?,
+        };
+        let mut tokens = Vec::new();
+        news(&mut tokens);
         if t.entries.is_empty() && t.ready.is_empty() {
             return None;
         }
-        for token in tokens {
+        for token in &tokens {
             let Some(entry) = t.entries.get_mut(token) else {
                 continue;
             };

@@ -108,6 +108,63 @@ fn a_connector_withholding_its_doorbell_holds_up_no_other() {
     drop((hand_over, fds));
 }
 
+/// An accept under way whose peer does its part while no thread is in `accept` is set up by
+/// the worker's progress (its peer may be sending already): a connector sends its doorbell
+/// only after the one `accept` call, which returned another client, has returned; the
+/// server's progress alone sets it up (no accept left under way), and the next `accept`
+/// returns it at once, an endpoint that works.
+#[test]
+fn an_accept_under_way_is_set_up_by_the_workers_progress() {
+    init_log();
+    let ctx = context(Transport::Shm, &[(CONNECT_TIMEOUT_VAR, "20000")]);
+    let (server, listener, addr) = listening(&ctx);
+    let listener = Arc::new(listener);
+    let (tx, rx) = mpsc::channel();
+    let l = listener.clone();
+    std::thread::spawn(move || tx.send(l.accept().expect("accept")));
+
+    // A connector that holds its doorbell back for now.
+    let unix = RawSocket::new();
+    let probe: &'static u64 = Box::leak(Box::new(0x5eed_u64));
+    let mut private = default_handshake().encode().to_vec();
+    private.resize(rdmx::proto::MAX_HANDSHAKE_LEN, 0);
+    private.extend_from_slice(&offer(0x1a7e, probe, &unix.name));
+    let late_tcp = rdmx_tcp::connect(&addr, &private, LONG).expect("the offer is accepted");
+    let (hand_over, _) = unix.listener.accept().expect("the hand-over");
+    let mut buf = [0u8; 64];
+    let (_, mut fds) = rdmx_shm::fdpass::recv_with_fds(&hand_over, &mut buf).expect("hand-over");
+
+    // The one accept call returns another client.
+    let client = context(Transport::Shm, &[]).worker().unwrap();
+    let cep = client.connect(&addr).expect("a client connects");
+    let sep = rx.recv_timeout(LONG).expect("accept returns the client");
+    exchange(&client, &cep, &server, &sep);
+    assert_eq!(
+        listener.pending_accepts(),
+        1,
+        "the late connector's accept is under way"
+    );
+
+    // Now its doorbell; nobody is in accept: the worker's progress sets it up.
+    let bell = rdmx_shm::Doorbell::new().expect("doorbell");
+    rdmx_shm::fdpass::send_with_fds(&hand_over, b"RXSD", &[bell.fd()]).expect("the doorbell");
+    let deadline = Instant::now() + LONG;
+    while listener.pending_accepts() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the worker's progress never set it up"
+        );
+        server.progress();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let late = listener
+        .accept()
+        .expect("the next accept returns it at once");
+    assert_eq!(late.transport(), Transport::Shm);
+    assert!(late.is_connected());
+    drop((late, late_tcp, hand_over, fds.pop(), bell));
+}
+
 /// Whether the peer of `link` closes it within `timeout` (its socket reads EOF).
 fn closed_within(link: &rdmx_tcp::Link, timeout: Duration) -> bool {
     use rustix::event::{poll, PollFd, PollFlags};
