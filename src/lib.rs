@@ -226,7 +226,9 @@
 //! | what | default | set by | at the bound |
 //! | --- | --- | --- | --- |
 //! | TCP connections a listener holds while their handshake (HELLO) arrives: a descriptor and under 1 KiB each, read only when they have input | 4096 per listener | `RDMX_MAX_PENDING_HANDSHAKES` | one more closes the oldest pending connection (so does `EMFILE` on accept); a client whose HELLO follows its connect, as rdmx's does, is read as soon as it is taken and is not held up |
-//! | time a TCP connection taken by a listener has to send its whole HELLO; until then no one connection is waited on ([`Listener::accept`] takes and reads many at once) | the connect timeout, 5 s | `RDMX_CONNECT_TIMEOUT_MS` | the connection is closed and logged (a malformed HELLO at once); neither is an error of `accept` or `next_request`. Accepting a request then waits on that one peer, up to the connect timeout: over RDMA for the connection to be established, over shared memory for the connector's doorbell (which only a process of the same user can withhold) |
+//! | time a TCP connection taken by a listener has to send its whole HELLO; until then no one connection is waited on ([`Listener::accept`] takes and reads many at once) | the connect timeout, 5 s | `RDMX_CONNECT_TIMEOUT_MS` | the connection is closed and logged (a malformed HELLO at once); neither is an error of `accept` or `next_request`. Accepting then waits on no one peer either: see the next row |
+//! | accepts under way ([`Listener::accept`]): requests answered whose setup waits on the peer — over RDMA for its last CM message (the RTU that establishes the connection), each holding a queue pair and the engine's admission (its initial credits) but no descriptor; over shared memory for the connector's doorbell, each holding the segment handed over and 2 descriptors (its TCP and Unix sockets) | 4096 per listener, each for the connect timeout (5 s) from its answer | `RDMX_MAX_PENDING_HANDSHAKES`, `RDMX_CONNECT_TIMEOUT_MS` | at its deadline the accept is dropped and logged (its connection closed, the admission undone); one more than the bound drops the oldest; meanwhile further requests are answered and the first connection set up is returned. The worker's progress moves them on too, so a connection established while no thread is in `accept` joins the worker at once, and deadlines pass whether or not `accept` is called again. [`ConnRequest::accept`], the application accepting one request it chose, waits for that one, up to the connect timeout |
+//! | time a listener spends on `accept(2)` failing for want of descriptors or kernel memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) with no pending handshake to close for room | a back-off of 1 ms, doubling to 100 ms, between tries | fixed | nothing spins: the listening socket is not watched during a back-off; the connections wait in the kernel's backlog and are taken once a descriptor is free; a warning is logged once per episode, naming the limit; [`Listener::next_request`] returns the error when its timeout passes, [`Listener::accept`] goes on waiting; the listener is never failed |
 //! | GETs a shared-memory peer has unanswered (rendezvous by copy: their answers wait for room in its ring) | 64 per connection | fixed | that peer's endpoint fails (protocol error); an rdmx reader holds its own GETs back past 64, so it never gets there |
 //! | who can connect to a worker's shared-memory hand-over socket | its user only (a socket in a 0700 directory; `SO_PEERCRED` checked) | fixed | another user's `connect` is refused by the kernel; a stream of another user (root's) is closed at once |
 //! | streams on the hand-over socket whose token has not arrived | 32, each until the connect timeout | fixed (`RDMX_CONNECT_TIMEOUT_MS`) | the oldest is closed; a stream is never waited on; none is kept while no connect of the worker is in flight |
@@ -239,7 +241,7 @@
 //! | replies to a peer's one-sided operations waiting for credits | the peer's window: at most 64 over TCP, 1024 over shared memory (its ring's) | `RDMX_CREDITS` | each operation's credit is held until its reply leaves: the peer runs out of credits and waits |
 //! | frames of one put or get of this side's out at once (a peer declaring tiny buffers and many credits sizes neither) | 64 | fixed | the operation waits for replies before its next frame |
 //! | file descriptors per RDMA endpoint | 0: a worker's connections share its one rdmacm event channel (UCX's way), each getting only its own events | fixed | — (a connect holds one for a moment: rdmacm resolves the route on a channel of its own) |
-//! | file descriptors per TCP endpoint | 1 on each side, its socket: inherent | fixed | the process's limit: that connect or accept fails, saying "too many open files (EMFILE): the process's descriptor limit (N) is reached"; other endpoints go on |
+//! | file descriptors per TCP endpoint | 1 on each side, its socket: inherent | fixed | the process's limit: that connect fails, saying "too many open files (EMFILE): the process's descriptor limit (N) is reached", and a listener backs off until a descriptor is free (see above); other endpoints go on |
 //! | file descriptors per shared-memory endpoint | 2 on each side: its Unix socket (the peer's hang-up) and the peer worker's doorbell (eventfd); the setup's TCP socket and the segment's memfd are closed | fixed | as for TCP; the acceptor refuses the peer saying why |
 //! | the process's descriptor limit | the soft `RLIMIT_NOFILE` raised to the hard limit when a context is made (as Go's runtime does; logged at debug level) | `RDMX_RAISE_NOFILE` (`0`: left as it is) | as above: an error naming EMFILE and the limit, wherever a descriptor was needed |
 //! | bytes held for messages that arrived before a matching receive (eager payloads, 64 B per message) | 64 MiB | `RDMX_MAX_UNEXPECTED` | the credits of each peer holding more than its share (an equal part per endpoint) are withheld as its messages arrive: its sends wait on credit (its ATS, RMA replies and credit updates still go) until the application receives; a worker holds at most twice the budget plus a window of eager frames per peer, and a peer that reconnects gets no fresh share (a window per connection) ([`Config::max_unexpected`]); a peer that sends on regardless fails its endpoint |
@@ -278,6 +280,7 @@ mod ep;
 mod error;
 mod fd_limit;
 mod hot_lock;
+mod listener;
 mod message;
 mod readiness;
 mod request;
@@ -295,8 +298,9 @@ pub use config::{
 };
 pub use config::{MAX_UNEXPECTED_VAR, RNDV_TIMEOUT_VAR};
 pub use context::{Context, ContextBuilder};
-pub use ep::{ConnRequest, Ep, Listener};
+pub use ep::Ep;
 pub use error::{Error, Result, Status};
+pub use listener::{ConnRequest, Listener};
 pub use message::Message;
 pub use request::{Done, Request};
 pub use rma::{MemHandle, RemoteAccess, RemoteKey};

@@ -279,3 +279,140 @@ fn a_peer_gone_silent_is_found_by_the_keepalive_and_its_requests_fail() {
         finish(s, &both).expect("sent");
     }
 }
+
+/// A peer that sends a connect request with a valid rdmx handshake and never completes the
+/// exchange (it never reads the answer, so the CM's last message, the RTU, never goes: as a
+/// peer that vanished, or froze, right after asking) holds up no other connection:
+/// [`Listener::accept`], called in a loop by an accepting thread, answers it and goes on,
+/// and a legitimate client connecting right after — with a connect timeout of 5 s, against
+/// the victim's 20 s — connects and exchanges an eager and a 1 MiB rendezvous message each
+/// way while the hostile accept is still under way (the listener has 1 accept under way,
+/// the engine's admission of it holds its credits). At its deadline the hostile one is
+/// dropped: no accept left under way, the credits it was granted given back.
+///
+/// Before accepts were kept under way, `accept` waited on the hostile peer for the whole
+/// connect timeout, and the legitimate connect timed out.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn a_peer_that_never_completes_its_connect_holds_up_no_other() {
+    use rdmx::conn::{fault, AddrInfo, CompletionQueue, Device, EventChannel};
+    use rdmx::conn::{ProtectionDomain, QpConfig, Side};
+    use std::sync::mpsc;
+    use std::sync::Arc;
+
+    init_log();
+    const VICTIM_TIMEOUT: Duration = Duration::from_secs(20);
+    let ctx = builder().connect_timeout(VICTIM_TIMEOUT).build().unwrap();
+    let server = ctx.worker().unwrap();
+    let listener = Arc::new(server.listen(&format!("{}:0", addr_a())).unwrap());
+    let addr = listener.local_addr().expect("bound");
+    let (tx, rx) = mpsc::channel();
+    let accepting = listener.clone();
+    // The application's accepting thread: every endpoint accepted is handed over.
+    thread::spawn(move || loop {
+        let ep = accepting.accept().expect("accept");
+        if tx.send(ep).is_err() {
+            break;
+        }
+    });
+    // (The worker's resources come with the first connection: the base is taken after.)
+    let first = ctx.worker().unwrap();
+    let a = addr.to_string();
+    let f = thread::spawn(move || first.connect(&a).expect("a first connection"));
+    let first_ep = rx
+        .recv_timeout(LONG)
+        .expect("the first connection accepted");
+    let first_client = f.join().unwrap();
+    let base = server.stats();
+
+    // The hostile peer asks, is answered, and never completes.
+    let dst = AddrInfo::from_socket_addr(addr, Side::Active).unwrap();
+    let device = Device::for_route(&dst).unwrap();
+    let pd = ProtectionDomain::new(&device).unwrap();
+    let cq = CompletionQueue::new(&device, 16, false).unwrap();
+    let events = EventChannel::new().unwrap();
+    let config = QpConfig::new(&pd, &cq, None, &events);
+    let hostile = fault::connect_unanswered(&dst, &config, &raw_handshake()).unwrap();
+    let asked = Instant::now();
+    until(
+        &[&server],
+        "the listener answers the hostile request",
+        || hostile.answered(),
+    );
+    println!(
+        "hostile connect answered {:?} after asking",
+        asked.elapsed()
+    );
+
+    // A legitimate client, whose connect gives up long before the victim's would.
+    let good_ctx = builder()
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let good = good_ctx.worker().unwrap();
+    let (g, a) = (good.clone(), addr.to_string());
+    let c = thread::spawn(move || g.connect(&a));
+    let cgood = c
+        .join()
+        .unwrap()
+        .expect("the legitimate client connects while the hostile accept is under way");
+    let sgood = rx
+        .recv_timeout(LONG)
+        .expect("the listener accepts the legitimate client");
+    println!(
+        "legitimate client connected {:?} after the hostile request",
+        asked.elapsed()
+    );
+    let both = [&server, &good];
+    for (len, seed) in [(100, 1), (MIB, 2)] {
+        let data = pattern(len, seed);
+        let r = good.tag_recv(TAG_GOOD, TAG_MASK_ALL, vec![0; len]);
+        let s = sgood.tag_send(TAG_GOOD, data.clone());
+        assert!(finish(r, &both).expect("good receive").buf == data);
+        finish(s, &both).expect("good send");
+        let r = server.tag_recv(TAG_GOOD, TAG_MASK_ALL, vec![0; len]);
+        let s = cgood.tag_send(TAG_GOOD, data.clone());
+        assert!(finish(r, &both).expect("server receive").buf == data);
+        finish(s, &both).expect("client send");
+    }
+    assert_eq!(
+        listener.pending_accepts(),
+        1,
+        "the hostile accept is under way"
+    );
+    let during = server.stats();
+    assert!(
+        during.credits.granted > base.credits.granted,
+        "admitted, the hostile peer and the good client hold credits: {:?} then {:?}",
+        base.credits,
+        during.credits
+    );
+
+    // At its deadline the hostile accept is dropped (by the accepting thread, whose wait
+    // ends then, or the worker's progress).
+    let deadline = Instant::now() + VICTIM_TIMEOUT + LONG;
+    while listener.pending_accepts() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the hostile accept was never dropped"
+        );
+        server.progress();
+        thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "hostile accept dropped {:?} after its request",
+        asked.elapsed()
+    );
+    assert!(asked.elapsed() >= VICTIM_TIMEOUT, "dropped at its deadline");
+    drop(hostile);
+    drop((cgood, sgood));
+    until(&[&server, &good], "the good connection is gone", || {
+        server.stats().eps == base.eps
+    });
+    assert_eq!(
+        server.stats().credits.granted,
+        base.credits.granted,
+        "the hostile peer's admission is undone"
+    );
+    drop((first_ep, first_client));
+}

@@ -8,8 +8,10 @@
 //! * `events`: what the transports report (completions, frames, connection events);
 //! * `closing`: closing connections and reaping them;
 //! * `one_sided`: starting one-sided operations, flushes and fences;
-//! * `setup`: listening and connecting.
+//! * `setup`: listening and connecting;
+//! * `accepting`: accepts whose setup waits on the peer, which a listener keeps among many.
 
+mod accepting;
 mod closing;
 mod driver;
 mod events;
@@ -24,6 +26,7 @@ mod requests;
 mod setup;
 mod sleepers;
 
+pub(crate) use accepting::{PendingAccept, Started};
 pub(crate) use one_sided::Start;
 use requests::DoneFlags;
 pub(crate) use requests::RequestKey;
@@ -47,9 +50,10 @@ use smallvec::SmallVec;
 
 use crate::config::{Config, WaitMode};
 use crate::context::Context;
-use crate::ep::{Ep, Listener};
+use crate::ep::Ep;
 use crate::error::{rejected, Error, Result};
 use crate::hot_lock::HotLock;
+use crate::listener::Listener;
 use crate::message::Message;
 use crate::readiness::{Interest, Ready, Registry, Waker};
 use crate::request::{Describe, Outcome, Request};
@@ -209,6 +213,10 @@ pub(crate) struct Driver {
     next_timer: AtomicU64,
     failures_pending: AtomicBool,
     housekeeping_pending: AtomicBool,
+    /// The accepts under way of the worker's listeners, which its progress moves on too
+    /// (see `crate::listener`); whether there are listeners, told without the lock.
+    accepts: Mutex<Vec<Weak<crate::listener::Accepts>>>,
+    has_accepts: AtomicBool,
     pub(crate) progress_thread: AtomicBool,
     next_conn: AtomicU64,
     _ctx: Context,
@@ -389,6 +397,8 @@ impl Worker {
             next_timer: AtomicU64::new(u64::MAX),
             failures_pending: AtomicBool::new(false),
             housekeeping_pending: AtomicBool::new(false),
+            accepts: Mutex::new(Vec::new()),
+            has_accepts: AtomicBool::new(false),
             progress_thread: AtomicBool::new(false),
             next_conn: AtomicU64::new(1),
             cfg,

@@ -252,6 +252,10 @@ impl Driver {
         // (Under the progress lock: `out` is this lock's scratch, reused call after call. Its
         // receive buffers stay in it, for a call that finds nothing to do.)
         self.after_unlock(out);
+        if housekeeping {
+            // (After the protocol lock: a connection set up joins the worker, taking it.)
+            self.sweep_accepts();
+        }
         work
     }
 

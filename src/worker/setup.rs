@@ -1,7 +1,8 @@
 //! Listening and connecting: each transport in use, one connection-setup path.
 
+use super::accepting::{PendingAccept, Started, Waiting};
 use super::*;
-use crate::ep::{reject_with, RawRequest};
+use crate::listener::{reject_with, RawRequest};
 #[cfg(feature = "rdma")]
 use crate::transport::rdma::{Rdma, RdmaLink};
 use crate::transport::shm::setup::{self as shm_setup, Accepting, Answer, Offer};
@@ -118,17 +119,38 @@ impl Worker {
         self.admitted(id, limits, link, addr)
     }
 
-    /// Accepts a connection request: the engine admits the peer first (an incompatible peer,
-    /// or one more endpoint than the worker can feed, is rejected with the reason), then the
-    /// link is made with this side's handshake.
+    /// Accepts a connection request and waits for its setup to end, on this one peer (up to
+    /// the connect timeout): [`Worker::accept_start`], then [`PendingAccept::wait`].
     pub(crate) fn accept_request(&self, req: RawRequest) -> Result<Ep> {
+        match self.accept_start(req)? {
+            Started::Ep(ep) => Ok(ep),
+            Started::Pending(p) => p.wait(self.driver.cfg.connect_timeout()),
+        }
+    }
+
+    /// Accepts a connection request without waiting on its peer: the engine admits the
+    /// peer first (an incompatible peer, or one more endpoint than the worker can feed, is
+    /// rejected with the reason), then the connection is answered with this side's
+    /// handshake. A TCP connection is an endpoint then; one that waits on its peer — over
+    /// RDMA for its last CM message (the RTU), over shared memory for the connector's
+    /// doorbell — is a [`PendingAccept`].
+    pub(crate) fn accept_start(&self, req: RawRequest) -> Result<Started> {
         let sh = &self.driver;
         #[cfg(feature = "rdma")]
         let rdma = match &req {
-            RawRequest::Rdma(r) => r
-                .device()
-                .map_err(Error::from)
-                .and_then(|device| sh.rdma_on(&device).map(Some)),
+            RawRequest::Rdma(r) => match sh.ifaces.rdma.get() {
+                // (Compared without listing the devices, which takes descriptors.)
+                Some(rdma) if r.is_on(&rdma.device) => Ok(Some(rdma)),
+                Some(rdma) => Err(Error::Invalid(format!(
+                    "the request arrived on another device than this worker's {}; use one \
+                     worker per device",
+                    rdma.device.name()
+                ))),
+                None => r
+                    .device()
+                    .map_err(Error::from)
+                    .and_then(|device| sh.rdma_on(&device).map(Some)),
+            },
             RawRequest::Tcp(_) => Ok(None),
         };
         #[cfg(feature = "rdma")]
@@ -185,23 +207,28 @@ impl Worker {
                 _ => {}
             }
         }
-        let who = format!("{:?} asked", req.peer_addr());
+        let peer = req.peer_addr();
+        let who = format!("{peer:?} asked");
         let (ours, limits) = sh.local_handshake(transport);
         if let Err(e) = sh.admit(id, limits, req.private_data(), &who) {
             return Err(reject_with(req, e));
         }
+        // Admitted: from here a failure (or a pending accept dropped) undoes that.
+        let pending = |waiting| Box::new(PendingAccept::new(self.clone(), id, peer, waiting));
         let tcp =
             |link| -> Box<dyn TransportLink> { Box::new(sh.ifaces.tcp.link(id, link, &sh.cfg)) };
-        let over_tcp = |r: rdmx_tcp::ConnectionRequest| -> Result<Box<dyn TransportLink>> {
+        let over_tcp = |r: rdmx_tcp::ConnectionRequest| -> Result<Answered> {
             match shm {
-                None => Ok(tcp(r.accept(&ours)?)),
+                None => Ok(Answered::Link(tcp(r.accept(&ours)?))),
                 Some(Err(why)) => {
                     log::info!(
                         "{:?} offered shared memory; the connection stays TCP: {why}",
                         r.peer_addr()
                     );
                     let answer = Answer::Declined(why).encode();
-                    Ok(tcp(r.accept(&shm_setup::with_ext(&ours, &answer))?))
+                    Ok(Answered::Link(tcp(
+                        r.accept(&shm_setup::with_ext(&ours, &answer))?
+                    )))
                 }
                 Some(Ok(accepting)) => {
                     let answer = Answer::Accepted {
@@ -209,37 +236,47 @@ impl Worker {
                     }
                     .encode();
                     let link = r.accept(&shm_setup::with_ext(&ours, &answer))?;
-                    let path = accepting.finish().map_err(|e| {
-                        let out = crate::fd_limit::suffix_if_exhausted();
-                        Error::Invalid(format!("shared memory: {e}{out}"))
-                    })?;
-                    sh.shm_link(id, path, &link)
+                    Ok(Answered::Pending(Waiting::Shm(Box::new((accepting, link)))))
                 }
             }
         };
         #[cfg(feature = "rdma")]
-        let link = match (req, rdma) {
+        let made = match (req, rdma) {
             (RawRequest::Rdma(r), Some(rdma)) => r
-                .accept(&rdma.qp_config, &ours, sh.cfg.connect_timeout())
-                .map(|conn| -> Box<dyn TransportLink> {
-                    Box::new(RdmaLink::new(id, conn, rdma.clone()))
+                .accept_start(&rdma.qp_config, &ours)
+                .map(|accepting| {
+                    Answered::Pending(Waiting::Rdma {
+                        accepting,
+                        rdma: rdma.clone(),
+                    })
                 })
                 .map_err(Error::from),
             (RawRequest::Tcp(r), _) => over_tcp(r),
             (RawRequest::Rdma(_), None) => Err(Error::Invalid("no RDMA resources".into())),
         };
         #[cfg(not(feature = "rdma"))]
-        let link = match req {
+        let made = match req {
             RawRequest::Tcp(r) => over_tcp(r),
         };
-        match link {
-            Ok(link) => Ok(Ep::new(self.clone(), sh.add_conn(id, link))),
+        match made {
+            Ok(Answered::Link(link)) => {
+                Ok(Started::Ep(Ep::new(self.clone(), sh.add_conn(id, link))))
+            }
+            Ok(Answered::Pending(waiting)) => Ok(Started::Pending(pending(waiting))),
             Err(e) => {
                 sh.engine_down(id);
                 Err(e)
             }
         }
     }
+}
+
+/// What answering a request made.
+enum Answered {
+    /// The connection's link: it is set up.
+    Link(Box<dyn TransportLink>),
+    /// What its setup waits for.
+    Pending(Waiting),
 }
 
 impl Worker {
@@ -353,7 +390,7 @@ impl Worker {
 impl Driver {
     /// The shared-memory link of connection `id` over `path`, set up inside `tcp` (whose
     /// handshake and addresses it keeps; the socket itself is closed when `tcp` is dropped).
-    fn shm_link(
+    pub(super) fn shm_link(
         &self,
         id: ConnId,
         path: shm_setup::DataPath,

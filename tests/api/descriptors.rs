@@ -164,9 +164,10 @@ pub fn a_thousand_endpoints_at_the_default_descriptor_limit() {
 /// 256 (and not raised: `RDMX_RAISE_NOFILE=0`), with an endpoint up, the descriptor table is
 /// filled: a new worker fails (its epoll set), a connect fails (its socket; RDMA: rdmacm's
 /// channel for resolving the route), and a request taken just before is accepted where that
-/// needs no descriptor (TCP) or refused saying why (RDMA lists its devices, shared memory
-/// connects a Unix socket) — each error naming EMFILE and the limit. The endpoint up meanwhile
-/// keeps working, and once descriptors are free again new endpoints connect.
+/// needs no descriptor (TCP; RDMA, whose request is checked against the worker's device
+/// without listing the devices) or refused saying why (shared memory connects a Unix socket)
+/// — each error naming EMFILE and the limit. The endpoint up meanwhile keeps working, and
+/// once descriptors are free again new endpoints connect.
 pub fn running_out_of_descriptors_is_said_as_such() {
     init_log();
     let role = "emfile";
@@ -247,7 +248,7 @@ pub fn running_out_of_descriptors_is_said_as_such() {
             .expect_err("no descriptor to connect with"),
     );
     match (crate::net().transport, request.accept()) {
-        (Transport::Tcp, Ok(ep)) => drop(ep),
+        (Transport::Tcp | Transport::Rdma, Ok(ep)) => drop(ep),
         (Transport::Tcp, Err(e)) => said("a TCP accept", e),
         (_, Ok(_)) => panic!("accepted with no descriptor to spare"),
         (transport, Err(e)) => said(&format!("an {transport} accept"), e),

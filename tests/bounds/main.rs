@@ -6,6 +6,7 @@
 //! connects and exchanges messages meanwhile. One module per bound.
 
 mod accept;
+mod accept_waits;
 mod get_reply;
 mod raw_tcp;
 mod rndv_timeout;

@@ -30,7 +30,7 @@ const OFFER_VERSION: u8 = 2;
 
 /// The bytes of an offer of shared memory under `token`, naming the socket `name`, with the
 /// probe word at `probe`.
-fn offer(token: u64, probe: &u64, name: &str) -> Vec<u8> {
+pub fn offer(token: u64, probe: &u64, name: &str) -> Vec<u8> {
     let mut b = OFFER_MAGIC.to_vec();
     b.extend_from_slice(&[OFFER_VERSION, 0, 0, 0]);
     b.extend_from_slice(&HostIdentity::this().expect("identity").encode());
@@ -54,9 +54,9 @@ pub fn offered_socket(private: &[u8]) -> String {
 /// The hand-over socket of a raw peer: in a directory of its own, named as rdmx names them
 /// (removed when dropped).
 pub struct RawSocket {
-    listener: UnixListener,
+    pub listener: UnixListener,
     dir: PathBuf,
-    name: String,
+    pub name: String,
 }
 
 /// What a victim handed over on a raw peer's socket, and the doorbell the peer answered
@@ -70,7 +70,7 @@ pub struct HandedOver {
 }
 
 impl RawSocket {
-    fn new() -> RawSocket {
+    pub fn new() -> RawSocket {
         let dir = std::env::temp_dir().join(format!("rdmx-shm-raw-{:016x}", rand::random::<u64>()));
         std::fs::create_dir(&dir).expect("the raw peer's directory");
         let path = dir.join("s");

@@ -320,10 +320,17 @@ impl EventChannel {
         }
     }
 
-    /// Names `key` by `token` for [`EventChannel::take_ready`].
+    /// Names `key` by `token` for [`EventChannel::take_ready`]; events that came before
+    /// are reported under it too.
     fn set_token(&self, key: Key, token: u64) {
-        if let Some(q) = self.inner.sorted.lock().queues.get_mut(&key) {
+        let mut st = self.inner.sorted.lock();
+        let Sorted { queues, ready, .. } = &mut *st;
+        if let Some(q) = queues.get_mut(&key) {
             q.token = token;
+            if token != 0 && !q.events.is_empty() && !q.flagged {
+                q.flagged = true;
+                ready.push((key, token));
+            }
         }
     }
 

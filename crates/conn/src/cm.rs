@@ -8,6 +8,13 @@
 //! makes every later step asynchronous, so connecting, accepting and waiting for a request
 //! each take a deadline instead of blocking on the CM's own retries, and the channel can be
 //! watched for the peers' disconnects.
+//!
+//! Accepting need not wait at all: [`ConnectionRequest::accept_start`] answers the request
+//! and returns an [`Accepting`], which stays on its listener's channel (its events make the
+//! listener's [`Listener::event_fd`] readable, and [`Listener::take_ready`] names it) until
+//! the peer's last message (the RTU) establishes it; then [`Accepting::finish`] moves it
+//! onto its connection's channel. A listener can so have many accepts under way and never
+//! wait on one peer.
 
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
@@ -120,13 +127,18 @@ impl QpConfig {
     }
 }
 
-/// A listening rdmacm endpoint, on an event channel of its own (one descriptor per listener).
+/// A listening rdmacm endpoint, on an event channel of its own (one descriptor per listener),
+/// which its requests and their [`Accepting`]s share until they are established.
 pub struct Listener {
     raw: RawId,
     local: Option<SocketAddr>,
 }
 
 impl Listener {
+    /// The token [`Listener::take_ready`] reports when connect requests wait to be taken
+    /// with [`Listener::get_request`].
+    pub const REQUESTS: u64 = u64::MAX;
+
     /// Binds to a passive address (`rdma_create_ep` with `RAI_PASSIVE`) and listens.
     pub fn bind(addr: &AddrInfo, backlog: i32) -> Result<Self> {
         if addr.side() != Side::Passive {
@@ -149,6 +161,8 @@ impl Listener {
         let channel = EventChannel::new()?;
         // SAFETY: id is a fresh passive id with no QP; we take it over.
         let raw = unsafe { RawId::adopt(id, &channel, "rdma_create_ep")? };
+        // (Connect requests are news for whoever watches the channel: see `on_ready`.)
+        raw.set_token(Listener::REQUESTS);
         // SAFETY: the id is valid and bound.
         if unsafe { sys::rdma_listen(raw.id(), backlog) } != 0 {
             return Err(Error::last_os(
@@ -172,9 +186,27 @@ impl Listener {
         Device::from_context(self.raw.context())
     }
 
-    /// The event channel's fd: readable when a request may be waiting.
+    /// The event channel's fd: readable when a request, or an event of an [`Accepting`] of
+    /// this listener, may be waiting.
     pub fn event_fd(&self) -> BorrowedFd<'_> {
         self.raw.channel().event_fd()
+    }
+
+    /// Reads the listener's channel (without waiting) and appends the tokens of the
+    /// [`Accepting`]s that got events since the last call (each once; named by
+    /// [`Accepting::set_event_token`]), and [`Listener::REQUESTS`] if connect requests
+    /// arrived. [`Accepting::poll`] each; [`Listener::get_request`] takes the requests.
+    pub fn take_ready(&self, tokens: &mut Vec<u64>) -> Result<()> {
+        self.raw.channel().take_ready(tokens)
+    }
+
+    /// Sets the hook called when a thread waiting on the listener's channel (a
+    /// [`Listener::get_request`] or [`Accepting::poll`]) read events that
+    /// [`Listener::take_ready`] reports, so that whoever sleeps on [`Listener::event_fd`] —
+    /// which may not be readable any more — is woken to look. Set once; returns false (and
+    /// drops `hook`) if a hook was set already.
+    pub fn on_ready(&self, hook: impl Fn() + Send + Sync + 'static) -> bool {
+        self.raw.channel().on_ready(hook)
     }
 
     /// Waits up to `timeout` (`None`: forever) for a connection request. `Ok(None)` on timeout.
@@ -225,6 +257,12 @@ impl ConnectionRequest {
         self.peer
     }
 
+    /// Whether the request arrived on `device` (without listing the devices, as
+    /// [`ConnectionRequest::device`] does).
+    pub fn is_on(&self, device: &Device) -> bool {
+        self.raw.context() == device.context()
+    }
+
     /// The device the request arrived on: the PD used to accept it must be on this device.
     /// An error when rdmacm cannot list its devices (e.g. the process is out of
     /// descriptors).
@@ -240,27 +278,53 @@ impl ConnectionRequest {
 
     /// Moves the request onto `config`'s event channel, creates the QP from `config`
     /// (sharing its PD, CQ and SRQ) and accepts, sending `private_data` (at most 196 bytes);
-    /// waits up to `timeout` for the connection to be established.
+    /// waits up to `timeout` for the connection to be established: for this one peer (to
+    /// accept many at once without waiting on any, see [`ConnectionRequest::accept_start`]).
     pub fn accept(
         mut self,
         config: &QpConfig,
         private_data: &[u8],
         timeout: Duration,
     ) -> Result<Connection> {
-        check_private_data("rdma_accept", private_data, MAX_ACCEPT_PRIVATE_DATA)?;
         let peer = self.peer;
         self.raw.move_to(&config.events, "rdma_accept")?;
+        let conn = self.answer(config, private_data)?;
+        conn.wait_established(timeout, "rdma_accept", &format!("{peer:?}"))
+    }
+
+    /// Creates the QP from `config` (sharing its PD, CQ and SRQ) and accepts, sending
+    /// `private_data` (at most 196 bytes), without waiting: the connection is established
+    /// when the peer's answer (the CM's RTU) arrives, which [`Accepting::poll`] tells. Until
+    /// then it stays on the listener's event channel (its events make
+    /// [`Listener::event_fd`] readable); [`Accepting::finish`] moves it onto `config`'s.
+    /// A peer that never answers costs its `Accepting` only, for as long as it is kept.
+    pub fn accept_start(self, config: &QpConfig, private_data: &[u8]) -> Result<Accepting> {
+        let peer = self.peer;
+        let conn = self.answer(config, private_data)?;
+        Ok(Accepting {
+            conn,
+            peer,
+            established: false,
+        })
+    }
+
+    /// The QP, and `rdma_accept` sending `private_data` (nothing waited for).
+    fn answer(self, config: &QpConfig, private_data: &[u8]) -> Result<Connection> {
+        check_private_data("rdma_accept", private_data, MAX_ACCEPT_PRIVATE_DATA)?;
+        let peer = self.peer;
         let conn = Connection::with_qp(self.raw, config, self.private_data, "rdma_accept")?;
         conn.set_ack_timeout(config.ack_timeout, "rdma_accept")?;
         let mut param = conn_param(private_data, config);
         // SAFETY: the id is valid with a QP; param and its private data live across the call.
+        // (The id is asynchronous, as every id here is: rdma_accept sends the answer and
+        // returns.)
         if unsafe { sys::rdma_accept(conn.raw.id(), &mut param) } != 0 {
             return Err(Error::last_os(
                 "rdma_accept",
                 format!("cannot accept the connection from {peer:?}"),
             ));
         }
-        conn.wait_established(timeout, "rdma_accept", &format!("{peer:?}"))
+        Ok(conn)
     }
 
     /// Rejects the request, sending `private_data` (at most 148 bytes) to the peer.
@@ -281,6 +345,84 @@ impl ConnectionRequest {
             ));
         }
         Ok(())
+    }
+}
+
+/// A connection accepted with [`ConnectionRequest::accept_start`] and not yet established:
+/// [`Accepting::poll`] it when its listener's [`Listener::take_ready`] names it, then
+/// [`Accepting::finish`] it. Dropping it destroys its QP and id (the peer's connect fails).
+pub struct Accepting {
+    conn: Connection,
+    peer: Option<SocketAddr>,
+    established: bool,
+}
+
+impl Accepting {
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    /// Names this accept by `token` (not 0, nor [`Listener::REQUESTS`]) among those its
+    /// listener's [`Listener::take_ready`] reports as having events.
+    pub fn set_event_token(&self, token: u64) {
+        self.conn.set_event_token(token);
+    }
+
+    /// Takes this accept's events, without waiting: `Ok(true)` once the connection is
+    /// established (then [`Accepting::finish`] it), `Ok(false)` while it is not. An error
+    /// when it failed: the peer rejected or abandoned it, or the CM gave up waiting for it.
+    pub fn poll(&mut self) -> Result<bool> {
+        while !self.established {
+            let now = Some(Instant::now());
+            let Some(event) = self.conn.raw.next_event(now, "rdma_accept")? else {
+                return Ok(false);
+            };
+            let peer = format!("{:?}", self.peer);
+            self.established = self.conn.on_connect_event(event, "rdma_accept", &peer)?;
+        }
+        Ok(true)
+    }
+
+    /// Waits up to `timeout` for the connection to be established, then finishes it.
+    pub fn wait(self, timeout: Duration) -> Result<Connection> {
+        let conn = match self.established {
+            true => self.conn,
+            false => {
+                let peer = format!("{:?}", self.peer);
+                self.conn.wait_established(timeout, "rdma_accept", &peer)?
+            }
+        };
+        Accepting {
+            conn,
+            peer: self.peer,
+            established: true,
+        }
+        .finish()
+    }
+
+    /// The connection, once [`Accepting::poll`] said it is established: moved onto the
+    /// event channel of the [`QpConfig`] it was accepted with. An error if it is not
+    /// established, or cannot be moved (it is dropped then).
+    pub fn finish(mut self) -> Result<Connection> {
+        if !self.established {
+            return Err(Error::invalid(
+                "rdma_accept",
+                format!("the connection from {:?} is not established", self.peer),
+            ));
+        }
+        let events = self.conn.config().events.clone();
+        self.conn.raw.move_to(&events, "rdma_migrate_id")?;
+        Ok(self.conn)
+    }
+}
+
+impl std::fmt::Debug for Accepting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Accepting")
+            .field("peer", &self.peer)
+            .field("established", &self.established)
+            .finish()
     }
 }
 
@@ -328,6 +470,17 @@ pub fn connect(
     private_data: &[u8],
     timeout: Duration,
 ) -> Result<Connection> {
+    let conn = send_request(dst, config, private_data)?;
+    conn.wait_established(timeout, "rdma_connect", &dst.to_string())
+}
+
+/// [`connect`] up to the request sent: the connection, not yet established (its answer comes
+/// as events on `config`'s channel).
+pub(crate) fn send_request(
+    dst: &AddrInfo,
+    config: &QpConfig,
+    private_data: &[u8],
+) -> Result<Connection> {
     if dst.side() != Side::Active {
         return Err(Error::invalid(
             "rdma_create_ep",
@@ -358,5 +511,5 @@ pub fn connect(
             format!("cannot connect to {dst}"),
         ));
     }
-    conn.wait_established(timeout, "rdma_connect", &dst.to_string())
+    Ok(conn)
 }

@@ -108,48 +108,66 @@ impl Connection {
                     format!("no connection with {peer} within {timeout:?}"),
                 ));
             };
-            match event.kind {
-                CmEventKind::ESTABLISHED => {
-                    if !event.private_data.is_empty() {
-                        self.peer_private_data = event.private_data;
-                    }
-                    log::debug!(
-                        "connected with {peer} (qp {}; ACK timeout exponent and retry count \
-                         in force: {:?})",
-                        self.qp_num,
-                        self.ack_timers()
-                    );
-                    return Ok(self);
-                }
-                CmEventKind::REJECTED => {
-                    let why = match event.status {
-                        8 => format!(
-                            "nobody listens at {peer} (the peer's CM rejected an unknown service)"
-                        ),
-                        28 => format!("the application at {peer} rejected the connection"),
-                        s => format!("{peer} rejected the connection (CM reject reason {s})"),
-                    };
-                    return Err(Error::new(call, libc::ECONNREFUSED, why)
-                        .with_reject_data(event.private_data));
-                }
-                CmEventKind::UNREACHABLE | CmEventKind::CONNECT_ERROR => {
-                    return Err(Error::new(
-                        call,
-                        if event.kind == CmEventKind::UNREACHABLE {
-                            libc::EHOSTUNREACH
-                        } else {
-                            libc::ECONNABORTED
-                        },
-                        format!(
-                            "connection with {peer} failed: {} (status {})",
-                            event.kind.name(),
-                            event.status
-                        ),
-                    ));
-                }
-                other => log::debug!("while connecting with {peer}: ignoring {}", other.name()),
+            if self.on_connect_event(event, call, peer)? {
+                return Ok(self);
             }
         }
+    }
+
+    /// Takes one event of a connection being set up: true once it is established, false
+    /// for an event that changes nothing; an error when it failed.
+    pub(crate) fn on_connect_event(
+        &mut self,
+        event: CmEvent,
+        call: &'static str,
+        peer: &str,
+    ) -> Result<bool> {
+        match event.kind {
+            CmEventKind::ESTABLISHED => {
+                if !event.private_data.is_empty() {
+                    self.peer_private_data = event.private_data;
+                }
+                log::debug!(
+                    "connected with {peer} (qp {}; ACK timeout exponent and retry count \
+                     in force: {:?})",
+                    self.qp_num,
+                    self.ack_timers()
+                );
+                Ok(true)
+            }
+            CmEventKind::REJECTED => {
+                let why = match event.status {
+                    8 => format!(
+                        "nobody listens at {peer} (the peer's CM rejected an unknown service)"
+                    ),
+                    28 => format!("the application at {peer} rejected the connection"),
+                    s => format!("{peer} rejected the connection (CM reject reason {s})"),
+                };
+                Err(Error::new(call, libc::ECONNREFUSED, why).with_reject_data(event.private_data))
+            }
+            CmEventKind::UNREACHABLE | CmEventKind::CONNECT_ERROR => Err(Error::new(
+                call,
+                if event.kind == CmEventKind::UNREACHABLE {
+                    libc::EHOSTUNREACH
+                } else {
+                    libc::ECONNABORTED
+                },
+                format!(
+                    "connection with {peer} failed: {} (status {})",
+                    event.kind.name(),
+                    event.status
+                ),
+            )),
+            other => {
+                log::debug!("while connecting with {peer}: ignoring {}", other.name());
+                Ok(false)
+            }
+        }
+    }
+
+    /// What the connection was made with.
+    pub(crate) fn config(&self) -> &QpConfig {
+        &self.config
     }
 
     /// The QP number (completions carry it as [`crate::Completion::qp_num`]).

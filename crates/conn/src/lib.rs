@@ -3,7 +3,9 @@
 //! - [`AddrInfo`]: `rdma_getaddrinfo` for either side, from `"host:port"` or a `SocketAddr`.
 //! - [`Listener`] → [`ConnectionRequest`] → [`ConnectionRequest::accept`] / `reject`, and
 //!   [`connect`]: rdmacm connections, made asynchronous on an [`EventChannel`] so every wait
-//!   has a deadline. A worker's connections share one channel (named by [`QpConfig::events`]),
+//!   has a deadline; [`ConnectionRequest::accept_start`] accepts without waiting (an
+//!   [`Accepting`], established when its listener's channel says so), so that a listener
+//!   never waits on one peer. A worker's connections share one channel (named by [`QpConfig::events`]),
 //!   as UCX's do: a connection costs no file descriptor of its own; each gets only its own
 //!   events ([`Connection::next_event`]), and [`EventChannel::take_ready`] says which have
 //!   some.
@@ -69,7 +71,7 @@ mod word_region;
 pub use addr::{split_host_port, AddrInfo, Side};
 pub use channel::{CmEvent, CmEventKind, EventChannel};
 pub use cm::{
-    connect, ConnectionRequest, Listener, QpConfig, MAX_ACCEPT_PRIVATE_DATA,
+    connect, Accepting, ConnectionRequest, Listener, QpConfig, MAX_ACCEPT_PRIVATE_DATA,
     MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
 };
 pub use connection::{Connection, INLINE_PIECES};

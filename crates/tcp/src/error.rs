@@ -172,6 +172,25 @@ impl Error {
         }
     }
 
+    /// Whether the process or the system ran out of descriptors or kernel memory
+    /// (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`): what a [`Listener`](crate::Listener)
+    /// backs off from (see [`Listener::get_request`](crate::Listener::get_request)); the
+    /// operation may succeed once some are freed.
+    pub fn is_out_of_resources(&self) -> bool {
+        match &self.kind {
+            Kind::Io(e) => matches!(
+                rustix::io::Errno::from_io_error(e),
+                Some(
+                    rustix::io::Errno::MFILE
+                        | rustix::io::Errno::NFILE
+                        | rustix::io::Errno::NOBUFS
+                        | rustix::io::Errno::NOMEM
+                )
+            ),
+            _ => false,
+        }
+    }
+
     /// The address of the peer this error concerns, when known.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.peer
@@ -197,8 +216,10 @@ mod tests {
             "{text}"
         );
         assert!(err.is_out_of_descriptors());
+        assert!(err.is_out_of_resources());
         let other = Error::io("accept", None, io::Error::from_raw_os_error(22));
         assert!(!other.is_out_of_descriptors());
+        assert!(!other.is_out_of_resources());
         assert!(!other.to_string().contains("EMFILE"));
     }
 

@@ -7,6 +7,13 @@
 //! and when the table is full (or the process is out of descriptors) the oldest pending one
 //! is closed to make room. A connector that fails its handshake never reaches the caller:
 //! it is logged and dropped, and [`Listener::get_request`] goes on to the next.
+//!
+//! Out of descriptors with no pending handshake to close (or out of kernel memory), the
+//! listener backs off as libuv, Go and nginx do: the listening socket, which stays
+//! readable while connections wait in its backlog, is out of the epoll set for a delay
+//! that grows from 1 ms to 100 ms, then tried again; the connections wait in the backlog
+//! meanwhile and are taken once a descriptor is free. Nothing spins, and the listener is
+//! never failed.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -41,6 +48,11 @@ const WAIT_BATCH: usize = 64;
 const MAX_HELLO: usize = HEADER_LEN + HANDSHAKE_PREFIX + MAX_PRIVATE_DATA;
 /// What a failed handshake is reported as.
 const READ_HELLO: &str = "read HELLO";
+/// The first back-off of the listening socket when `accept` runs out of descriptors (or
+/// memory) with no pending handshake to close; each failed retry doubles it.
+const MIN_BACKOFF: Duration = Duration::from_millis(1);
+/// The longest back-off: a descriptor freed is noticed within this.
+const MAX_BACKOFF: Duration = Duration::from_millis(100);
 
 /// A listening TCP socket on which peers [`connect`](crate::connect), with the connections
 /// whose HELLO is still arriving (see [`Listener::get_request`]).
@@ -72,6 +84,21 @@ struct Table {
     next_id: u64,
     /// The deadline the timer is armed for.
     armed: Option<Instant>,
+    /// The listening socket's back-off while `accept` finds no descriptor (or memory).
+    backoff: Option<Backoff>,
+}
+
+/// An episode of `accept` failing for want of descriptors or memory (see the module docs).
+struct Backoff {
+    /// What `accept` said last.
+    errno: Errno,
+    /// When the episode began.
+    since: Instant,
+    /// The current delay (doubled at each failed retry, up to [`MAX_BACKOFF`]).
+    delay: Duration,
+    /// When the listening socket is watched and tried again; `None` while it is watched
+    /// again (the retry is under way).
+    until: Option<Instant>,
 }
 
 /// A connection taken from the listening socket whose HELLO has not all arrived.
@@ -258,11 +285,22 @@ impl Listener {
     ///
     /// Several threads may call this at once; each request is returned to one of them.
     ///
+    /// Out of descriptors (`EMFILE`, `ENFILE`) with no pending handshake to close for room,
+    /// or out of kernel memory (`ENOBUFS`, `ENOMEM`), the listener backs off (logged once
+    /// per episode, at warning level, with the error naming the limit): it stops watching
+    /// the listening socket for a delay growing from 1 ms to 100 ms, then tries again,
+    /// while the connections wait in the kernel's backlog, so neither this call nor a
+    /// poller of [`Listener::fd`] spins; the first one is taken as soon as a descriptor is
+    /// free. A call whose `timeout` passes during such an episode returns that error
+    /// rather than `Ok(None)`, so that its caller learns why no request came (the listener
+    /// is not failed: call again); with `None` the call goes on waiting.
+    ///
     /// # Errors
     ///
-    /// Only failures of the listener itself: `epoll_wait` failing, or `accept` failing for
-    /// a reason other than the connection taken (`EMFILE` / `ENFILE` with no pending
-    /// connection to close for room, `ENOBUFS`, `ENOMEM`). The listener stays usable.
+    /// Only conditions of the listener itself: `epoll_wait` failing; `accept` failing for
+    /// a reason other than the connection taken; and, as above, the process out of
+    /// descriptors or memory when `timeout` passes ([`Error::is_out_of_resources`]). The
+    /// listener stays usable.
     pub fn get_request(&self, timeout: Option<Duration>) -> Result<Option<ConnectionRequest>> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut events = [const { MaybeUninit::<epoll::Event>::uninit() }; WAIT_BATCH];
@@ -276,7 +314,10 @@ impl Listener {
             };
             {
                 let mut table = self.table.lock();
-                let found = self.handle(&mut table, ready);
+                let mut found = self.handle(&mut table, ready);
+                if matches!(found, Ok(None)) {
+                    found = self.retry_accept(&mut table);
+                }
                 self.expire(&mut table);
                 if let Some(found) = found? {
                     return Ok(Some(found));
@@ -287,7 +328,7 @@ impl Listener {
                 None => None,
                 Some(d) => match d.checked_duration_since(Instant::now()) {
                     Some(left) if !left.is_zero() => Some(left),
-                    _ => return Ok(None),
+                    _ => return self.backing_off().map_or(Ok(None), Err),
                 },
             };
         }
@@ -303,6 +344,8 @@ impl Listener {
                     t.armed = None;
                     None
                 }
+                // (A report from before a back-off began waits for its end.)
+                LISTENING if t.backoff.as_ref().is_some_and(|b| b.until.is_some()) => None,
                 LISTENING => self.take_waiting(t)?,
                 id => self.advance(t, id),
             };
@@ -319,21 +362,26 @@ impl Listener {
     fn take_waiting(&self, t: &mut Table) -> Result<Option<ConnectionRequest>> {
         for _ in 0..ACCEPT_BATCH {
             let (stream, peer) = match self.socket.accept() {
-                Ok(taken) => taken,
+                Ok(taken) => {
+                    self.end_backoff(t);
+                    taken
+                }
                 Err(e) => match Errno::from_io_error(&e) {
-                    Some(Errno::AGAIN) => return Ok(None),
-                    Some(Errno::MFILE | Errno::NFILE) => {
-                        // Out of descriptors: the oldest pending handshake makes room.
-                        if self.drop_oldest(t, "the process is out of file descriptors") {
-                            continue;
-                        }
-                        let what = "accept (out of file descriptors, and no pending \
-                                    handshake to close for room)";
-                        return Err(Error::io(what, self.local, e));
+                    Some(Errno::AGAIN) => {
+                        self.end_backoff(t);
+                        return Ok(None);
                     }
-                    Some(Errno::NOBUFS | Errno::NOMEM) | None => {
-                        return Err(Error::io("accept", self.local, e))
+                    // Out of descriptors: the oldest pending handshake makes room.
+                    Some(Errno::MFILE | Errno::NFILE)
+                        if self.drop_oldest(t, "the process is out of file descriptors") =>
+                    {
+                        continue
                     }
+                    Some(errno @ (Errno::MFILE | Errno::NFILE | Errno::NOBUFS | Errno::NOMEM)) => {
+                        self.back_off(t, errno);
+                        return Ok(None);
+                    }
+                    None => return Err(Error::io("accept", self.local, e)),
                     // A connection aborted before it was taken, an interrupted call, or an
                     // error of that connection's network (accept(2) says to retry those).
                     Some(_) => {
@@ -414,7 +462,90 @@ impl Listener {
         }
     }
 
-    /// Closes the handshakes whose deadline has passed and arms the timer for the next.
+    /// `accept` found no descriptor (or memory): stops watching the listening socket for
+    /// the episode's next delay (the first: [`MIN_BACKOFF`], logged; then doubled, up to
+    /// [`MAX_BACKOFF`]). The timer is armed for its end by [`Listener::expire`].
+    fn back_off(&self, t: &mut Table, errno: Errno) {
+        let now = Instant::now();
+        let (since, delay) = match &t.backoff {
+            Some(b) => (b.since, (b.delay * 2).min(MAX_BACKOFF)),
+            None => {
+                let e = self.accept_error(errno);
+                log::warn!(
+                    "listener {:?}: {e}; backing off (up to {MAX_BACKOFF:?} between tries) \
+                     until a connection can be taken: connections wait in the backlog",
+                    self.local
+                );
+                (now, MIN_BACKOFF)
+            }
+        };
+        let watched = t.backoff.as_ref().map_or(true, |b| b.until.is_none());
+        if watched {
+            if let Err(e) = epoll::delete(&self.poll, &self.socket) {
+                log::debug!("listener {:?}: epoll_ctl(DEL): {e}", self.local);
+            }
+        }
+        t.backoff = Some(Backoff {
+            errno,
+            since,
+            delay,
+            until: Some(now + delay),
+        });
+    }
+
+    /// At the end of a back-off's delay: watches the listening socket again and tries to
+    /// take what waits there (a failure backs off longer).
+    fn retry_accept(&self, t: &mut Table) -> Result<Option<ConnectionRequest>> {
+        let Some(b) = t.backoff.as_mut() else {
+            return Ok(None);
+        };
+        if b.until.map_or(true, |until| until > Instant::now()) {
+            return Ok(None);
+        }
+        b.until = None;
+        let errno = b.errno;
+        if let Err(e) = epoll::add(
+            &self.poll,
+            &self.socket,
+            epoll::EventData::new_u64(LISTENING),
+            epoll::EventFlags::IN,
+        ) {
+            log::debug!("listener {:?}: epoll_ctl(ADD): {e}", self.local);
+            self.back_off(t, errno);
+            return Ok(None);
+        }
+        self.take_waiting(t)
+    }
+
+    /// `accept` took a connection, or found none waiting: a back-off episode is over.
+    fn end_backoff(&self, t: &mut Table) {
+        if let Some(b) = t.backoff.take() {
+            log::info!(
+                "listener {:?}: accepting again after {:?} out of descriptors or memory",
+                self.local,
+                b.since.elapsed()
+            );
+        }
+    }
+
+    /// The error of the back-off episode under way, if there is one.
+    fn backing_off(&self) -> Option<Error> {
+        let t = self.table.lock();
+        t.backoff.as_ref().map(|b| self.accept_error(b.errno))
+    }
+
+    /// What `accept` failing with `errno` means for this listener.
+    fn accept_error(&self, errno: Errno) -> Error {
+        Error::io(
+            "accept (no pending handshake to close for room: the connections wait in the \
+             listening socket's backlog)",
+            self.local,
+            errno.into(),
+        )
+    }
+
+    /// Closes the handshakes whose deadline has passed and arms the timer for the next
+    /// deadline or the end of a back-off, whichever comes first.
     fn expire(&self, t: &mut Table) {
         let now = Instant::now();
         while let Some(entry) = t.pending.first_entry() {
@@ -431,7 +562,11 @@ impl Listener {
                 p.got
             );
         }
-        let next = t.pending.first_key_value().map(|(_, p)| p.deadline);
+        let retry = t.backoff.as_ref().and_then(|b| b.until);
+        let next = match (t.pending.first_key_value().map(|(_, p)| p.deadline), retry) {
+            (Some(d), Some(r)) => Some(d.min(r)),
+            (d, r) => d.or(r),
+        };
         if next != t.armed {
             // A zero value disarms the timer: a deadline due now is armed a nanosecond on.
             let value = match next {

@@ -17,7 +17,7 @@
 //! its reason, and the connection stays TCP (if the connector allows TCP). Everything read
 //! from the peer is validated; any failure is an error naming what was wrong.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
@@ -284,10 +284,28 @@ impl Accepting {
         RING_CAPACITY as u32
     }
 
+    /// The hand-over socket: readable once the connector's doorbell (or its hang-up) came.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    /// Whether the connector answered (its doorbell, or a hang-up, is there to read): then
+    /// [`Accepting::finish`] does not wait.
+    pub(crate) fn answered(&self) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags};
+        let zero = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        poll(&mut [PollFd::new(&self.sock, PollFlags::IN)], Some(&zero)).is_ok_and(|n| n > 0)
+    }
+
     /// After the TCP ACCEPT: the connector's doorbell, and the data path. The doorbell is
     /// waited for up to the connect timeout (the socket's read timeout, set in
-    /// [`Accepting::start`]): the one wait on a peer left on the accept path, which only a
-    /// process of this user on this host can make (`start` checked the socket's peer).
+    /// [`Accepting::start`]), not at all once [`Accepting::answered`] said it came: a
+    /// listener keeps the accepts waiting for it among others (see `crate::listener`), so
+    /// that only an application accepting one chosen request waits on its one peer (a
+    /// process of this user on this host: `start` checked the socket's peer).
     pub(crate) fn finish(self) -> Result<DataPath, String> {
         let mut buf = [0u8; 8];
         let (n, mut fds) = fdpass::recv_with_fds(&self.sock, &mut buf)

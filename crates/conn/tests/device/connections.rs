@@ -195,3 +195,97 @@ fn shared_vectors_register_in_place_for_reading_only() {
     assert_eq!(Arc::strong_count(&data), 1);
     assert_eq!(live_registrations().regions, before.regions);
 }
+
+/// Accepting without waiting ([`ConnectionRequest::accept_start`]): a connector that never
+/// completes the exchange (`fault::connect_unanswered`: it never reads the answer, so the
+/// RTU never goes) leaves its accept under way — never established, never named by the
+/// listener's channel — while a second request is accepted the same way, named by its
+/// token when its connection is established, and finished onto the server's event channel,
+/// where its events come from then on. Dropping the stalled accept is all it costs.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it in the Soft-RoCE guest"]
+fn an_accept_under_way_waits_on_no_other() {
+    let ip = addr_a();
+    let server = Verbs::new(ip, Some(16), false);
+    server.fill_srq(16, 64);
+    let client = Verbs::new(ip, None, false);
+    let (listener, addr) = listen(ip);
+
+    // The stalled connector, on a channel nothing reads.
+    let silent = Verbs::new(ip, None, false);
+    let stalled = fault::connect_unanswered(&dst(addr), &silent.config(), b"stall").unwrap();
+    let request = listener
+        .get_request(Some(LONG))
+        .unwrap()
+        .expect("a request");
+    assert!(request.private_data().starts_with(b"stall"));
+    let mut stuck = request.accept_start(&server.config(), b"").unwrap();
+    stuck.set_event_token(1);
+    let deadline = Instant::now() + LONG;
+    while !stalled.answered() {
+        assert!(
+            Instant::now() < deadline,
+            "the stalled connector got no answer"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+
+    // A good connector meanwhile.
+    let config = client.config();
+    let good = thread::spawn(move || connect(&dst(addr), &config, b"good", LONG));
+    let request = listener
+        .get_request(Some(LONG))
+        .unwrap()
+        .expect("a request");
+    assert!(request.private_data().starts_with(b"good"));
+    let mut accepting = request.accept_start(&server.config(), b"hello").unwrap();
+    accepting.set_event_token(2);
+    let deadline = Instant::now() + LONG;
+    loop {
+        let mut tokens = Vec::new();
+        listener.take_ready(&mut tokens).unwrap();
+        assert!(
+            !tokens.contains(&1),
+            "the stalled accept has no news: {tokens:?}"
+        );
+        if tokens.contains(&2) && accepting.poll().unwrap() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the good accept was never established"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        !stuck.poll().unwrap(),
+        "the stalled accept is not established"
+    );
+    let server_conn = accepting.finish().unwrap();
+    let client_conn = good.join().unwrap().expect("the good connector connects");
+    assert!(client_conn.peer_private_data().starts_with(b"hello"));
+
+    // Its events now come on the server's channel.
+    server_conn.set_event_token(7);
+    client_conn.disconnect().unwrap();
+    let deadline = Instant::now() + LONG;
+    loop {
+        let mut tokens = Vec::new();
+        server.events.take_ready(&mut tokens).unwrap();
+        if tokens.contains(&7) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no DISCONNECTED on the server's channel"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    let ev = server_conn
+        .next_event(Some(LONG))
+        .unwrap()
+        .expect("an event");
+    assert_eq!(ev.kind, CmEventKind::DISCONNECTED);
+    assert!(!stuck.poll().unwrap(), "still not established");
+    drop((stuck, stalled));
+}
