@@ -223,29 +223,58 @@
 //! costs only that peer: its endpoint fails, or it waits on credit; never another peer or
 //! the process. The accept path never blocks on one connection.
 //!
+//! *Connecting: what a peer can make accept or connect wait on or hold*
+//!
 //! | what | default | set by | at the bound |
 //! | --- | --- | --- | --- |
 //! | TCP connections a listener holds while their handshake (HELLO) arrives: a descriptor and under 1 KiB each, read only when they have input | 4096 per listener | `RDMX_MAX_PENDING_HANDSHAKES` | one more closes the oldest pending connection (so does `EMFILE` on accept); a client whose HELLO follows its connect, as rdmx's does, is read as soon as it is taken and is not held up |
 //! | time a TCP connection taken by a listener has to send its whole HELLO; until then no one connection is waited on ([`Listener::accept`] takes and reads many at once) | the connect timeout, 5 s | `RDMX_CONNECT_TIMEOUT_MS` | the connection is closed and logged (a malformed HELLO at once); neither is an error of `accept` or `next_request`. Accepting then waits on no one peer either: see the next row |
 //! | accepts under way ([`Listener::accept`]): requests answered whose setup waits on the peer — over RDMA for its last CM message (the RTU that establishes the connection), each holding a queue pair and the engine's admission (its initial credits) but no descriptor; over shared memory for the connector's doorbell, each holding the segment handed over and 2 descriptors (its TCP and Unix sockets) | 4096 per listener, each for the connect timeout (5 s) from its answer | `RDMX_MAX_PENDING_HANDSHAKES`, `RDMX_CONNECT_TIMEOUT_MS` | at its deadline the accept is dropped and logged (its connection closed, the admission undone); one more than the bound drops the oldest; meanwhile further requests are answered and the first connection set up is returned. The worker's progress moves them on too, so a connection established while no thread is in `accept` joins the worker at once, and deadlines pass whether or not `accept` is called again. [`ConnRequest::accept`], the application accepting one request it chose, waits for that one, up to the connect timeout |
 //! | time a listener spends on `accept(2)` failing for want of descriptors or kernel memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) with no pending handshake to close for room | a back-off of 1 ms, doubling to 100 ms, between tries | fixed | nothing spins: the listening socket is not watched during a back-off; the connections wait in the kernel's backlog and are taken once a descriptor is free; a warning is logged once per episode, naming the limit; [`Listener::next_request`] returns the error when its timeout passes, [`Listener::accept`] goes on waiting; the listener is never failed |
-//! | GETs a shared-memory peer has unanswered (rendezvous by copy: their answers wait for room in its ring) | 64 per connection | fixed | that peer's endpoint fails (protocol error); an rdmx reader holds its own GETs back past 64, so it never gets there |
+//! | time an acceptor spends reaching a connector's hand-over socket (its backlog full) | the connect timeout | `RDMX_CONNECT_TIMEOUT_MS` | shared memory is declined with the reason (the connection stays TCP where TCP is allowed) |
+//!
+//! *Shared memory's hand-over socket*
+//!
+//! | what | default | set by | at the bound |
+//! | --- | --- | --- | --- |
 //! | who can connect to a worker's shared-memory hand-over socket | its user only (a socket in a 0700 directory; `SO_PEERCRED` checked) | fixed | another user's `connect` is refused by the kernel; a stream of another user (root's) is closed at once |
 //! | streams on the hand-over socket whose token has not arrived | 32, each until the connect timeout | fixed (`RDMX_CONNECT_TIMEOUT_MS`) | the oldest is closed; a stream is never waited on; none is kept while no connect of the worker is in flight |
 //! | streams on the hand-over socket under a token | one per connect of the worker in flight | fixed | a stream under a token no connect waits for is closed at once; a connect's is closed when it gives up |
-//! | time an acceptor spends reaching a connector's hand-over socket (its backlog full) | the connect timeout | `RDMX_CONNECT_TIMEOUT_MS` | shared memory is declined with the reason (the connection stays TCP where TCP is allowed) |
-//! | bytes waiting to go into a shared-memory ring the peer leaves full | 1024 frames (the ring's window) of the receive buffer size, 64 B more each: 16.1 MiB | `RDMX_RECV_BUF_SIZE` (on shared memory) | that peer's endpoint fails ("left its ring full"); a peer that returns credits only for frames it took never gets there |
-//! | a TCP connection's output queue: what its peer asked for or was sent and has not read (GET replies, READ answers, frames); copied bytes and a slot per item, a READ answer's data being the send buffer itself ([`WorkerStats::send_queue_bytes`]) | 16 MiB per connection, or 4 × `RDMX_CREDITS` × TCP's `RDMX_RECV_BUF_SIZE` if more | fixed (follows those two) | the worker stops reading that peer ([`WorkerStats::paused_inputs`]) until it has read half: its requests wait in its own socket, held up by TCP's flow control, and are answered once it reads. A legitimate peer never reaches it: it can make a connection queue only its credit window of frames and the answers to its READs, at most 64 in flight per connection (`rdmx_proto::MAX_READS_PER_CONN`) |
+//!
+//! *Memory and queue entries*
+//!
+//! | what | default | set by | at the bound |
+//! | --- | --- | --- | --- |
 //! | receive buffers a peer's handshake may declare (they size the frames sent to it) | 16 MiB (`rdmx_proto::MAX_RECV_BUF_SIZE`, TCP's largest frame) | fixed | the connection is rejected at connect, the reason naming the size |
 //! | bytes one get of a peer's may ask (one reply, and what the worker allocates for it) | what a reply carries into the smaller of both sides' receive buffers, less the 40-byte header: 65 496 B over TCP, 8152 B over RDMA (whose gets the NIC serves), 16 384 B over shared memory | `RDMX_RECV_BUF_SIZE` (this side's) | the endpoint closes as a protocol error naming the sizes; a get whose key or bounds are refused allocates nothing |
 //! | replies to a peer's one-sided operations waiting for credits | the peer's window: at most 64 over TCP, 1024 over shared memory (its ring's) | `RDMX_CREDITS` | each operation's credit is held until its reply leaves: the peer runs out of credits and waits |
 //! | frames of one put or get of this side's out at once (a peer declaring tiny buffers and many credits sizes neither) | 64 | fixed | the operation waits for replies before its next frame |
+//! | GETs a shared-memory peer has unanswered (rendezvous by copy: their answers wait for room in its ring) | 64 per connection | fixed | that peer's endpoint fails (protocol error); an rdmx reader holds its own GETs back past 64, so it never gets there |
+//! | bytes waiting to go into a shared-memory ring the peer leaves full | 1024 frames (the ring's window) of the receive buffer size, 64 B more each: 16.1 MiB | `RDMX_RECV_BUF_SIZE` (on shared memory) | that peer's endpoint fails ("left its ring full"); a peer that returns credits only for frames it took never gets there |
+//! | a TCP connection's output queue: what its peer asked for or was sent and has not read (GET replies, READ answers, frames); copied bytes and a slot per item, a READ answer's data being the send buffer itself ([`WorkerStats::send_queue_bytes`]) | 16 MiB per connection, or 4 × `RDMX_CREDITS` × TCP's `RDMX_RECV_BUF_SIZE` if more | fixed (follows those two) | the worker stops reading that peer ([`WorkerStats::paused_inputs`]) until it has read half: its requests wait in its own socket, held up by TCP's flow control, and are answered once it reads. A legitimate peer never reaches it: it can make a connection queue only its credit window of frames and the answers to its READs, at most 64 in flight per connection (`rdmx_proto::MAX_READS_PER_CONN`) |
+//! | bytes held for messages that arrived before a matching receive (eager payloads, 64 B per message) | 64 MiB | `RDMX_MAX_UNEXPECTED` | the credits of each peer holding more than its share (an equal part per endpoint) are withheld as its messages arrive: its sends wait on credit (its ATS, RMA replies and credit updates still go) until the application receives; a worker holds at most twice the budget plus a window of eager frames per peer, and a peer that reconnects gets no fresh share (a window per connection) ([`Config::max_unexpected`]); a peer that sends on regardless fails its endpoint |
+//!
+//! *File descriptors*
+//!
+//! | what | default | set by | at the bound |
+//! | --- | --- | --- | --- |
 //! | file descriptors per RDMA endpoint | 0: a worker's connections share its one rdmacm event channel (UCX's way), each getting only its own events | fixed | — (a connect holds one for a moment: rdmacm resolves the route on a channel of its own) |
 //! | file descriptors per TCP endpoint | 1 on each side, its socket: inherent | fixed | the process's limit: that connect fails, saying "too many open files (EMFILE): the process's descriptor limit (N) is reached", and a listener backs off until a descriptor is free (see above); other endpoints go on |
 //! | file descriptors per shared-memory endpoint | 2 on each side: its Unix socket (the peer's hang-up) and the peer worker's doorbell (eventfd); the setup's TCP socket and the segment's memfd are closed | fixed | as for TCP; the acceptor refuses the peer saying why |
 //! | the process's descriptor limit | the soft `RLIMIT_NOFILE` raised to the hard limit when a context is made (as Go's runtime does; logged at debug level) | `RDMX_RAISE_NOFILE` (`0`: left as it is) | as above: an error naming EMFILE and the limit, wherever a descriptor was needed |
-//! | bytes held for messages that arrived before a matching receive (eager payloads, 64 B per message) | 64 MiB | `RDMX_MAX_UNEXPECTED` | the credits of each peer holding more than its share (an equal part per endpoint) are withheld as its messages arrive: its sends wait on credit (its ATS, RMA replies and credit updates still go) until the application receives; a worker holds at most twice the budget plus a window of eager frames per peer, and a peer that reconnects gets no fresh share (a window per connection) ([`Config::max_unexpected`]); a peer that sends on regardless fails its endpoint |
+//!
+//! *Time a send waits on a peer*
+//!
+//! | what | default | set by | at the bound |
+//! | --- | --- | --- | --- |
 //! | how long a rendezvous send's buffer stays exposed to a peer that does not read it | none (for ever, as UCP) | `RDMX_RNDV_TIMEOUT_MS` | the send fails with [`Status::TimedOut`] and its exposure is revoked (a later READ fails; over RDMA a READ in flight breaks that connection; over shared memory the buffer is kept until the endpoint closes); the endpoint stays up ([`Config::rndv_timeout`]) |
+//!
+//! Each row is a test that attacks it as a hostile peer would (raw frames and handshakes,
+//! idle and half-open sockets, floods, lies in the handshake) and checks the victim's memory
+//! or counters stay within the bound while a legitimate peer connects and exchanges
+//! messages: `tests/bounds` over TCP and shared memory; over RDMA (in the Soft-RoCE guest)
+//! `tests/device_hostile.rs` (an accept its peer never completes, READs to a peer gone
+//! silent, malformed frames) and the 1024-endpoint descriptor test of `tests/api`.
 //!
 //! These promises are tests: a peer process SIGKILLed during an eager stream and during a
 //! rendezvous READ in either direction (every pending request fails within 5 s; memory
