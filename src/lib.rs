@@ -248,8 +248,8 @@
 //! | time | how long a rendezvous send's buffer stays exposed to a peer that does not read it | none (for ever, as UCP) | `RDMX_RNDV_TIMEOUT_MS` | the send fails with [`Status::TimedOut`] and its exposure is revoked (a later READ fails; over RDMA a READ in flight breaks that connection; over shared memory the buffer is kept until the endpoint closes); the endpoint stays up ([`Config::rndv_timeout`]) |
 //!
 //! The bounds are tested as a hostile peer would attack them (raw frames and handshakes,
-//! idle and half-open sockets, floods, lies in the handshake) and checks the victim's memory
-//! or counters stay within the bound while a legitimate peer connects and exchanges
+//! idle and half-open sockets, floods, lies in the handshake), checking that the victim's
+//! memory or counters stay within the bound while a legitimate peer connects and exchanges
 //! messages: `tests/bounds` over TCP and shared memory; over RDMA (in the Soft-RoCE guest)
 //! `tests/device_hostile.rs` (an accept its peer never completes, READs to a peer gone
 //! silent, malformed frames) and the 1024-endpoint descriptor test of `tests/api`.
