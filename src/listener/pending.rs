@@ -96,19 +96,23 @@ impl Pending {
             .checked_add(self.timeout)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(1 << 32));
         t.entries.insert(token, Entry { accept, deadline });
-        if t.entries.len() > self.max {
-            if let Some((_, old)) = t.entries.pop_first() {
-                unwatch(&old.accept, poll);
-                log::warn!(
-                    "dropping the {} connection from {:?}: {} accepts are under way, its \
-                     setup the oldest",
-                    old.accept.transport(),
-                    old.accept.peer_addr(),
-                    self.max
-                );
-            }
-        }
+        let oldest = match t.entries.len() > self.max {
+            true => t.entries.pop_first().map(|(_, old)| old),
+            false => None,
+        };
+        // Counted out before it is closed (see `progress`).
         self.under_way.store(t.entries.len(), Ordering::Release);
+        drop(t);
+        if let Some(old) = oldest {
+            unwatch(&old.accept, poll);
+            log::warn!(
+                "dropping the {} connection from {:?}: {} accepts are under way, its setup \
+                 the oldest",
+                old.accept.transport(),
+                old.accept.peer_addr(),
+                self.max
+            );
+        }
     }
 
     /// Looks at the accepts named by `news` (which appends the tokens of those with news,
@@ -153,12 +157,20 @@ impl Pending {
             }
         }
         let now = Instant::now();
+        let mut expired = Vec::new();
         while let Some(entry) = t.entries.first_entry() {
             if entry.get().deadline > now {
                 break;
             }
             let entry = entry.remove();
             unwatch(&entry.accept, poll);
+            expired.push(entry);
+        }
+        // Counted out before they are closed: whoever sees a connection closed sees it gone.
+        self.under_way.store(t.entries.len(), Ordering::Release);
+        let ep = t.ready.pop_front();
+        drop(t);
+        for entry in expired {
             log::warn!(
                 "dropping the {} connection from {:?}: its setup did not complete within {:?} \
                  (the peer did not do its part)",
@@ -167,8 +179,7 @@ impl Pending {
                 self.timeout
             );
         }
-        self.under_way.store(t.entries.len(), Ordering::Release);
-        t.ready.pop_front()
+        ep
     }
 
     /// Keeps `ep`, set up, for the next [`Pending::progress`].
