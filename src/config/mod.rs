@@ -7,90 +7,10 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
-/// How a worker waits for work when a caller blocks (in [`crate::Request::wait`],
-/// [`crate::Worker::wait`] or a blocking helper).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WaitMode {
-    /// Spin on the completion queue: lowest latency, one core busy while waiting.
-    BusyPoll,
-    /// Sleep on the completion channel (`ibv_req_notify_cq` / `ibv_get_cq_event` /
-    /// `ibv_ack_cq_events`), the worker's rdmacm event channel and its connections' sockets:
-    /// ~0 % CPU while idle.
-    Event,
-}
-
-impl WaitMode {
-    fn parse(value: &str) -> Option<Self> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "poll" | "busy" | "busy-poll" | "busypoll" | "spin" => Some(WaitMode::BusyPoll),
-            "event" | "events" | "sleep" => Some(WaitMode::Event),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for WaitMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(match self {
-            WaitMode::BusyPoll => "poll",
-            WaitMode::Event => "event",
-        })
-    }
-}
-
-/// How the memory of a rendezvous message (above the eager threshold) is made accessible to
-/// the NIC. Chosen by measurement; see the crate documentation, "Memory registration".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RndvRegistration {
-    /// Register the user's own buffer for this one operation (`ibv_reg_mr` when the
-    /// rendezvous starts, `ibv_dereg_mr` when it ends): zero-copy, and the peer's rkey
-    /// stops working the moment the operation is over.
-    PerOperation,
-    /// Copy through regions taken from a registration cache owned by the worker (registered
-    /// once, reused): no registration on the data path, one memcpy per side. Sends are
-    /// exposed through a memory window over the staged message, dead once the operation is
-    /// over; on a device without windows, sends are registered per operation instead.
-    Cache,
-    /// The cache below [`RndvRegistration::AUTO_CACHE_BELOW`] bytes, per-operation
-    /// registration from there up: where two copies cost less than a registration and a
-    /// deregistration, and where they cost more (measured with `examples/rndv_reg.rs`).
-    Auto,
-}
-
-impl RndvRegistration {
-    /// Under [`RndvRegistration::Auto`], buffers smaller than this go through the cache.
-    pub const AUTO_CACHE_BELOW: usize = 64 * 1024;
-
-    /// The mode used for a buffer of `len` bytes.
-    pub(crate) fn for_len(self, len: usize) -> RndvRegistration {
-        match self {
-            RndvRegistration::Auto if len < Self::AUTO_CACHE_BELOW => RndvRegistration::Cache,
-            RndvRegistration::Auto => RndvRegistration::PerOperation,
-            other => other,
-        }
-    }
-}
-
-impl RndvRegistration {
-    fn parse(value: &str) -> Option<Self> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "per-op" | "perop" | "per-operation" | "direct" => Some(RndvRegistration::PerOperation),
-            "cache" | "rcache" => Some(RndvRegistration::Cache),
-            "auto" => Some(RndvRegistration::Auto),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for RndvRegistration {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(match self {
-            RndvRegistration::PerOperation => "per-op",
-            RndvRegistration::Cache => "cache",
-            RndvRegistration::Auto => "auto",
-        })
-    }
-}
+mod modes;
+mod parse;
+pub use modes::{RndvRegistration, WaitMode};
+use parse::{config_error, env_error, parse_bool, parse_count, parse_size};
 
 /// Where a configuration value came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -274,12 +194,6 @@ impl Default for Config {
             resolved: Vec::new(),
         }
     }
-}
-
-fn env_error(var: &'static str, value: &str, expected: &str) -> Error {
-    Error::Config(format!(
-        "invalid value {value:?} for {var}: expected {expected}"
-    ))
 }
 
 impl Config {
@@ -846,41 +760,6 @@ impl Config {
             ),
         ]
     }
-}
-
-/// A yes/no value: `1`, `y`, `yes`, `on`, `true` or their opposites, any case.
-fn parse_bool(v: &str) -> Option<bool> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "1" | "y" | "yes" | "on" | "true" => Some(true),
-        "0" | "n" | "no" | "off" | "false" => Some(false),
-        _ => None,
-    }
-}
-
-/// A byte size (`rdmx_proto`'s syntax: digits with an optional `K`/`KiB`/`M`/`MiB` suffix) in
-/// `min..=max`; a bad one is a configuration error naming the variable, like every other.
-fn parse_size(var: &'static str, value: &str, min: u64, max: u64) -> Result<u64> {
-    rdmx_proto::config::parse_size(var, value, min, max).map_err(config_error)
-}
-
-/// A configuration the protocol engine refused, as [`Error::Config`].
-fn config_error(e: rdmx_proto::Error) -> Error {
-    Error::Config(e.to_string())
-}
-
-fn parse_count(var: &'static str, value: &str, min: u64, max: u64) -> Result<u64> {
-    let n: u64 = value
-        .trim()
-        .parse()
-        .map_err(|_| env_error(var, value, &format!("a whole number in {min}..={max}")))?;
-    if n < min || n > max {
-        return Err(env_error(
-            var,
-            value,
-            &format!("a whole number in {min}..={max}"),
-        ));
-    }
-    Ok(n)
 }
 
 impl fmt::Display for Config {
