@@ -2,7 +2,7 @@
 //! streams that arrive on it.
 //!
 //! The socket is a file in a directory of its own that only this process's user may enter
-//! (mode 0700, under `$XDG_RUNTIME_DIR` or the temporary directory), not an abstract socket:
+//! (mode 0700, under `$XDG_RUNTIME_DIR`, else the temporary directory or `/dev/shm`), not an abstract socket:
 //! the kernel checks no permission on an abstract name, so any process of any user in the
 //! network namespace could connect to one — filling its backlog, which the worker drains
 //! only while one of its connects waits for a hand-over, so that the acceptor's own connect
@@ -292,9 +292,42 @@ fn peek(stream: &UnixStream) -> Peeked {
 }
 
 impl Socket {
-    /// A socket in a new directory of this user's only.
+    /// A socket in a new directory of this user's only, in the first of [`base_dirs`]
+    /// that holds one (`$XDG_RUNTIME_DIR`'s among them).
     fn bind() -> Result<Socket> {
-        let base = base_dir();
+        Socket::bind_first(base_dirs(std::env::var_os("XDG_RUNTIME_DIR")))
+    }
+
+    /// A socket in a new directory of this user's only, under the first of `bases` that
+    /// holds one.
+    fn bind_first(bases: Vec<PathBuf>) -> Result<Socket> {
+        let mut failed = Vec::new();
+        for base in bases {
+            match Socket::bind_in(&base) {
+                Ok(socket) => return Ok(socket),
+                Err(e) => failed.push(e),
+            }
+        }
+        let said = failed
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("; ");
+        let kind = failed.first().map_or(ErrorKind::NotFound, |e| e.kind());
+        Err(Error::os(
+            "binding the shared-memory socket",
+            std::io::Error::new(
+                kind,
+                format!(
+                    "{said} (no directory held a socket: set XDG_RUNTIME_DIR or TMPDIR to a \
+                     local one)"
+                ),
+            ),
+        ))
+    }
+
+    /// A socket in a new directory of this user's only, under `base`.
+    fn bind_in(base: &Path) -> std::io::Result<Socket> {
         let mut tries = 0;
         let dir = loop {
             let dir = base.join(format!(
@@ -306,57 +339,69 @@ impl Socket {
                 Ok(()) => break dir,
                 Err(e) if e.kind() == ErrorKind::AlreadyExists && tries < 8 => tries += 1,
                 Err(e) => {
-                    return Err(Error::os(
-                        "making the shared-memory socket's directory",
-                        std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())),
+                    return Err(std::io::Error::new(
+                        e.kind(),
+                        format!("making {}: {e}", dir.display()),
                     ))
                 }
             }
         };
         // (The umask may have taken bits away; never adds any: 0700 exactly.)
+        let path = dir.join(SOCKET_FILE);
         let bound = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
             .and_then(|()| {
-                let path = dir.join(SOCKET_FILE);
-                let l = UnixListener::bind(&path).map_err(|e| {
-                    // A file system that holds no sockets (9p, some network file systems)
-                    // says ENXIO or EOPNOTSUPP here: say where, and what to change.
-                    std::io::Error::new(
-                        e.kind(),
-                        format!(
-                            "{}: {e} (set XDG_RUNTIME_DIR or TMPDIR to a local directory)",
-                            path.display()
-                        ),
-                    )
-                })?;
+                let l = UnixListener::bind(&path)?;
                 l.set_nonblocking(true)?;
-                Ok((l, path))
+                Ok(l)
             });
         match bound {
-            Ok((listener, path)) => Ok(Socket {
+            Ok(listener) => Ok(Socket {
                 listener,
                 path: path.to_string_lossy().into_owned(),
                 dir,
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir(&dir);
-                Err(Error::os("binding the shared-memory socket", e))
+                // A file system that holds no sockets (9p, some network file systems) says
+                // ENXIO or EOPNOTSUPP here.
+                Err(std::io::Error::new(
+                    e.kind(),
+                    format!("binding {}: {e}", path.display()),
+                ))
             }
         }
     }
 }
 
-/// Where the socket's directory goes: `$XDG_RUNTIME_DIR` (this user's, cleaned at logout)
-/// or the temporary directory, whichever leaves a path that fits a socket address; `/tmp`
-/// otherwise.
-fn base_dir() -> PathBuf {
+/// Where the socket's directory may go, in order: `$XDG_RUNTIME_DIR` if it is this user's
+/// (as the XDG specification has it: a process run as another user may inherit the
+/// variable), the temporary directory (`$TMPDIR`, else `/tmp`), and `/dev/shm` (tmpfs,
+/// which holds sockets where `/tmp` may be a network or 9p file system that does not);
+/// each only if it is a directory whose path leaves room for a socket's address.
+fn base_dirs(runtime: Option<std::ffi::OsString>) -> Vec<PathBuf> {
     // The directory's name and the socket's: the prefix, a pid, a dash, 16 digits, "/s".
     let room = MAX_PATH - (DIR_PREFIX.len() + 10 + 1 + 16 + 1 + SOCKET_FILE.len()) - 1;
     let fits = |p: &Path| p.is_absolute() && p.as_os_str().len() <= room && p.is_dir();
-    std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|p| fits(p))
-        .or_else(|| Some(std::env::temp_dir()).filter(|p| fits(p)))
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
+    let mine = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).is_ok_and(|m| m.uid() == rustix::process::geteuid().as_raw())
+    };
+    let runtime = runtime.map(PathBuf::from).filter(|p| mine(p));
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let others = [
+        std::env::temp_dir(),
+        PathBuf::from("/tmp"),
+        PathBuf::from("/dev/shm"),
+    ];
+    for dir in runtime.into_iter().chain(others) {
+        if fits(&dir) && !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    if dirs.is_empty() {
+        dirs.push(PathBuf::from("/tmp"));
+    }
+    dirs
 }
 
 /// Whether `name` (from a peer's offer) names a hand-over socket: an absolute path without
@@ -384,6 +429,53 @@ mod tests {
 
     fn connect(h: &HandOvers) -> UnixStream {
         UnixStream::connect(h.name().unwrap()).expect("connect")
+    }
+
+    /// `$XDG_RUNTIME_DIR` is taken only if it is this user's (a process run as another
+    /// user, e.g. by `sudo -u`, may inherit it), and `/dev/shm` is always among the places
+    /// tried: the guests' `/tmp` is 9p, which holds no sockets.
+    #[test]
+    fn the_runtime_directory_is_taken_only_if_it_is_this_user_s() {
+        let mine = std::env::temp_dir().join(format!("rdmx-rt-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir(&mine).unwrap();
+        let dirs = base_dirs(Some(mine.clone().into_os_string()));
+        assert_eq!(dirs.first(), Some(&mine));
+        assert!(dirs.contains(&PathBuf::from("/dev/shm")), "{dirs:?}");
+        assert!(!base_dirs(Some("/no/such/dir".into())).contains(&"/no/such/dir".into()));
+        // Another user's: `/` is root's; as root, a directory given to nobody.
+        let theirs = match rustix::process::geteuid().is_root() {
+            false => PathBuf::from("/"),
+            true => {
+                let d = mine.join("nobody");
+                std::fs::create_dir(&d).unwrap();
+                std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+                d
+            }
+        };
+        let dirs = base_dirs(Some(theirs.clone().into_os_string()));
+        assert!(!dirs.contains(&theirs), "{dirs:?}");
+        std::fs::remove_dir_all(&mine).unwrap();
+    }
+
+    /// A place that cannot hold the socket is passed over for the next; where none can,
+    /// the error names each failure.
+    #[test]
+    fn a_directory_that_holds_no_socket_is_passed_over() {
+        let file = std::env::temp_dir().join(format!("rdmx-nodir-{:016x}", rand::random::<u64>()));
+        std::fs::write(&file, b"").unwrap();
+        let socket = Socket::bind_first(vec![file.clone(), std::env::temp_dir()]).unwrap();
+        assert!(socket
+            .path
+            .starts_with(&*std::env::temp_dir().to_string_lossy()));
+        let e = Socket::bind_first(vec![file.clone()])
+            .err()
+            .expect("no place")
+            .to_string();
+        assert!(
+            e.contains(&*file.to_string_lossy()) && e.contains("TMPDIR"),
+            "{e}"
+        );
+        std::fs::remove_file(&file).unwrap();
     }
 
     #[test]
