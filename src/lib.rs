@@ -185,6 +185,19 @@
 //! channel (one for all its RDMA connections, as UCX's worker has) and its TCP and
 //! shared-memory connections' sockets, so an idle waiting worker uses no CPU.
 //!
+//! ## Async
+//!
+//! A [`Request`] is a [`Future`](std::future::Future) of what [`Request::wait`] returns:
+//! polling it progresses the worker once and registers the task's waker, which the progress
+//! call completing the request wakes (that task only). An event loop drives the worker
+//! through its file descriptor ([`Worker::as_fd`](std::os::fd::AsFd::as_fd)) and
+//! [`Worker::arm`] (UCP's `ucp_worker_get_efd` / `ucp_worker_arm`); with the `tokio` feature
+//! (on by default) [`tokio::drive`] spawns that loop on a tokio runtime, in the worker's wait
+//! mode: in event mode an idle worker costs no CPU. Dropping a request's future is dropping
+//! the request (see [`Request`]): a receive not yet matched is cancelled, anything else
+//! finishes detached, its buffer kept by the worker. Connecting, accepting and closing
+//! still block the calling thread (use `spawn_blocking`).
+//!
 //! ## Failures
 //!
 //! Connecting to nothing fails within the connect timeout. When a peer disconnects or
@@ -312,7 +325,10 @@ pub use message::Message;
 pub use request::{Done, Request};
 pub use rma::{MemHandle, RemoteAccess, RemoteKey};
 pub use transport::{Capabilities, Transport};
-pub use worker::{RecvInfo, Worker, WorkerStats};
+pub use worker::{LoopDriver, RecvInfo, Worker, WorkerStats};
+
+#[cfg(feature = "tokio")]
+pub mod tokio;
 
 #[cfg(feature = "rdma")]
 pub use rdmx_conn as conn;

@@ -73,6 +73,12 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
+    /// The epoll set's fd: readable while any source in it is ready (an event loop can
+    /// watch it).
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.epoll.as_fd()
+    }
+
     /// An empty set.
     pub(crate) fn new() -> io::Result<Registry> {
         Ok(Registry {

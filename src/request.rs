@@ -1,6 +1,9 @@
 //! Nonblocking requests: a tag send or receive, or a one-sided operation, in flight,
 //! completed by progress.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use rdmx_proto::{ConnId, RequestKind, Status, Tag};
@@ -174,6 +177,8 @@ impl Drop for Pending {
         if self.what.kind == RequestKind::Recv {
             self.cancel();
         }
+        // (A future dropped while its task waited for it.)
+        worker.driver.forget_task(&self.slot);
         worker.driver.abandon(&self.slot);
     }
 }
@@ -306,6 +311,67 @@ impl Request {
             State::Pending(p) => p.cancel(),
             State::Done(_) => false,
         }
+    }
+}
+
+/// The error of a request whose result was taken already.
+#[cold]
+fn taken() -> Error {
+    Error::Invalid("the request's result was already taken".into())
+}
+
+/// A request is a future of its result: what [`Request::wait`] returns.
+///
+/// Polling it progresses the worker once (never blocking), and if the request is still
+/// under way registers the task's waker, which the progress call that completes the
+/// request wakes — that task's and no other. What progresses the worker meanwhile is the
+/// worker's driver in the event loop (`rdmx::tokio::drive`, or any loop built on
+/// [`crate::Worker::arm`] and the worker's file descriptor) or its progress thread; with
+/// neither, the future asks to be polled again at once, so it completes, spinning through
+/// the executor.
+///
+/// Dropping the future before it completes is dropping the request: a receive is cancelled
+/// (nothing is consumed: a message it would have matched goes to the next receive that
+/// matches it), and a send or a one-sided operation that can no longer be withdrawn goes on
+/// detached, its buffer kept by the worker until the NIC and the peer are done with it.
+impl Future for Request {
+    type Output = Result<Done>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Done>> {
+        let this = self.get_mut();
+        if let State::Pending(p) = &this.state {
+            let Some(worker) = &p.worker else {
+                return Poll::Ready(Err(taken()));
+            };
+            let driver = &worker.driver;
+            if !p.slot.is_done(&driver.done_flags) {
+                driver.progress();
+                if !p.slot.is_done(&driver.done_flags) {
+                    // Registered under the lock its completion is recorded under, then
+                    // checked: a completion either is seen here or wakes the task.
+                    driver.register_task(&p.slot, cx.waker());
+                    if !p.slot.is_done(&driver.done_flags) {
+                        if !driver.is_driven() {
+                            cx.waker().wake_by_ref();
+                        }
+                        return Poll::Pending;
+                    }
+                }
+            }
+            driver.forget_task(&p.slot);
+        }
+        // (What is left names no request: its worker gone from it, waiting for it again is
+        // an error and dropping it does nothing.)
+        let taken = State::Pending(Pending {
+            slot: RequestKey::NONE,
+            worker: None,
+            what: Describe {
+                kind: RequestKind::Send,
+                tag: 0,
+            },
+        });
+        let state = std::mem::replace(&mut this.state, taken);
+        Poll::Ready(Request { state }.wait())
     }
 }
 

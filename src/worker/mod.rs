@@ -9,11 +9,14 @@
 //! * `closing`: closing connections and reaping them;
 //! * `one_sided`: starting one-sided operations, flushes and fences;
 //! * `setup`: listening and connecting;
-//! * `accepting`: accepts whose setup waits on the peer, which a listener keeps among many.
+//! * `accepting`: accepts whose setup waits on the peer, which a listener keeps among many;
+//! * `event_loop`: driving the worker from an event loop (its fd, arming it) and the tasks
+//!   awaiting its requests.
 
 mod accepting;
 mod closing;
 mod driver;
+mod event_loop;
 mod events;
 mod executor;
 #[cfg(test)]
@@ -27,6 +30,7 @@ mod setup;
 mod sleepers;
 
 pub(crate) use accepting::{PendingAccept, Started};
+pub use event_loop::LoopDriver;
 pub(crate) use one_sided::Start;
 use requests::DoneFlags;
 pub(crate) use requests::RequestKey;
@@ -218,6 +222,8 @@ pub(crate) struct Driver {
     accepts: Mutex<Vec<Weak<crate::listener::Accepts>>>,
     has_accepts: AtomicBool,
     pub(crate) progress_thread: AtomicBool,
+    /// Drivers of the worker in event loops ([`Worker::count_loop_driver`]).
+    loop_drivers: AtomicUsize,
     next_conn: AtomicU64,
     _ctx: Context,
 }
@@ -400,6 +406,7 @@ impl Worker {
             accepts: Mutex::new(Vec::new()),
             has_accepts: AtomicBool::new(false),
             progress_thread: AtomicBool::new(false),
+            loop_drivers: AtomicUsize::new(0),
             next_conn: AtomicU64::new(1),
             cfg,
             _ctx: ctx.clone(),

@@ -335,25 +335,42 @@ impl Driver {
             self.disarm();
             return Ok(n);
         }
-        let mut sleep = timeout;
+        let sleep = match (timeout, self.next_timeout()) {
+            (Some(t), Some(n)) => Some(t.min(n)),
+            (t, n) => t.or(n),
+        };
+        self.take_ready(sleep)?;
+        self.disarm();
+        Ok(self.progress())
+    }
+
+    /// How long the worker may sleep before its timers or its housekeeping are due (`None`:
+    /// for ever, as far as they go). Output a full socket buffer holds back is watched for
+    /// room (write interest), so it needs no tick.
+    pub(crate) fn next_timeout(&self) -> Option<Duration> {
+        let mut sleep = None;
         let next = self.next_timer.load(Ordering::Acquire);
         if next != u64::MAX {
-            let until = Duration::from_nanos(next.saturating_sub(self.now_ns()));
-            sleep = Some(sleep.map_or(until, |s| s.min(until)));
+            sleep = Some(Duration::from_nanos(next.saturating_sub(self.now_ns())));
         }
         if self.housekeeping_pending.load(Ordering::Acquire) {
             // Closing connections and parked frames are looked after periodically.
             let tick = Duration::from_millis(250);
-            sleep = Some(sleep.map_or(tick, |s| s.min(tick)));
+            sleep = Some(sleep.map_or(tick, |s: Duration| s.min(tick)));
         }
-        // Output a full socket buffer holds back is watched for room (write interest), so
-        // nothing here needs a tick.
+        sleep
+    }
+
+    /// Waits up to `timeout` (`None`: for ever) for the worker's fds, and takes what they
+    /// reported: the wake-up fd drained, the transports' worker-wide fds read (RDMA's
+    /// completion channel), connection events marked due. Returns how many were ready.
+    pub(crate) fn take_ready(&self, timeout: Option<Duration>) -> Result<usize> {
         let mut ready = Vec::new();
         self.registry
-            .wait(&mut ready, sleep)
+            .wait(&mut ready, timeout)
             .map_err(|e| Error::os("epoll_wait", e))?;
-        log::trace!("woke after sleeping up to {sleep:?}: {ready:?}");
-        for r in ready {
+        log::trace!("woke after sleeping up to {timeout:?}: {ready:?}");
+        for r in &ready {
             match r.token {
                 TOKEN_WAKER => self.waker.drain(),
                 token if token < TOKEN_CONN => {
@@ -364,19 +381,18 @@ impl Driver {
                 _ => self.cm_due.store(true, Ordering::Release),
             }
         }
-        self.disarm();
-        Ok(self.progress())
+        Ok(ready.len())
     }
 
     /// Asks the transports for a wake-up on what comes next (before sleeping). Takes the
     /// progress lock, whose scratch holds the shared-memory rings: waits for a progress call
     /// under way to end.
-    fn arm(&self) -> Result<()> {
+    pub(super) fn arm(&self) -> Result<()> {
         self.ifaces.arm(&mut self.progress_lock.lock().transport)
     }
 
     /// Awake again after [`Driver::arm`].
-    fn disarm(&self) {
+    pub(super) fn disarm(&self) {
         self.ifaces.disarm(&mut self.progress_lock.lock().transport);
     }
 

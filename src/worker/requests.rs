@@ -75,6 +75,15 @@ pub(crate) struct RequestKey {
 }
 
 impl RequestKey {
+    /// The key of no request: held by a handle whose outcome was taken (its worker gone
+    /// from it, it names nothing).
+    pub(crate) const NONE: RequestKey = RequestKey {
+        index: u32::MAX,
+        chunk: 0,
+        at: 0,
+        generation: 0,
+    };
+
     /// Whether the request completed (no lock taken), by its worker's `flags`.
     #[inline]
     pub(crate) fn is_done(&self, flags: &DoneFlags) -> bool {

@@ -7,6 +7,9 @@
 //!
 //! Sleeping is `std::thread::park_timeout`: a wake-up between registering and parking is
 //! not lost (the thread's token is set), and a stale wake-up only makes a sleeper look again.
+//! A task awaiting a request ([`crate::Request`] as a future) sleeps the same way with its
+//! [`std::task::Waker`] in place of a thread: registered under the same lock, woken once
+//! (and then forgotten), and forgotten when its future completes or is dropped.
 //!
 //! A sleeper registers under the lock the events it waits for are recorded under (the
 //! worker's state lock), and checks its condition after that section; a waker records the
@@ -18,6 +21,7 @@
 //! completed a request, on the path from a message's arrival to its waiter.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Waker;
 use std::thread::Thread;
 use std::time::Duration;
 
@@ -32,8 +36,14 @@ pub(crate) enum WaitFor {
     News,
 }
 
+/// Who sleeps: a thread (parked) or a task (its waker).
+enum Wakee {
+    Thread(Thread),
+    Task(Waker),
+}
+
 struct Sleeper {
-    thread: Thread,
+    wakee: Wakee,
     on: WaitFor,
 }
 
@@ -64,7 +74,10 @@ impl Sleepers {
         let me = std::thread::current();
         let id = me.id();
         // (In the list before it is counted: a waker that counts it finds it.)
-        self.list.lock().push(Sleeper { thread: me, on });
+        self.list.lock().push(Sleeper {
+            wakee: Wakee::Thread(me),
+            on,
+        });
         {
             let _guard = lock();
             self.count.fetch_add(1, Ordering::Relaxed);
@@ -75,29 +88,94 @@ impl Sleepers {
         // (Outside the lock: a waker that still counts it only looks through the list.)
         self.count.fetch_sub(1, Ordering::Relaxed);
         let mut list = self.list.lock();
-        if let Some(i) = list.iter().position(|s| s.thread.id() == id) {
+        if let Some(i) = list
+            .iter()
+            .position(|s| matches!(&s.wakee, Wakee::Thread(t) if t.id() == id))
+        {
             list.swap_remove(i);
         }
     }
 
-    /// Wakes the threads waiting for the requests in `slots`, and when `news`, those
-    /// waiting for news.
-    pub(crate) fn wake(&self, slots: &[u32], news: bool) {
-        for s in self.list.lock().iter() {
-            let wanted = match s.on {
-                WaitFor::Request(i) => slots.contains(&i),
-                WaitFor::News => news,
-            };
-            if wanted {
-                s.thread.unpark();
+    /// Registers the task `waker` for `on` (a request's slot: one task awaits it), in place
+    /// of the waker it registered before, while holding what `lock` returns (as
+    /// [`Sleepers::sleep`] does). The caller checks its condition after this, and forgets
+    /// the registration once it no longer waits ([`Sleepers::forget_task`]).
+    pub(crate) fn register_task<G>(&self, on: WaitFor, waker: &Waker, lock: impl FnOnce() -> G) {
+        {
+            let mut list = self.list.lock();
+            let mine = list
+                .iter_mut()
+                .find(|s| s.on == on && matches!(s.wakee, Wakee::Task(_)));
+            if let Some(s) = mine {
+                if let Wakee::Task(w) = &mut s.wakee {
+                    w.clone_from(waker);
+                }
+                return;
             }
+            list.push(Sleeper {
+                wakee: Wakee::Task(waker.clone()),
+                on,
+            });
         }
+        let _guard = lock();
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Forgets the task registered for `on`, if one is.
+    pub(crate) fn forget_task(&self, on: WaitFor) {
+        let mut list = self.list.lock();
+        if let Some(i) = list
+            .iter()
+            .position(|s| s.on == on && matches!(s.wakee, Wakee::Task(_)))
+        {
+            list.swap_remove(i);
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Wakes the threads and tasks waiting for the requests in `slots`, and when `news`,
+    /// those waiting for news. A task woken is forgotten (a waker wakes once: the task
+    /// registers again if it waits on).
+    pub(crate) fn wake(&self, slots: &[u32], news: bool) {
+        let wanted = |on: WaitFor| match on {
+            WaitFor::Request(i) => slots.contains(&i),
+            WaitFor::News => news,
+        };
+        self.wake_where(wanted);
     }
 
     /// Wakes every sleeper.
     pub(crate) fn wake_all(&self) {
-        for s in self.list.lock().iter() {
-            s.thread.unpark();
+        self.wake_where(|_| true);
+    }
+
+    fn wake_where(&self, wanted: impl Fn(WaitFor) -> bool) {
+        let mut woken: Vec<Waker> = Vec::new();
+        {
+            let mut list = self.list.lock();
+            list.retain(|s| {
+                if !wanted(s.on) {
+                    return true;
+                }
+                match &s.wakee {
+                    Wakee::Thread(t) => {
+                        t.unpark();
+                        true
+                    }
+                    Wakee::Task(w) => {
+                        woken.push(w.clone());
+                        false
+                    }
+                }
+            });
+            if !woken.is_empty() {
+                self.count.fetch_sub(woken.len(), Ordering::Relaxed);
+            }
+        }
+        // (Outside the list's lock: a waker may run its task here and then, which may
+        // register again.)
+        for w in woken {
+            w.wake();
         }
     }
 }

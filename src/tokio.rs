@@ -1,0 +1,149 @@
+//! A worker driven by a tokio runtime: [`drive`] spawns the task that progresses it, so
+//! that its requests, awaited as futures, complete without blocking a thread.
+//!
+//! ```no_run
+//! # async fn service() -> rdmx::Result<()> {
+//! let ctx = rdmx::Context::new()?;
+//! let worker = ctx.worker()?;
+//! let _driver = rdmx::tokio::drive(&worker)?;
+//! let ep = worker.connect("192.0.2.1:7000")?;
+//! ep.tag_send(7, b"hello".to_vec()).await?;
+//! let reply = worker.tag_recv(8, rdmx::TAG_MASK_ALL, vec![0; 64]).await?;
+//! println!("{} bytes with tag {}", reply.length, reply.tag);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The driver follows the worker's wait mode. In [`WaitMode::Event`] it arms the worker
+//! and sleeps on its file descriptor (registered with tokio's reactor) whenever a
+//! progress call finds nothing, so an idle worker costs no CPU. In [`WaitMode::BusyPoll`]
+//! it first spins: [`SPIN_POLLS`] progress calls that find nothing in a row, yielding to
+//! the runtime between them, before it arms and sleeps (the lowest latency, a runtime
+//! thread kept busy while messages flow).
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::Duration;
+
+use ::tokio::io::unix::AsyncFd;
+use ::tokio::io::Interest;
+use ::tokio::runtime::Handle;
+use ::tokio::task::JoinHandle;
+
+use crate::config::WaitMode;
+use crate::error::{Error, Result};
+use crate::worker::{LoopDriver, Worker};
+
+/// How many progress calls in a row that find nothing the driver of a busy-polling worker
+/// makes (yielding between them) before it arms the worker and sleeps.
+pub const SPIN_POLLS: u32 = 256;
+
+/// The longest the driver sleeps without looking at the worker, however far its next timer
+/// is (a bound on what a missed timer could cost, not a tick: nothing needs it).
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// Spawns, on the current tokio runtime, the task that progresses `worker` (see the
+/// module's documentation); it runs until the returned [`Driver`] is dropped. One is
+/// enough per worker; more do no harm. An error if called outside a runtime, or if the
+/// runtime's reactor cannot watch the worker's fd.
+pub fn drive(worker: &Worker) -> Result<Driver> {
+    let handle = Handle::try_current()
+        .map_err(|e| Error::Invalid(format!("rdmx::tokio::drive needs a tokio runtime: {e}")))?;
+    let counted = worker.count_loop_driver();
+    let fd = {
+        // (Registered with the reactor in the runtime's context.)
+        let _in = handle.enter();
+        // (tokio 1.54 deprecates the safe constructor for `AsyncFd::register_with_interest`,
+        // an `unsafe fn` whose contract is that the fd stays open and the same while it is
+        // registered. `WorkerFd` owns a handle to the worker, which owns the fd: both hold
+        // by construction, so the safe call is sound here, and keeps `unsafe` out of this
+        // crate.)
+        #[allow(deprecated)]
+        AsyncFd::with_interest(WorkerFd(worker.clone()), Interest::READABLE)
+            .map_err(|e| Error::os("registering the worker's fd with tokio", e))?
+    };
+    let task = handle.spawn(run(fd));
+    Ok(Driver {
+        task,
+        _counted: counted,
+    })
+}
+
+/// The task progressing a worker in a tokio runtime ([`drive`]); dropping it stops the
+/// task.
+#[must_use = "the worker is driven only while the driver lives"]
+pub struct Driver {
+    task: JoinHandle<()>,
+    _counted: LoopDriver,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("finished", &self.task.is_finished())
+            .finish()
+    }
+}
+
+/// The worker's fd, for tokio's reactor; the handle keeps the worker (and the fd) alive
+/// while the reactor watches it.
+struct WorkerFd(Worker);
+
+impl AsRawFd for WorkerFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+async fn run(fd: AsyncFd<WorkerFd>) {
+    let worker = &fd.get_ref().0;
+    let spins = match worker.wait_mode() {
+        WaitMode::BusyPoll => SPIN_POLLS,
+        WaitMode::Event => 0,
+    };
+    let mut idle = 0;
+    loop {
+        if worker.progress() > 0 {
+            idle = 0;
+            ::tokio::task::yield_now().await;
+            continue;
+        }
+        if idle < spins {
+            idle += 1;
+            ::tokio::task::yield_now().await;
+            continue;
+        }
+        match worker.arm() {
+            Ok(true) => {}
+            Ok(false) => {
+                ::tokio::task::yield_now().await;
+                continue;
+            }
+            Err(e) => {
+                log::error!("arming the worker: {e}");
+                ::tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        }
+        let sleep = worker
+            .next_timeout()
+            .map_or(MAX_SLEEP, |t| t.min(MAX_SLEEP));
+        if let Ok(ready) = ::tokio::time::timeout(sleep, fd.readable()).await {
+            match ready {
+                // What made it readable is taken by the next `arm`, after a progress call:
+                // tokio's readiness is cleared now, so the next wait is for news.
+                Ok(mut guard) => guard.clear_ready(),
+                Err(e) => {
+                    log::error!("waiting on the worker's fd: {e}");
+                    ::tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+        idle = 0;
+    }
+}
