@@ -19,7 +19,9 @@
 //! progress call finds nothing, so an idle worker costs no CPU. In [`WaitMode::BusyPoll`]
 //! it first spins: [`SPIN_POLLS`] progress calls that find nothing in a row, yielding to
 //! the runtime between them, before it arms and sleeps (the lowest latency, a runtime
-//! thread kept busy while messages flow).
+//! thread kept busy while messages flow). A busy-polling worker's shared-memory peers are
+//! told once, at its first shared-memory connection, whether it may sleep: drive it from
+//! before then, or its driver can never sleep on those connections and keeps spinning.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;

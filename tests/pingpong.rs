@@ -264,3 +264,45 @@ fn help_lists_the_options() {
         assert!(s.contains(opt), "{opt} in {s}");
     }
 }
+
+/// `--async`: both sides await their requests as futures (eager and rendezvous sizes, both
+/// wait modes, TCP and shared memory), with the same rows; and an async client against a
+/// server process that waits for its requests (each side chooses for itself).
+#[test]
+fn async_sides_await_their_requests() {
+    for transport in ["tcp", "shm"] {
+        for mode in ["poll", "event"] {
+            let env = [("RDMX_TRANSPORT", transport), ("RDMX_WAIT_MODE", mode)];
+            let out = pingpong_env(
+                &["-s", "8,1M", "-n", "50", "--no-progress", "--async"],
+                &env,
+            );
+            let stdout = text(&out.stdout);
+            assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+            assert!(stdout.contains("awaited as futures (--async)"), "{stdout}");
+            assert_eq!(
+                rows(&stdout),
+                vec![
+                    ("8 B".into(), "eager".into(), 50),
+                    ("1 MiB".into(), "rndv".into(), 50),
+                ],
+                "{transport} {mode}"
+            );
+        }
+    }
+    // A waiting server, an async client.
+    let (mut server, addr) = start_server("127.0.0.1:0", &[("RDMX_TRANSPORT", "tcp")], "tcp");
+    let out = pingpong(&["--client", &addr, "-s", "8", "-n", "20", "--async"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        rows(&text(&out.stdout)),
+        vec![("8 B".into(), "eager".into(), 20)]
+    );
+    assert!(server.0.wait().unwrap().success());
+}
+
+#[test]
+fn async_is_for_latency() {
+    let out = pingpong(&["--bw", "--async"], &[]);
+    one_line_error(&out, 2, "--async");
+}

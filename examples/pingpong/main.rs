@@ -6,8 +6,12 @@
 //! pingpong                              both sides in one process, loopback, auto transport
 //! pingpong --server [ADDR]              serve one client (default 0.0.0.0:13337)
 //! pingpong --client HOST[:PORT] [-s 1:16M] [-n N] [-w N] [--bw [--window N]]
-//!                               [--json | --result]
+//!                               [--json | --result] [--async]
 //! ```
+//!
+//! `--async` (latency; on either side, each its own): the side awaits its requests as
+//! futures in one task of a tokio runtime, its worker driven by `rdmx::tokio::drive`,
+//! instead of waiting for them (`Request::wait`) — the path of an async service.
 //!
 //! Latency mode times each round trip (receive pre-posted, then send) and reports half of it
 //! (`--run-clock`: times the run as a whole, for machines where reading the clock is a system
@@ -92,6 +96,50 @@ struct Args {
     /// `ucx_perftest`, `ib_read_bw` and `osu_bw` send
     #[arg(long, requires = "bw")]
     own_buffers: bool,
+    /// Latency: await each request as a future in one task of a tokio runtime (current
+    /// thread), the worker driven by `rdmx::tokio::drive` in its wait mode, instead of
+    /// waiting for it (`Request::wait`). Each side chooses for itself
+    #[arg(long = "async", conflicts_with = "bw")]
+    async_tasks: bool,
+}
+
+/// Where a side's requests are awaited as futures (`--async`): a runtime of one thread and
+/// the worker's driver on it.
+struct Tasks {
+    #[cfg(feature = "tokio")]
+    rt: tokio::runtime::Runtime,
+    #[cfg(feature = "tokio")]
+    _driver: rdmx::tokio::Driver,
+}
+
+impl Tasks {
+    /// With `--async`, a runtime driving `worker`.
+    #[cfg(feature = "tokio")]
+    fn new(on: bool, worker: &Worker) -> Result<Option<Tasks>> {
+        if !on {
+            return Ok(None);
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("a tokio runtime: {e}"))?;
+        let driver = {
+            let _in = rt.enter();
+            rdmx::tokio::drive(worker).map_err(|e| e.to_string())?
+        };
+        Ok(Some(Tasks {
+            rt,
+            _driver: driver,
+        }))
+    }
+
+    #[cfg(not(feature = "tokio"))]
+    fn new(on: bool, _worker: &Worker) -> Result<Option<Tasks>> {
+        match on {
+            true => Err("--async needs rdmx's tokio feature (on by default)".into()),
+            false => Ok(None),
+        }
+    }
 }
 
 fn main() {
@@ -144,6 +192,8 @@ fn with_port(addr: &str) -> Result<String> {
 fn run(args: &Args, plan: &Plan) -> Result<()> {
     let ctx = Context::new().map_err(|e| e.to_string())?;
     let worker = ctx.worker().map_err(|e| e.to_string())?;
+    // (Driven from before its first connection: see `rdmx::tokio`.)
+    let tasks = Tasks::new(args.async_tasks, &worker)?;
     if let Some(addr) = &args.server {
         let listener = worker
             .listen(addr)
@@ -158,7 +208,7 @@ fn run(args: &Args, plan: &Plan) -> Result<()> {
             .collect();
         eprintln!("pingpong: listening on {bound} ({})", over.join(", "));
         let ep = listener.accept().map_err(|e| format!("accept: {e}"))?;
-        return serve(&worker, &ep);
+        return serve(&worker, &ep, tasks.as_ref());
     }
     let connect = |addr: &str| {
         worker
@@ -166,7 +216,7 @@ fn run(args: &Args, plan: &Plan) -> Result<()> {
             .map_err(|e| format!("cannot connect to {addr}: {e}"))
     };
     if let Some(addr) = &args.client {
-        return client(&ctx, &worker, &connect(addr)?, args, plan);
+        return client(&ctx, &worker, &connect(addr)?, args, plan, tasks.as_ref());
     }
     // Loopback: the server side on a thread of its own.
     let host = loopback_host(&ctx)?;
@@ -178,12 +228,14 @@ fn run(args: &Args, plan: &Plan) -> Result<()> {
         .local_addr()
         .ok_or("the listener has no local address")?
         .to_string();
+    let server_async = args.async_tasks;
     let server = thread::spawn(move || -> Result<()> {
+        let tasks = Tasks::new(server_async, &server_worker)?;
         let ep = listener.accept().map_err(|e| format!("accept: {e}"))?;
-        serve(&server_worker, &ep)
+        serve(&server_worker, &ep, tasks.as_ref())
     });
     let ep = connect(&addr)?;
-    client(&ctx, &worker, &ep, args, plan)?;
+    client(&ctx, &worker, &ep, args, plan, tasks.as_ref())?;
     drop(ep);
     server
         .join()
@@ -272,7 +324,7 @@ fn check_len(got: &rdmx::Done, size: u64) -> Result<()> {
 
 /// The server side of one session: receives the plan, then echoes (latency) or receives
 /// windows (bandwidth) for every size.
-fn serve(worker: &Worker, ep: &Ep) -> Result<()> {
+fn serve(worker: &Worker, ep: &Ep, tasks: Option<&Tasks>) -> Result<()> {
     let (plan, _): (Plan, _) = worker
         .recv_obj(SETUP, TAG_MASK_ALL)
         .map_err(|e| format!("reading the client's plan: {e}"))?;
@@ -281,7 +333,7 @@ fn serve(worker: &Worker, ep: &Ep) -> Result<()> {
     for &size in &plan.sizes {
         let (warm, timed) = plan.counts_for(size);
         match plan.window {
-            None => serve_latency(worker, ep, size, warm + timed)?,
+            None => serve_latency(worker, ep, size, warm + timed, tasks)?,
             Some(w) => {
                 let posted = plan.recv_window.unwrap_or(w);
                 let mut bufs = (0..posted)
@@ -301,12 +353,43 @@ fn serve(worker: &Worker, ep: &Ep) -> Result<()> {
 /// ucx_perftest's tag_lat responder does (receive, then send): posting it takes no time
 /// between a ping's arrival and its echo, and the next ping, a round trip away, still finds
 /// it posted (the expected path).
-fn serve_latency(worker: &Worker, ep: &Ep, size: u64, total: u64) -> Result<()> {
+fn serve_latency(
+    worker: &Worker,
+    ep: &Ep,
+    size: u64,
+    total: u64,
+    tasks: Option<&Tasks>,
+) -> Result<()> {
+    #[cfg(feature = "tokio")]
+    if let Some(t) = tasks {
+        return t.rt.block_on(serve_latency_async(worker, ep, size, total));
+    }
+    #[cfg(not(feature = "tokio"))]
+    let _ = tasks;
     let mut buf = alloc(size)?;
     for _ in 0..total {
         let got = wait(worker.tag_recv(DATA, TAG_MASK_ALL, buf), "receive")?;
         check_len(&got, size)?;
         buf = wait(ep.tag_send(DATA, got.buf), "send")?.buf;
+    }
+    Ok(())
+}
+
+/// [`serve_latency`] awaiting its requests (`--async`).
+#[cfg(feature = "tokio")]
+async fn serve_latency_async(worker: &Worker, ep: &Ep, size: u64, total: u64) -> Result<()> {
+    let mut buf = alloc(size)?;
+    for _ in 0..total {
+        let got = worker
+            .tag_recv(DATA, TAG_MASK_ALL, buf)
+            .await
+            .map_err(|e| failed("receive", e))?;
+        check_len(&got, size)?;
+        buf = ep
+            .tag_send(DATA, got.buf)
+            .await
+            .map_err(|e| failed("send", e))?
+            .buf;
     }
     Ok(())
 }
@@ -342,7 +425,14 @@ fn serve_window(
 
 /// The client side: sends the plan, runs every size, prints the table, the RESULT lines or
 /// the JSON.
-fn client(ctx: &Context, worker: &Worker, ep: &Ep, args: &Args, plan: &Plan) -> Result<()> {
+fn client(
+    ctx: &Context,
+    worker: &Worker,
+    ep: &Ep,
+    args: &Args,
+    plan: &Plan,
+    tasks: Option<&Tasks>,
+) -> Result<()> {
     let eager_limit = ep.eager_limit().ok_or("the connection closed")?;
     let mut doc = PingpongDoc {
         tool: "rdmx-pingpong".into(),
@@ -402,10 +492,14 @@ fn client(ctx: &Context, worker: &Worker, ep: &Ep, args: &Args, plan: &Plan) -> 
             schema::table_columns()
         );
     }
+    if table && tasks.is_some() {
+        println!("# requests awaited as futures (--async), the worker driven by rdmx::tokio");
+    }
     let run = Run {
         worker,
         ep,
         clock: &clock,
+        tasks,
     };
     let progress = !args.no_progress && (args.progress || std::io::stderr().is_terminal());
     for (index, &size) in plan.sizes.iter().enumerate() {
@@ -468,15 +562,27 @@ struct Run<'a> {
     worker: &'a Worker,
     ep: &'a Ep,
     clock: &'a Clock,
+    tasks: Option<&'a Tasks>,
 }
 
 fn latency(
-    &Run { worker, ep, clock }: &Run,
+    run: &Run,
     size: u64,
     protocol: &str,
     (warm, timed): (u64, u64),
     run_clock: bool,
 ) -> Result<PingpongRow> {
+    #[cfg(feature = "tokio")]
+    if let Some(t) = run.tasks {
+        return t
+            .rt
+            .block_on(latency_async(run, size, protocol, (warm, timed), run_clock));
+    }
+    #[cfg(not(feature = "tokio"))]
+    let _ = run.tasks;
+    let &Run {
+        worker, ep, clock, ..
+    } = run;
     let total = warm + timed;
     let mut sbuf = pattern(size, total)?;
     let mut rbuf = alloc(size)?;
@@ -502,6 +608,31 @@ fn latency(
         check_len(&got, size)?;
         rbuf = got.buf;
     }
+    latency_row(
+        size,
+        protocol,
+        (warm, timed),
+        run_clock,
+        (sbuf, rbuf),
+        rtt,
+        clock,
+        t0,
+    )
+}
+
+/// The row of a latency run whose timed part began at `t0` (with `run_clock`), checking
+/// that the last echo `rbuf` is what was sent, `sbuf`.
+#[allow(clippy::too_many_arguments)]
+fn latency_row(
+    size: u64,
+    protocol: &str,
+    (warm, timed): (u64, u64),
+    run_clock: bool,
+    (sbuf, rbuf): (Vec<u8>, Vec<u8>),
+    mut rtt: Histogram<u64>,
+    clock: &Clock,
+    t0: rdmx_bench::clock::Stamp,
+) -> Result<PingpongRow> {
     if run_clock && timed > 0 {
         let ns = clock.since(t0).as_nanos() / u128::from(timed);
         let each = Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX));
@@ -514,6 +645,57 @@ fn latency(
         ));
     }
     Ok(PingpongRow::latency(size, protocol, (warm, timed), &rtt))
+}
+
+/// [`latency`] awaiting its requests (`--async`).
+#[cfg(feature = "tokio")]
+async fn latency_async(
+    &Run {
+        worker, ep, clock, ..
+    }: &Run<'_>,
+    size: u64,
+    protocol: &str,
+    (warm, timed): (u64, u64),
+    run_clock: bool,
+) -> Result<PingpongRow> {
+    let total = warm + timed;
+    let mut sbuf = pattern(size, total)?;
+    let mut rbuf = alloc(size)?;
+    let mut rtt = histogram();
+    let mut t0 = clock.now();
+    for i in 0..total {
+        if run_clock && i == warm {
+            t0 = clock.now();
+        }
+        sbuf = ep
+            .tag_send(DATA, sbuf)
+            .await
+            .map_err(|e| failed("send", e))?
+            .buf;
+        let got = worker
+            .tag_recv(DATA, TAG_MASK_ALL, rbuf)
+            .await
+            .map_err(|e| failed("receive", e))?;
+        if !run_clock {
+            let t1 = clock.now();
+            if i >= warm {
+                record(&mut rtt, clock.between(t0, t1));
+            }
+            t0 = t1;
+        }
+        check_len(&got, size)?;
+        rbuf = got.buf;
+    }
+    latency_row(
+        size,
+        protocol,
+        (warm, timed),
+        run_clock,
+        (sbuf, rbuf),
+        rtt,
+        clock,
+        t0,
+    )
 }
 
 /// What a bandwidth run sends from.
@@ -529,7 +711,9 @@ enum Source {
 /// acknowledgement. With `gaps`, each wait for the oldest send records the time since the
 /// previous one in it.
 fn send_window(
-    &Run { worker, ep, clock }: &Run,
+    &Run {
+        worker, ep, clock, ..
+    }: &Run,
     src: &mut Source,
     window: usize,
     count: u64,

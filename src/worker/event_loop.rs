@@ -46,8 +46,21 @@ impl Driver {
         }
     }
 
+    /// Whether the worker's shared-memory rings tell their producers that it never sleeps,
+    /// sparing them a fence and a read per push: a worker that busy-polls with no driver in
+    /// an event loop when its first shared-memory connection is made. (A driver counted
+    /// later cannot sleep on those rings: see [`Driver::arm_for_loop`].)
+    pub(crate) fn never_sleeps(&self) -> bool {
+        self.mode == WaitMode::BusyPoll && self.loop_drivers.load(Ordering::Acquire) == 0
+    }
+
     /// [`Worker::arm`].
     fn arm_for_loop(&self) -> Result<bool> {
+        if !self.ifaces.shm.can_sleep() {
+            // Its rings' producers were told it never sleeps: nothing would ring.
+            self.progress();
+            return Ok(false);
+        }
         // Awake: what the fd reported is taken, the transports disarmed (a peer need not
         // ring for what it sends while the worker looks).
         let taken = self.take_ready(Some(Duration::ZERO))?;
@@ -76,6 +89,11 @@ impl Worker {
     /// It takes what made the fd readable, so an edge-triggered loop clears the fd's
     /// readiness after each wake-up and arms again (see the module's protocol). Sleep no
     /// longer than [`Worker::next_timeout`].
+    ///
+    /// A worker in [`WaitMode::BusyPoll`] whose first shared-memory connection was made
+    /// while no loop driver was counted ([`Worker::count_loop_driver`]) told those peers it
+    /// never sleeps, so that they need not check after each push: it is never armed
+    /// (always `false`). Count the driver before connecting.
     pub fn arm(&self) -> Result<bool> {
         self.driver.arm_for_loop()
     }

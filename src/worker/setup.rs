@@ -173,7 +173,7 @@ impl Worker {
                     let started = sh
                         .ifaces
                         .shm
-                        .on(&sh.registry, sh.mode == WaitMode::BusyPoll)
+                        .on(&sh.registry, sh.never_sleeps())
                         .map_err(|e| e.to_string())
                         .and_then(|shared| {
                             Accepting::start(
@@ -304,11 +304,7 @@ impl Worker {
     /// is among this worker's transports; otherwise that is an error naming its reason.
     fn connect_shm(&self, addr: &str) -> Result<Ep> {
         let sh = &self.driver;
-        let shared = sh
-            .ifaces
-            .shm
-            .on(&sh.registry, sh.mode == WaitMode::BusyPoll)?
-            .clone();
+        let shared = sh.ifaces.shm.on(&sh.registry, sh.never_sleeps())?.clone();
         let (handshake, limits) = sh.local_handshake(Transport::Shm);
         let timeout = sh.cfg.connect_timeout();
         let id = sh.new_conn_id();

@@ -369,6 +369,58 @@ pub fn futures_complete_without_a_driver() {
     });
 }
 
+/// The event-loop protocol on its own (no runtime): a worker counted as loop-driven before
+/// it connects, in either wait mode, is armed once idle (`arm` says true), and its fd then
+/// becomes readable when the peer sends — over shared memory too, whose peers ring its
+/// doorbell only if told it may sleep. After progress takes the message, arming again
+/// works. (In busy-poll mode the worker's rings would otherwise tell their producers that
+/// it never sleeps, and nothing would wake the loop: its driver slept until a timer.)
+pub fn an_armed_worker_is_woken_by_its_peer() {
+    init_log();
+    for mode in [WaitMode::BusyPoll, WaitMode::Event] {
+        let ctx = context(mode);
+        let server = ctx.worker().unwrap();
+        let _driven = server.count_loop_driver();
+        let listener = server
+            .listen(&format!("{}:0", crate::net().addr))
+            .expect("listen");
+        let addr = listener.local_addr().unwrap().to_string();
+        let client = ctx.worker().unwrap();
+        let c = client.clone();
+        let cep = std::thread::spawn(move || c.connect(&addr).unwrap());
+        let _sep = listener.accept().unwrap();
+        let cep = cep.join().unwrap();
+        for round in 0..3u64 {
+            let recv = server.tag_recv(round, TAG_MASK_ALL, vec![0; 8]);
+            let deadline = std::time::Instant::now() + long();
+            while !server.arm().expect("arm") {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{mode:?}: never armed"
+                );
+            }
+            cep.send(round, &round.to_le_bytes()).unwrap();
+            let mut fds = [rustix::event::PollFd::new(
+                &server,
+                rustix::event::PollFlags::IN,
+            )];
+            let timeout = rustix::time::Timespec {
+                tv_sec: long().as_secs() as i64,
+                tv_nsec: 0,
+            };
+            let n = rustix::event::poll(&mut fds, Some(&timeout)).expect("poll");
+            assert_eq!(
+                n, 1,
+                "{mode:?}, round {round}: the peer's message woke the fd"
+            );
+            while !recv.is_done() {
+                server.progress();
+            }
+            assert_eq!(recv.wait().unwrap().buf, round.to_le_bytes());
+        }
+    }
+}
+
 /// utime + stime of the calling thread, in clock ticks.
 fn thread_cpu_ticks() -> u64 {
     let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("thread stat");
@@ -399,6 +451,7 @@ macro_rules! async_tests {
             an_idle_async_worker_sleeps,
             a_million_round_trips_lose_no_wake_up,
             futures_complete_without_a_driver,
+            an_armed_worker_is_woken_by_its_peer,
         );
     };
 }

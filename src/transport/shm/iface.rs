@@ -104,6 +104,12 @@ impl ShmIface {
         self.shared.get()
     }
 
+    /// Whether arming wakes the worker for what its peers send: not if its rings told their
+    /// producers that it never sleeps ([`Shared::busy`]).
+    pub(crate) fn can_sleep(&self) -> bool {
+        self.shared.get().map_or(true, |s| !s.busy)
+    }
+
     /// The shared part, made (its doorbell registered with `registry`) if it was not, for a
     /// worker that busy-polls (`busy`: see [`Shared::busy`]) or sleeps.
     pub(crate) fn on(&self, registry: &Registry, busy: bool) -> Result<&Arc<Shared>> {
