@@ -220,19 +220,6 @@ pub fn event_wait_mode_roundtrips_and_idles() {
     });
 }
 
-/// utime + stime of the calling thread, in clock ticks.
-fn thread_cpu_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("thread stat");
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .collect();
-    // After the command name: state is field 3, utime 14, stime 15 (1-based).
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-}
-
 pub fn wildcard_and_masked_tags() {
     two_sided("wildcard_and_masked_tags", |p| {
         let ctx = builder().build().unwrap();

@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 #[path = "../pattern/mod.rs"]
 mod pattern;
 pub use pattern::pattern;
+#[path = "../cpu_ticks/mod.rs"]
+mod cpu_ticks;
+pub use cpu_ticks::thread_cpu_ticks;
 mod descriptors;
 mod endpoints;
 mod memory_handles;

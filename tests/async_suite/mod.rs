@@ -7,6 +7,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "../cpu_ticks/mod.rs"]
+mod cpu_ticks;
+use cpu_ticks::thread_cpu_ticks;
+
 use rdmx::{ConnId, Context, Ep, Request, Transport, WaitMode, Worker, TAG_MASK_ALL};
 
 /// Where a binary runs the suite.
@@ -117,6 +121,19 @@ async fn pair(ctx: &Context, n: usize) -> Pair {
         seps,
         _drivers: drivers,
     }
+}
+
+/// An endpoint from `client` to `server`, made without a runtime (connect and accept block):
+/// the client's side, then the server's.
+fn connected(server: &Worker, client: &Worker) -> (Ep, Ep) {
+    let listener = server
+        .listen(&format!("{}:0", crate::net().addr))
+        .expect("listen");
+    let addr = listener.local_addr().unwrap().to_string();
+    let c = client.clone();
+    let cep = std::thread::spawn(move || c.connect(&addr).unwrap());
+    let sep = listener.accept().unwrap();
+    (cep.join().unwrap(), sep)
 }
 
 const REPLY: u64 = 1 << 62;
@@ -258,14 +275,7 @@ pub fn an_idle_async_worker_sleeps() {
     init_log();
     let ctx = context(WaitMode::Event);
     let server = ctx.worker().unwrap();
-    let listener = server
-        .listen(&format!("{}:0", crate::net().addr))
-        .expect("listen");
-    let addr = listener.local_addr().unwrap().to_string();
-    let client = ctx.worker().unwrap();
-    let cep = std::thread::spawn(move || client.connect(&addr).unwrap());
-    let sep = listener.accept().unwrap();
-    let cep = cep.join().unwrap();
+    let (cep, sep) = connected(&server, &ctx.worker().unwrap());
     let idle = Duration::from_secs(2);
     let waiter = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -345,15 +355,7 @@ pub fn futures_complete_without_a_driver() {
     init_log();
     let ctx = context(WaitMode::BusyPoll);
     let server = ctx.worker().unwrap();
-    let listener = server
-        .listen(&format!("{}:0", crate::net().addr))
-        .expect("listen");
-    let addr = listener.local_addr().unwrap().to_string();
-    let client = ctx.worker().unwrap();
-    let c = client.clone();
-    let cep = std::thread::spawn(move || c.connect(&addr).unwrap());
-    let _sep = listener.accept().unwrap();
-    let cep = cep.join().unwrap();
+    let (cep, _sep) = connected(&server, &ctx.worker().unwrap());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -381,15 +383,7 @@ pub fn an_armed_worker_is_woken_by_its_peer() {
         let ctx = context(mode);
         let server = ctx.worker().unwrap();
         let _driven = server.count_loop_driver();
-        let listener = server
-            .listen(&format!("{}:0", crate::net().addr))
-            .expect("listen");
-        let addr = listener.local_addr().unwrap().to_string();
-        let client = ctx.worker().unwrap();
-        let c = client.clone();
-        let cep = std::thread::spawn(move || c.connect(&addr).unwrap());
-        let _sep = listener.accept().unwrap();
-        let cep = cep.join().unwrap();
+        let (cep, _sep) = connected(&server, &ctx.worker().unwrap());
         for round in 0..3u64 {
             let recv = server.tag_recv(round, TAG_MASK_ALL, vec![0; 8]);
             let deadline = std::time::Instant::now() + long();
@@ -419,18 +413,6 @@ pub fn an_armed_worker_is_woken_by_its_peer() {
             assert_eq!(recv.wait().unwrap().buf, round.to_le_bytes());
         }
     }
-}
-
-/// utime + stime of the calling thread, in clock ticks.
-fn thread_cpu_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("thread stat");
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
 /// The suite's tests, each with `$attr` (`#[ignore]` where the transport is missing).
