@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use bincode::Options;
 use rdmx_proto::{ConnId, ConnStats, Tag};
 
+use crate::ep_flush::{Closing, Flushing};
 use crate::error::{Error, Result};
 use crate::request::Request;
 use crate::transport::{Conn, Transport};
@@ -31,7 +32,7 @@ pub(crate) fn codec() -> impl Options {
 /// does the same.
 #[derive(Clone)]
 pub struct Ep {
-    inner: Arc<EpInner>,
+    pub(crate) inner: Arc<EpInner>,
 }
 
 impl Ep {
@@ -41,10 +42,11 @@ impl Ep {
     }
 }
 
-struct EpInner {
-    worker: Worker,
-    cs: Arc<Conn>,
-    closed: AtomicBool,
+pub(crate) struct EpInner {
+    pub(crate) worker: Worker,
+    pub(crate) cs: Arc<Conn>,
+    /// Closed through this handle (a close or the last handle's drop took it).
+    pub(crate) closed: AtomicBool,
 }
 
 impl Ep {
@@ -200,6 +202,24 @@ impl Ep {
     /// is an [`Error::Timeout`]; the endpoint is closed either way.
     pub fn close_timeout(&self, timeout: Duration) -> Result<()> {
         self.inner.close(timeout)
+    }
+
+    /// Starts flushing, nonblocking: the [`Flushing`] future is ready once every send on the
+    /// endpoint has completed and nothing is left to post (or the endpoint is closing), as
+    /// [`Ep::flush`] waits for. It has no deadline of its own: bound it with the event
+    /// loop's timer (`tokio::time::timeout`). Dropping it changes nothing.
+    pub fn flush_nb(&self) -> Flushing {
+        Flushing::new(self.clone())
+    }
+
+    /// Starts closing, nonblocking (UCP's `ucp_ep_close_nbx` in flush mode): the endpoint
+    /// closes once every send on it has completed, or at the connect timeout
+    /// (`RDMX_CONNECT_TIMEOUT_MS`) with what is still pending failed, as [`Ep::close`] does
+    /// — whether or not the [`Closing`] future is awaited: dropping it leaves the close to
+    /// the worker's progress. The future is ready once the endpoint is closed: `Ok`, or an
+    /// [`Error::Timeout`] when sends were still pending at the deadline.
+    pub fn close_nb(&self) -> Closing {
+        Closing::new(self.clone(), self.inner.worker.driver.cfg.connect_timeout())
     }
 
     /// Closes at once (UCP's `UCP_EP_CLOSE_MODE_FORCE`): every pending request on the

@@ -195,8 +195,12 @@
 //! (on by default) [`tokio::drive`] spawns that loop on a tokio runtime, in the worker's wait
 //! mode: in event mode an idle worker costs no CPU. Dropping a request's future is dropping
 //! the request (see [`Request`]): a receive not yet matched is cancelled, anything else
-//! finishes detached, its buffer kept by the worker. Connecting, accepting and closing
-//! still block the calling thread (use `spawn_blocking`).
+//! finishes detached, its buffer kept by the worker. Nothing blocks a task:
+//! [`Worker::connect_nb`] is a future of the endpoint (its setup runs on a thread of a pool
+//! for blocking calls, so many connections are set up at once), [`tokio::accept`] accepts
+//! on a [`Listener`] through its fd ([`Listener::try_accept`] and
+//! [`Listener::next_timeout`] for other loops), and [`Ep::flush_nb`] and [`Ep::close_nb`]
+//! are futures of the flush and the close (UCP's `ucp_ep_close_nbx`).
 //!
 //! ## Failures
 //!
@@ -295,8 +299,10 @@
 
 mod clock;
 mod config;
+mod connecting;
 mod context;
 mod ep;
+mod ep_flush;
 mod error;
 mod fd_limit;
 mod hot_lock;
@@ -317,8 +323,10 @@ pub use config::{
     SRQ_DEPTH_VAR, TCP_EAGER_THRESHOLD, TCP_RECV_BUF_SIZE, TRANSPORT_VAR, WAIT_MODE_VAR,
 };
 pub use config::{MAX_UNEXPECTED_VAR, RNDV_TIMEOUT_VAR};
+pub use connecting::Connecting;
 pub use context::{Context, ContextBuilder};
 pub use ep::Ep;
+pub use ep_flush::{Closing, Flushing};
 pub use error::{Error, Result, Status};
 pub use listener::{ConnRequest, Listener};
 pub use message::Message;

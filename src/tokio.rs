@@ -6,7 +6,7 @@
 //! let ctx = rdmx::Context::new()?;
 //! let worker = ctx.worker()?;
 //! let _driver = rdmx::tokio::drive(&worker)?;
-//! let ep = worker.connect("192.0.2.1:7000")?;
+//! let ep = worker.connect_nb("192.0.2.1:7000").await?;
 //! ep.tag_send(7, b"hello".to_vec()).await?;
 //! let reply = worker.tag_recv(8, rdmx::TAG_MASK_ALL, vec![0; 64]).await?;
 //! println!("{} bytes with tag {}", reply.length, reply.tag);
@@ -24,6 +24,7 @@
 //! before then, or its driver can never sleep on those connections and keeps spinning.
 
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::tokio::io::unix::AsyncFd;
@@ -32,7 +33,9 @@ use ::tokio::runtime::Handle;
 use ::tokio::task::JoinHandle;
 
 use crate::config::WaitMode;
+use crate::ep::Ep;
 use crate::error::{Error, Result};
+use crate::listener::{Accepts, Listener};
 use crate::worker::{LoopDriver, Worker};
 
 /// How many progress calls in a row that find nothing the driver of a busy-polling worker
@@ -99,6 +102,48 @@ struct WorkerFd(Worker);
 impl AsRawFd for WorkerFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
+    }
+}
+
+/// Accepts a connection on `listener` without blocking the task: [`Listener::accept`] for
+/// a tokio task. It answers the requests as they come (their setup waiting on the peer
+/// proceeds meanwhile) and returns the first endpoint set up; between rounds it waits on
+/// the listener's fd, registered with tokio's reactor, and for the deadlines of the accepts
+/// under way ([`Listener::next_timeout`]). Dropping the future leaves the listener as it
+/// was: requests it answered whose setup goes on are returned by a later accept. An error
+/// if called outside a runtime, or the listener's own (see [`Listener::accept`]).
+pub async fn accept(listener: &Listener) -> Result<Ep> {
+    // (As in `drive`: `ListenerFd` owns what owns the fd, so the safe constructor is sound.)
+    #[allow(deprecated)]
+    let fd = AsyncFd::with_interest(ListenerFd(listener.accepts().clone()), Interest::READABLE)
+        .map_err(|e| Error::os("registering the listener's fd with tokio", e))?;
+    loop {
+        if let Some(ep) = listener.try_accept()? {
+            return Ok(ep);
+        }
+        let readable = fd.readable();
+        let ready = match listener.next_timeout() {
+            Some(t) => match ::tokio::time::timeout(t, readable).await {
+                Ok(r) => r,
+                Err(_) => continue,
+            },
+            None => readable.await,
+        };
+        // (Cleared before the next look: what arrives after it makes the fd readable
+        // again, and what arrived before it is seen by that look.)
+        ready
+            .map_err(|e| Error::os("waiting on the listener's fd", e))?
+            .clear_ready();
+    }
+}
+
+/// A listener's fd, for tokio's reactor; the handle keeps what owns the fd alive while the
+/// reactor watches it.
+struct ListenerFd(Arc<Accepts>);
+
+impl AsRawFd for ListenerFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.fd().as_raw_fd()
     }
 }
 

@@ -17,6 +17,7 @@
 mod pending;
 
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 #[cfg(feature = "rdma")]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -223,14 +224,56 @@ impl Listener {
     pub fn accept(&self) -> Result<Ep> {
         let mut ready = Vec::new();
         loop {
-            if let Some(ep) = self.accepts.progress(&ready) {
+            if let Some(ep) = self.accept_step(&mut ready)? {
                 return Ok(ep);
+            }
+            self.wait(&mut ready, None)?;
+        }
+    }
+
+    /// [`Listener::accept`] without waiting: the endpoint of a request that came (answered
+    /// now) or of an accept under way that has been set up meanwhile, else `Ok(None)`.
+    /// Requests that came are answered either way, and one whose setup waits on its peer
+    /// joins the accepts under way. With the listener's fd ([`Listener::as_fd`]) and
+    /// [`Listener::next_timeout`], an event loop accepts without blocking: call this when
+    /// the fd is readable or the timeout passes (`rdmx::tokio::accept` does).
+    pub fn try_accept(&self) -> Result<Option<Ep>> {
+        let (a, mut ready) = (&self.accepts, Vec::new());
+        a.poll
+            .wait(&mut ready, Some(Duration::ZERO))
+            .map_err(|e| Error::os("epoll_wait", e))?;
+        if ready.iter().any(|r| r.token == WAKER) {
+            a.waker.drain();
+        }
+        self.accept_step(&mut ready)
+    }
+
+    /// How long an event loop may wait on the listener's fd before the accepts under way
+    /// need [`Listener::try_accept`] for their deadlines; `None`: until the fd is readable.
+    pub fn next_timeout(&self) -> Option<Duration> {
+        let next = self.accepts.pending.next_deadline()?;
+        Some(next.saturating_duration_since(Instant::now()))
+    }
+
+    /// What owns the listener's fd (an event loop's registration keeps it).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn accepts(&self) -> &Arc<Accepts> {
+        &self.accepts
+    }
+
+    /// One round of [`Listener::accept`]: the accepts under way moved on (those `ready`
+    /// names have news), the requests that came answered; the first endpoint set up, or
+    /// `None` when nothing more can be done without waiting.
+    fn accept_step(&self, ready: &mut Vec<Ready>) -> Result<Option<Ep>> {
+        loop {
+            if let Some(ep) = self.accepts.progress(ready) {
+                return Ok(Some(ep));
             }
             match self.take_request() {
                 Ok(Some(req)) => {
                     let peer = req.peer_addr();
                     match self.worker.accept_start(req) {
-                        Ok(Started::Ep(ep)) => return Ok(ep),
+                        Ok(Started::Ep(ep)) => return Ok(Some(ep)),
                         Ok(Started::Pending(p)) => self.accepts.add(p),
                         Err(e) => {
                             log::warn!("accepting {peer:?} failed: {e}; waiting for the next")
@@ -238,17 +281,16 @@ impl Listener {
                     }
                     // (What else waits is looked at before sleeping.)
                     ready.clear();
-                    continue;
                 }
-                Ok(None) => {}
+                Ok(None) => return Ok(None),
                 Err(Error::Tcp(e)) if e.is_out_of_resources() => {
                     // (The TCP listener warned once and backs off: its descriptor is quiet
                     // until it tries again.)
                     log::debug!("{e}; waiting for descriptors to be freed");
+                    return Ok(None);
                 }
                 Err(e) => return Err(e),
             }
-            self.wait(&mut ready, None)?;
         }
     }
 
@@ -320,7 +362,27 @@ impl Listener {
     }
 }
 
+/// The listener's file descriptor for an event loop: an epoll set, readable when a request
+/// or an accept under way has news for [`Listener::try_accept`]. Watch it for input only;
+/// never read it or close it.
+impl AsFd for Listener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.accepts.fd()
+    }
+}
+
+impl AsRawFd for Listener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.as_fd().as_raw_fd()
+    }
+}
+
 impl Accepts {
+    /// The listener's epoll fd.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.poll.fd()
+    }
+
     /// Moves the accepts under way on (those `ready`, the last wait's, or the RDMA
     /// listener's channel says have news), drops those past their deadline, and returns an
     /// endpoint set up, if one is.

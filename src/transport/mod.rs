@@ -88,6 +88,20 @@ impl Transport {
     }
 }
 
+/// Parses a transport's name as `RDMX_TRANSPORT` takes it (`auto`, `rdma`, `tcp`, `shm`
+/// and their aliases `verbs`, `rc`, `sm`, `posix`; any case).
+impl std::str::FromStr for Transport {
+    type Err = crate::Error;
+
+    fn from_str(value: &str) -> crate::Result<Self> {
+        Transport::parse(value).ok_or_else(|| {
+            crate::Error::Invalid(format!(
+                "{value:?} is not a transport (auto, rdma, tcp or shm)"
+            ))
+        })
+    }
+}
+
 impl fmt::Display for Transport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(match self {

@@ -41,6 +41,10 @@ impl Driver {
             }
         });
         log::debug!("{id:?} up with {:?}", cs.peer);
+        // A worker asleep (a loop's driver, an event-mode waiter) was armed without this
+        // link: what its peer sent before the link learnt that the worker sleeps rang no
+        // doorbell (shared memory). Woken, the worker polls it and arms again with it.
+        self.waker.wake();
         cs
     }
 }

@@ -46,6 +46,54 @@ impl Driver {
         }
     }
 
+    /// Registers `waker` as a task awaiting news (an arrival, a send's work completing, a
+    /// connection closing): the progress call that makes some wakes it.
+    pub(crate) fn register_news_task(&self, waker: &Waker) {
+        self.sleepers
+            .register_news_task(waker, || self.state.lock());
+    }
+
+    /// Forgets the task `waker` awaiting news, if it is registered.
+    pub(crate) fn forget_news_task(&self, waker: &Waker) {
+        if self.sleepers.any() {
+            self.sleepers.forget_news_task(waker);
+        }
+    }
+
+    /// Polls a task until `done()`, which news makes true (an endpoint flushed or closed):
+    /// progresses the worker once, and while not `done`, registers the task for news
+    /// (`registered` keeps its waker, to forget it by), checks again and stays pending —
+    /// asking to be polled again at once when nothing else drives the worker.
+    pub(crate) fn poll_news(
+        &self,
+        cx: &mut std::task::Context<'_>,
+        registered: &mut Option<Waker>,
+        done: impl Fn() -> bool,
+    ) -> std::task::Poll<()> {
+        use std::task::Poll;
+        if !done() {
+            self.progress();
+            if !done() {
+                if let Some(old) = registered.take_if(|w| !w.will_wake(cx.waker())) {
+                    self.forget_news_task(&old);
+                }
+                // (Registered under the lock news is recorded under, then checked.)
+                self.register_news_task(cx.waker());
+                registered.get_or_insert_with(|| cx.waker().clone());
+                if !done() {
+                    if !self.is_driven() {
+                        cx.waker().wake_by_ref();
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+        if let Some(w) = registered.take() {
+            self.forget_news_task(&w);
+        }
+        Poll::Ready(())
+    }
+
     /// Whether the worker's shared-memory rings tell their producers that it never sleeps,
     /// sparing them a fence and a read per push: a worker that busy-polls with no driver in
     /// an event loop when its first shared-memory connection is made. (A driver counted

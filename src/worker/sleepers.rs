@@ -100,25 +100,59 @@ impl Sleepers {
     /// of the waker it registered before, while holding what `lock` returns (as
     /// [`Sleepers::sleep`] does). The caller checks its condition after this, and forgets
     /// the registration once it no longer waits ([`Sleepers::forget_task`]).
+    ///
+    /// A task's entry is listed and counted in one section of the list's lock (inside
+    /// `lock`'s): a waker that removes it (and uncounts it) always finds it counted. (Listed
+    /// first and counted after, as a thread is, a completion between the two removed it and
+    /// uncounted another sleeper's entry: the count fell to 0 with that one still listed,
+    /// and its completion, seeing no sleeper, woke no one — a task stalled for good.)
     pub(crate) fn register_task<G>(&self, on: WaitFor, waker: &Waker, lock: impl FnOnce() -> G) {
-        {
-            let mut list = self.list.lock();
-            let mine = list
-                .iter_mut()
-                .find(|s| s.on == on && matches!(s.wakee, Wakee::Task(_)));
-            if let Some(s) = mine {
-                if let Wakee::Task(w) = &mut s.wakee {
-                    w.clone_from(waker);
-                }
-                return;
-            }
-            list.push(Sleeper {
-                wakee: Wakee::Task(waker.clone()),
-                on,
-            });
-        }
         let _guard = lock();
+        let mut list = self.list.lock();
+        let mine = list
+            .iter_mut()
+            .find(|s| s.on == on && matches!(s.wakee, Wakee::Task(_)));
+        if let Some(s) = mine {
+            if let Wakee::Task(w) = &mut s.wakee {
+                w.clone_from(waker);
+            }
+            return;
+        }
+        list.push(Sleeper {
+            wakee: Wakee::Task(waker.clone()),
+            on,
+        });
         self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Registers the task `waker` for news (several tasks may wait for news: each is one
+    /// entry, found again by [`Waker::will_wake`]), as [`Sleepers::register_task`] does.
+    pub(crate) fn register_news_task<G>(&self, waker: &Waker, lock: impl FnOnce() -> G) {
+        let _guard = lock();
+        let mut list = self.list.lock();
+        let mine = |s: &Sleeper| {
+            s.on == WaitFor::News && matches!(&s.wakee, Wakee::Task(w) if w.will_wake(waker))
+        };
+        if list.iter().any(mine) {
+            return;
+        }
+        list.push(Sleeper {
+            wakee: Wakee::Task(waker.clone()),
+            on: WaitFor::News,
+        });
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Forgets the task `waker` registered for news, if it is.
+    pub(crate) fn forget_news_task(&self, waker: &Waker) {
+        let mut list = self.list.lock();
+        let mine = |s: &Sleeper| {
+            s.on == WaitFor::News && matches!(&s.wakee, Wakee::Task(w) if w.will_wake(waker))
+        };
+        if let Some(i) = list.iter().position(mine) {
+            list.swap_remove(i);
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Forgets the task registered for `on`, if one is.
@@ -270,5 +304,40 @@ mod tests {
             // Woken or never asleep: far under the sleep's 60 s.
             assert!(sleeper.join().unwrap() < Duration::from_secs(30));
         }
+    }
+
+    /// A waker that flags when it is woken.
+    struct Flag(AtomicBool);
+
+    impl std::task::Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A completion that comes while a task registers (inside the section it registers
+    /// under, where another thread's completion may run) never leaves another registered
+    /// task uncounted: that task's completion, which wakes only when it sees sleepers,
+    /// still wakes it. (Listed, then counted in a later section, the first task's entry was
+    /// removed and uncounted by that completion before it was counted: the count fell to 0
+    /// with the other task still listed, and its completion woke no one.)
+    #[test]
+    fn a_completion_while_a_task_registers_loses_no_other_wake_up() {
+        let sleepers = Sleepers::default();
+        let other = Arc::new(Flag(AtomicBool::new(false)));
+        sleepers.register_task(WaitFor::Request(2), &Waker::from(other.clone()), || ());
+        let mine = Arc::new(Flag(AtomicBool::new(false)));
+        sleepers.register_task(WaitFor::Request(1), &Waker::from(mine), || {
+            // Slot 1 completes now; then slot 2, whose completer wakes only if it sees a
+            // sleeper (as `Driver::after_unlock` does).
+            sleepers.wake(&[1], false);
+            if sleepers.any() {
+                sleepers.wake(&[2], false);
+            }
+        });
+        assert!(
+            other.0.load(Ordering::SeqCst),
+            "the other task's wake-up was lost"
+        );
     }
 }

@@ -97,22 +97,24 @@ async fn pair(ctx: &Context, n: usize) -> Pair {
         .listen(&format!("{}:0", crate::net().addr))
         .expect("listen");
     let addr = listener.local_addr().expect("bound").to_string();
-    // (Connect and accept block the calling thread: off the runtime.)
-    let c = client.clone();
-    let connecting = tokio::task::spawn_blocking(move || {
-        (0..n)
-            .map(|_| c.connect(&addr).expect("connect"))
-            .collect::<Vec<_>>()
-    });
-    let seps = tokio::task::spawn_blocking(move || {
-        (0..n)
-            .map(|_| listener.accept().expect("accept"))
-            .map(|ep| (ep.id(), ep))
-            .collect::<HashMap<_, _>>()
-    })
-    .await
-    .unwrap();
-    let ceps = connecting.await.unwrap();
+    // (Connects are set up off the runtime's threads; the accepts answer each as it comes.)
+    let connecting: Vec<_> = (0..n).map(|_| client.connect_nb(&addr)).collect();
+    let mut seps = HashMap::new();
+    for i in 0..n {
+        let ep = tokio::time::timeout(long() / 2, rdmx::tokio::accept(&listener))
+            .await
+            .unwrap_or_else(|_| panic!("accept {i} of {n} hung"))
+            .expect("accept");
+        seps.insert(ep.id(), ep);
+    }
+    let mut ceps = Vec::new();
+    for (i, c) in connecting.into_iter().enumerate() {
+        let ep = tokio::time::timeout(long() / 2, c)
+            .await
+            .unwrap_or_else(|_| panic!("connect {i} of {n} hung"))
+            .expect("connect");
+        ceps.push(ep);
+    }
     assert_eq!(ceps[0].transport(), crate::net().transport);
     Pair {
         server,
@@ -180,6 +182,19 @@ pub fn a_thousand_tasks_share_endpoints() {
                         assert_eq!(&got.buf[..got.length], &(!tag).to_le_bytes()[..]);
                     }
                 }));
+            }
+            let deadline = tokio::time::Instant::now() + long() / 2;
+            while all.iter().any(|t| !t.is_finished()) {
+                if tokio::time::Instant::now() > deadline {
+                    let left = all.iter().filter(|t| !t.is_finished()).count();
+                    panic!(
+                        "{mode:?}: {left} tasks of {} stalled; server {:?}, client {:?}",
+                        all.len(),
+                        p.server.stats(),
+                        p.client.stats()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
             for t in all {
                 t.await.expect("a task");
@@ -415,6 +430,11 @@ pub fn an_armed_worker_is_woken_by_its_peer() {
     }
 }
 
+mod rma_drop;
+mod setup;
+pub use rma_drop::*;
+pub use setup::*;
+
 /// The suite's tests, each with `$attr` (`#[ignore]` where the transport is missing).
 macro_rules! async_tests {
     (@each [$($attr:tt)*];) => {};
@@ -434,6 +454,10 @@ macro_rules! async_tests {
             a_million_round_trips_lose_no_wake_up,
             futures_complete_without_a_driver,
             an_armed_worker_is_woken_by_its_peer,
+            many_connects_proceed_at_once,
+            a_dead_address_blocks_no_task,
+            flush_and_close_are_futures,
+            dropped_rma_futures_leave_no_trap,
         );
     };
 }

@@ -1,0 +1,236 @@
+//! Connection setup and teardown without blocking a task: `Worker::connect_nb`,
+//! `rdmx::tokio::accept`, `Ep::flush_nb` and `Ep::close_nb`.
+
+use super::*;
+use rdmx::Error;
+
+/// A context of the suite's transport in event mode whose connect timeout is `ms`.
+fn context_timeout(ms: u64) -> Context {
+    Context::builder()
+        .env_lookup(|_| None)
+        .transport(crate::net().transport)
+        .wait_mode(WaitMode::Event)
+        .set(rdmx::CONNECT_TIMEOUT_VAR, &ms.to_string())
+        .build()
+        .expect("a context")
+}
+
+/// 256 connects started at once are set up at once: the server takes all 256 requests
+/// before it answers any (a connect waits for its answer, so one connect at a time would
+/// leave a single request to take), then accepts them, and every connect completes with a
+/// working endpoint. Then 256 more through `rdmx::tokio::accept`, the client's futures
+/// awaited together.
+pub fn many_connects_proceed_at_once() {
+    init_log();
+    run(async move {
+        const N: usize = 256;
+        let ctx = context(WaitMode::Event);
+        let server = ctx.worker().unwrap();
+        let client = ctx.worker().unwrap();
+        let _drivers = (
+            rdmx::tokio::drive(&server).unwrap(),
+            rdmx::tokio::drive(&client).unwrap(),
+        );
+        let listener = Arc::new(
+            server
+                .listen(&format!("{}:0", crate::net().addr))
+                .expect("listen"),
+        );
+        let addr = listener.local_addr().unwrap().to_string();
+        let connecting: Vec<_> = (0..N).map(|_| client.connect_nb(&addr)).collect();
+        // (next_request waits on the listener: off the runtime's threads.)
+        let l = listener.clone();
+        let requests = tokio::task::spawn_blocking(move || {
+            (0..N)
+                .map(|i| {
+                    l.next_request(Some(long()))
+                        .expect("next_request")
+                        .unwrap_or_else(|| panic!("only {i} of {N} connects were under way"))
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap();
+        assert!(
+            connecting.iter().all(|c| !c.is_done()),
+            "a connect ended before its request was answered"
+        );
+        let seps = tokio::task::spawn_blocking(move || {
+            requests
+                .into_iter()
+                .map(|r| r.accept().expect("accept"))
+                .collect::<Vec<_>>()
+        });
+        let mut ceps = Vec::new();
+        for c in connecting {
+            ceps.push(c.await.expect("connect"));
+        }
+        let seps = seps.await.unwrap();
+        assert_eq!((ceps.len(), seps.len()), (N, N));
+        // Each endpoint carries a message.
+        for (i, ep) in ceps.iter().enumerate() {
+            ep.tag_send(i as u64, vec![i as u8]).await.unwrap();
+        }
+        for i in 0..N as u64 {
+            let got = server.tag_recv(i, TAG_MASK_ALL, vec![0; 1]).await.unwrap();
+            assert_eq!(got.buf, [i as u8]);
+        }
+
+        // The same through the async accept, which answers each request as it comes.
+        let l = listener.clone();
+        let accepting = tokio::spawn(async move {
+            let mut eps = Vec::new();
+            for _ in 0..N {
+                eps.push(rdmx::tokio::accept(&l).await.expect("accept"));
+            }
+            eps
+        });
+        let connecting: Vec<_> = (0..N).map(|_| client.connect_nb(&addr)).collect();
+        let mut more = Vec::new();
+        for c in connecting {
+            more.push(c.await.expect("connect"));
+        }
+        let accepted = accepting.await.unwrap();
+        assert_eq!((more.len(), accepted.len()), (N, N));
+        more[N - 1].tag_send(7, b"last".to_vec()).await.unwrap();
+        let got = server.tag_recv(7, TAG_MASK_ALL, vec![0; 8]).await.unwrap();
+        assert_eq!(&got.buf[..got.length], b"last");
+        println!("{N} connects set up at once, then {N} more through the async accept");
+    });
+}
+
+/// A connect to an address where nothing answers fails with the connect timeout while a
+/// timer task on the same (single) runtime thread keeps ticking: nothing blocks the thread.
+/// A connect to a port where nothing listens fails at once; a dropped connect leaves
+/// nothing behind; the worker connects afterwards.
+pub fn a_dead_address_blocks_no_task() {
+    init_log();
+    // A listening TCP socket that never takes or answers a connection: the connect's
+    // handshake waits for an answer that never comes.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    // (A port of the suite's address that nothing listens on, TCP's or rdmacm's.)
+    let refused = {
+        let l = std::net::TcpListener::bind(format!("{}:0", crate::net().addr)).unwrap();
+        l.local_addr().unwrap()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let ctx = context_timeout(1000);
+        let client = ctx.worker().unwrap();
+        let _driver = rdmx::tokio::drive(&client).unwrap();
+        let ticks = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let t = ticks.clone();
+        let ticker = tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(10));
+            loop {
+                every.tick().await;
+                t.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        if crate::net().transport != Transport::Rdma {
+            let started = std::time::Instant::now();
+            let err = tokio::time::timeout(long(), client.connect_nb(&silent_addr.to_string()))
+                .await
+                .expect("the connect ends")
+                .expect_err("nothing answers");
+            let took = started.elapsed();
+            let ticked = ticks.load(std::sync::atomic::Ordering::Relaxed);
+            println!("silent peer: {err} after {took:?}; the timer ticked {ticked} times");
+            assert!(matches!(err, Error::Tcp(_) | Error::Timeout(..)), "{err:?}");
+            assert!(err.to_string().contains("timed out"), "{err}");
+            // A thread blocked in the connect would have let it tick at most once.
+            assert!(ticked >= 5, "the timer task ticked only {ticked} times");
+        }
+        let err = tokio::time::timeout(long(), client.connect_nb(&refused.to_string()))
+            .await
+            .expect("the connect ends")
+            .expect_err("nobody listens");
+        println!("nobody listening: {err}");
+        assert!(
+            err.to_string().contains(&refused.port().to_string()),
+            "{err}"
+        );
+        // Dropped while under way.
+        drop(client.connect_nb(&silent_addr.to_string()));
+        ticker.abort();
+    });
+    drop(silent);
+    // The worker connects afterwards.
+    let ctx = context(WaitMode::Event);
+    let (cep, _sep) = connected(&ctx.worker().unwrap(), &ctx.worker().unwrap());
+    cep.send(1, b"after").unwrap();
+}
+
+/// Flushing and closing as futures: a flush waits for a rendezvous send until the peer has
+/// read it; a close of a flushed endpoint completes and the peer sees it closed; a close
+/// with a send the peer never takes ends at the connect timeout with an error, that send
+/// failed; a dropped close still closes.
+pub fn flush_and_close_are_futures() {
+    init_log();
+    run(async move {
+        let p = pair(&context_timeout(1000), 3).await;
+        let big = 1 << 20;
+        // (Endpoints by id: the client's i-th is the server's with the same peer address.)
+        let sep_of = |cep: &Ep| {
+            p.seps
+                .values()
+                .find(|s| s.peer_addr() == cep.local_addr())
+                .expect("the server's side")
+                .clone()
+        };
+        let (cep, sep) = (&p.ceps[0], sep_of(&p.ceps[0]));
+        let send = cep.tag_send(1, vec![5u8; big]);
+        let mut flush = std::pin::pin!(cep.flush_nb());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), flush.as_mut())
+                .await
+                .is_err(),
+            "flushed before the peer read the rendezvous data"
+        );
+        let got = p
+            .server
+            .tag_recv(1, TAG_MASK_ALL, vec![0; big])
+            .await
+            .unwrap();
+        assert_eq!(got.length, big);
+        flush.await.expect("flushed");
+        send.await.unwrap();
+        cep.close_nb().await.expect("closed");
+        assert!(!cep.is_connected());
+        let deadline = tokio::time::Instant::now() + long();
+        while sep.is_connected() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the peer never saw the close"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+
+        // A send the peer never takes: the close ends at the connect timeout.
+        let cep = &p.ceps[1];
+        let stuck = cep.tag_send(2, vec![6u8; big]);
+        let err = cep.close_nb().await.expect_err("a send was still pending");
+        println!("close with a send pending: {err}");
+        assert!(matches!(err, Error::Timeout(..)), "{err:?}");
+        let err = stuck.await.expect_err("the pending send fails");
+        println!("the pending send: {err}");
+
+        // A close dropped at once still closes.
+        let cep = p.ceps[2].clone();
+        drop(cep.close_nb());
+        let deadline = tokio::time::Instant::now() + long();
+        while cep.is_connected() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the dropped close never closed"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let s = p.client.stats();
+        println!("after the closes: {s:?}");
+    });
+}
