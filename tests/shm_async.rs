@@ -9,6 +9,7 @@ fn net() -> async_suite::Net {
         transport: rdmx::Transport::Shm,
         addr: "127.0.0.1".into(),
         rounds: 1_000_000,
+        connects: 256,
     }
 }
 

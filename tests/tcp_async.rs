@@ -9,6 +9,7 @@ fn net() -> async_suite::Net {
         transport: rdmx::Transport::Tcp,
         addr: "127.0.0.1".into(),
         rounds: 100_000,
+        connects: 256,
     }
 }
 

@@ -21,6 +21,8 @@ pub struct Net {
     pub addr: String,
     /// Round trips of [`a_million_round_trips_lose_no_wake_up`].
     pub rounds: usize,
+    /// Connects started at once in [`many_connects_proceed_at_once`].
+    pub connects: usize,
 }
 
 /// How long a test waits for what should happen before calling it hung (a bound against

@@ -15,15 +15,15 @@ fn context_timeout(ms: u64) -> Context {
         .expect("a context")
 }
 
-/// 256 connects started at once are set up at once: the server takes all 256 requests
-/// before it answers any (a connect waits for its answer, so one connect at a time would
-/// leave a single request to take), then accepts them, and every connect completes with a
-/// working endpoint. Then 256 more through `rdmx::tokio::accept`, the client's futures
-/// awaited together.
+/// `Net::connects` (256 on the host) connects started at once are set up at once: the
+/// server takes all their requests before it answers any (a connect waits for its answer,
+/// so one connect at a time would leave a single request to take), then accepts them, and
+/// every connect completes with a working endpoint. Then as many more through
+/// `rdmx::tokio::accept`, the client's futures awaited together.
 pub fn many_connects_proceed_at_once() {
     init_log();
     run(async move {
-        const N: usize = 256;
+        let n = env_count("RDMX_ASYNC_CONNECTS", crate::net().connects);
         let ctx = context(WaitMode::Event);
         let server = ctx.worker().unwrap();
         let client = ctx.worker().unwrap();
@@ -37,15 +37,15 @@ pub fn many_connects_proceed_at_once() {
                 .expect("listen"),
         );
         let addr = listener.local_addr().unwrap().to_string();
-        let connecting: Vec<_> = (0..N).map(|_| client.connect_nb(&addr)).collect();
+        let connecting: Vec<_> = (0..n).map(|_| client.connect_nb(&addr)).collect();
         // (next_request waits on the listener: off the runtime's threads.)
         let l = listener.clone();
         let requests = tokio::task::spawn_blocking(move || {
-            (0..N)
+            (0..n)
                 .map(|i| {
                     l.next_request(Some(long()))
                         .expect("next_request")
-                        .unwrap_or_else(|| panic!("only {i} of {N} connects were under way"))
+                        .unwrap_or_else(|| panic!("only {i} of {n} connects were under way"))
                 })
                 .collect::<Vec<_>>()
         })
@@ -66,12 +66,12 @@ pub fn many_connects_proceed_at_once() {
             ceps.push(c.await.expect("connect"));
         }
         let seps = seps.await.unwrap();
-        assert_eq!((ceps.len(), seps.len()), (N, N));
+        assert_eq!((ceps.len(), seps.len()), (n, n));
         // Each endpoint carries a message.
         for (i, ep) in ceps.iter().enumerate() {
             ep.tag_send(i as u64, vec![i as u8]).await.unwrap();
         }
-        for i in 0..N as u64 {
+        for i in 0..n as u64 {
             let got = server.tag_recv(i, TAG_MASK_ALL, vec![0; 1]).await.unwrap();
             assert_eq!(got.buf, [i as u8]);
         }
@@ -80,22 +80,22 @@ pub fn many_connects_proceed_at_once() {
         let l = listener.clone();
         let accepting = tokio::spawn(async move {
             let mut eps = Vec::new();
-            for _ in 0..N {
+            for _ in 0..n {
                 eps.push(rdmx::tokio::accept(&l).await.expect("accept"));
             }
             eps
         });
-        let connecting: Vec<_> = (0..N).map(|_| client.connect_nb(&addr)).collect();
+        let connecting: Vec<_> = (0..n).map(|_| client.connect_nb(&addr)).collect();
         let mut more = Vec::new();
         for c in connecting {
             more.push(c.await.expect("connect"));
         }
         let accepted = accepting.await.unwrap();
-        assert_eq!((more.len(), accepted.len()), (N, N));
-        more[N - 1].tag_send(7, b"last".to_vec()).await.unwrap();
+        assert_eq!((more.len(), accepted.len()), (n, n));
+        more[n - 1].tag_send(7, b"last".to_vec()).await.unwrap();
         let got = server.tag_recv(7, TAG_MASK_ALL, vec![0; 8]).await.unwrap();
         assert_eq!(&got.buf[..got.length], b"last");
-        println!("{N} connects set up at once, then {N} more through the async accept");
+        println!("{n} connects set up at once, then {n} more through the async accept");
     });
 }
 
