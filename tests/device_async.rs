@@ -12,10 +12,7 @@ fn net() -> async_suite::Net {
             panic!("SOFTROCE_ADDR_A is not set: run the device tests through scripts/test")
         }),
         rounds: 10_000,
-        // (Over Soft-RoCE in the guest 32 at once set up in 3 s, but 128, 200 and 256 at once
-        // did not: after 40 s the server had taken 81 of 128 and 90 of 200 requests, after
-        // 60 s 145 of 256. Why is not known yet: RDMX_ASYNC_CONNECTS=N runs it with N.)
-        connects: 32,
+        connects: 256,
     }
 }
 

@@ -51,7 +51,9 @@ impl Worker {
     #[cfg(feature = "rdma")]
     pub(super) fn listen_rdma(&self, addr: &str) -> Result<rdmx_conn::Listener> {
         let info = AddrInfo::resolve(addr, Side::Passive)?;
-        let listener = rdmx_conn::Listener::bind(&info, 128)?;
+        // (Requests not yet taken: as many as TCP handshakes may wait.)
+        let backlog = i32::try_from(self.driver.cfg.max_pending_handshakes()).unwrap_or(i32::MAX);
+        let listener = rdmx_conn::Listener::bind(&info, backlog)?;
         match listener.device()? {
             Some(device) => {
                 self.driver.rdma_on(&device)?;

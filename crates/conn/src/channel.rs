@@ -82,12 +82,24 @@ struct Sorted {
 }
 
 /// One id's events, and the token its owner named it by (0: none).
-#[derive(Default)]
 struct Queue {
     events: VecDeque<CmEvent>,
     token: u64,
     /// In `ready` (once is enough).
     flagged: bool,
+    /// The most events kept for it (`MAX_QUEUED`, or a listener's backlog).
+    limit: usize,
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        Queue {
+            events: VecDeque::new(),
+            token: 0,
+            flagged: false,
+            limit: MAX_QUEUED,
+        }
+    }
 }
 
 impl Sorted {
@@ -201,7 +213,7 @@ impl EventChannel {
             let (key, ev) = unsafe { CmEvent::take(event) };
             let Sorted { queues, ready, .. } = &mut *st;
             match queues.get_mut(&key) {
-                Some(q) if q.events.len() < MAX_QUEUED => {
+                Some(q) if q.events.len() < q.limit => {
                     q.events.push_back(ev);
                     if q.token != 0 && !q.flagged {
                         q.flagged = true;
@@ -209,10 +221,11 @@ impl EventChannel {
                         flagged = true;
                     }
                 }
-                Some(_) => {
+                Some(q) => {
                     log::warn!(
-                        "dropping an rdmacm {} event: {MAX_QUEUED} events wait for its id",
-                        ev.kind.name()
+                        "dropping an rdmacm {} event: {} events wait for its id",
+                        ev.kind.name(),
+                        q.limit
                     );
                     unclaimed.push(ev);
                 }
@@ -331,6 +344,13 @@ impl EventChannel {
                 q.flagged = true;
                 ready.push((key, token));
             }
+        }
+    }
+
+    /// Keeps up to `limit` untaken events for `key` (in place of `MAX_QUEUED`).
+    fn set_limit(&self, key: Key, limit: usize) {
+        if let Some(q) = self.inner.sorted.lock().queues.get_mut(&key) {
+            q.limit = limit.max(1);
         }
     }
 
@@ -478,6 +498,12 @@ impl RawId {
     /// Names this id by `token` in its channel's [`EventChannel::take_ready`].
     pub(crate) fn set_token(&self, token: u64) {
         self.channel.set_token(self.key(), token);
+    }
+
+    /// Keeps up to `limit` of this id's events that its owner has not taken (a listener:
+    /// its backlog of connect requests), in place of the default for a connection.
+    pub(crate) fn set_queue_limit(&self, limit: usize) {
+        self.channel.set_limit(self.key(), limit);
     }
 
     /// The next event of this id, waiting until `deadline` (None: forever).

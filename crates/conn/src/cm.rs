@@ -139,7 +139,9 @@ impl Listener {
     /// with [`Listener::get_request`].
     pub const REQUESTS: u64 = u64::MAX;
 
-    /// Binds to a passive address (`rdma_create_ep` with `RAI_PASSIVE`) and listens.
+    /// Binds to a passive address (`rdma_create_ep` with `RAI_PASSIVE`) and listens, keeping
+    /// up to `backlog` connect requests until they are taken (`rdma_listen`'s backlog, and
+    /// the most of them its channel holds; one more is refused).
     pub fn bind(addr: &AddrInfo, backlog: i32) -> Result<Self> {
         if addr.side() != Side::Passive {
             return Err(Error::invalid(
@@ -163,6 +165,9 @@ impl Listener {
         let raw = unsafe { RawId::adopt(id, &channel, "rdma_create_ep")? };
         // (Connect requests are news for whoever watches the channel: see `on_ready`.)
         raw.set_token(Listener::REQUESTS);
+        // Connect requests not yet taken are kept up to the backlog (each holds the kernel's
+        // new id; past it, one more is refused), not a connection's handful of events.
+        raw.set_queue_limit(usize::try_from(backlog).unwrap_or(1));
         // SAFETY: the id is valid and bound.
         if unsafe { sys::rdma_listen(raw.id(), backlog) } != 0 {
             return Err(Error::last_os(
