@@ -322,9 +322,11 @@ fn taken() -> Error {
 
 /// A request is a future of its result: what [`Request::wait`] returns.
 ///
-/// Polling it progresses the worker once (never blocking), and if the request is still
-/// under way registers the task's waker, which the progress call that completes the
-/// request wakes — that task's and no other. What progresses the worker meanwhile is the
+/// Polling it progresses the worker once (never blocking; in busy-poll mode, while no other
+/// task or thread waits on the worker, up to 64 times, so that a latency-bound loop completes
+/// without a task switch), and if the request is still under way registers the task's
+/// waker, which the progress call that completes the request wakes — that task's and no
+/// other. What progresses the worker meanwhile is the
 /// worker's driver in the event loop (`rdmx::tokio::drive`, or any loop built on
 /// [`crate::Worker::arm`] and the worker's file descriptor) or its progress thread; with
 /// neither, the future asks to be polled again at once, so it completes, spinning through
@@ -346,6 +348,17 @@ impl Future for Request {
             let driver = &worker.driver;
             if !p.slot.is_done(&driver.done_flags) {
                 driver.progress();
+                if !p.slot.is_done(&driver.done_flags) && driver.spins_in_poll() {
+                    // Busy-polling: the task looks a while itself before it waits for a
+                    // wake-up (a task switch and the waker's round through the executor).
+                    let mut left = crate::worker::POLL_SPINS;
+                    while left > 0 && !p.slot.is_done(&driver.done_flags) {
+                        if driver.progress() == 0 {
+                            std::hint::spin_loop();
+                        }
+                        left -= 1;
+                    }
+                }
                 if !p.slot.is_done(&driver.done_flags) {
                     // Registered under the lock its completion is recorded under, then
                     // checked: a completion either is seen here or wakes the task.

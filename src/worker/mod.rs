@@ -17,6 +17,7 @@ mod accepting;
 mod closing;
 mod driver;
 mod event_loop;
+pub(crate) use event_loop::POLL_SPINS;
 mod events;
 mod executor;
 #[cfg(test)]
