@@ -301,8 +301,29 @@ fn async_sides_await_their_requests() {
     assert!(server.0.wait().unwrap().success());
 }
 
+/// `--bw --async`: the sliding window of sends and the server's window of receives are
+/// awaited as futures (eager and rendezvous sizes, both wait modes, TCP and shared memory),
+/// with the same rows as waiting for them.
 #[test]
-fn async_is_for_latency() {
-    let out = pingpong(&["--bw", "--async"], &[]);
-    one_line_error(&out, 2, "--async");
+fn async_bandwidth_awaits_its_windows() {
+    for transport in ["tcp", "shm"] {
+        for mode in ["poll", "event"] {
+            let env = [("RDMX_TRANSPORT", transport), ("RDMX_WAIT_MODE", mode)];
+            let out = pingpong_env(
+                &["--bw", "-s", "8,1M", "-n", "64", "--no-progress", "--async"],
+                &env,
+            );
+            let stdout = text(&out.stdout);
+            assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+            assert!(stdout.contains("awaited as futures (--async)"), "{stdout}");
+            assert_eq!(
+                rows(&stdout),
+                vec![
+                    ("8 B".into(), "eager".into(), 64),
+                    ("1 MiB".into(), "rndv".into(), 64),
+                ],
+                "{transport} {mode}"
+            );
+        }
+    }
 }

@@ -9,7 +9,7 @@
 //!                               [--json | --result] [--async]
 //! ```
 //!
-//! `--async` (latency; on either side, each its own): the side awaits its requests as
+//! `--async` (latency and bandwidth; on either side, each its own): the side awaits its requests as
 //! futures in one task of a tokio runtime, its worker driven by `rdmx::tokio::drive`,
 //! instead of waiting for them (`Request::wait`) — the path of an async service.
 //!
@@ -40,6 +40,11 @@ use rdmx_bench::schema::{
     self, histogram, record, record_n, Histogram, PingpongDoc, PingpongRow, MB,
 };
 use rdmx_bench::sizes::format_size;
+
+mod tasks;
+use tasks::Tasks;
+#[cfg(feature = "tokio")]
+use tasks::{latency_async, send_window_async, serve_latency_async, serve_window_async};
 
 const SETUP: u64 = 1;
 const DATA: u64 = 2;
@@ -96,50 +101,11 @@ struct Args {
     /// `ucx_perftest`, `ib_read_bw` and `osu_bw` send
     #[arg(long, requires = "bw")]
     own_buffers: bool,
-    /// Latency: await each request as a future in one task of a tokio runtime (current
-    /// thread), the worker driven by `rdmx::tokio::drive` in its wait mode, instead of
-    /// waiting for it (`Request::wait`). Each side chooses for itself
-    #[arg(long = "async", conflicts_with = "bw")]
+    /// Await each request as a future in one task of a tokio runtime (current thread), the
+    /// worker driven by `rdmx::tokio::drive` in its wait mode, instead of waiting for it
+    /// (`Request::wait`); latency and bandwidth. Each side chooses for itself
+    #[arg(long = "async")]
     async_tasks: bool,
-}
-
-/// Where a side's requests are awaited as futures (`--async`): a runtime of one thread and
-/// the worker's driver on it.
-struct Tasks {
-    #[cfg(feature = "tokio")]
-    rt: tokio::runtime::Runtime,
-    #[cfg(feature = "tokio")]
-    _driver: rdmx::tokio::Driver,
-}
-
-impl Tasks {
-    /// With `--async`, a runtime driving `worker`.
-    #[cfg(feature = "tokio")]
-    fn new(on: bool, worker: &Worker) -> Result<Option<Tasks>> {
-        if !on {
-            return Ok(None);
-        }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("a tokio runtime: {e}"))?;
-        let driver = {
-            let _in = rt.enter();
-            rdmx::tokio::drive(worker).map_err(|e| e.to_string())?
-        };
-        Ok(Some(Tasks {
-            rt,
-            _driver: driver,
-        }))
-    }
-
-    #[cfg(not(feature = "tokio"))]
-    fn new(on: bool, _worker: &Worker) -> Result<Option<Tasks>> {
-        match on {
-            true => Err("--async needs rdmx's tokio feature (on by default)".into()),
-            false => Ok(None),
-        }
-    }
 }
 
 fn main() {
@@ -340,6 +306,11 @@ fn serve(worker: &Worker, ep: &Ep, tasks: Option<&Tasks>) -> Result<()> {
                     .map(|_| alloc(size))
                     .collect::<Result<Vec<_>>>()?;
                 for count in [warm, timed].into_iter().filter(|&c| c > 0) {
+                    #[cfg(feature = "tokio")]
+                    if let Some(t) = tasks {
+                        t.rt.block_on(serve_window_async(worker, ep, &mut bufs, size, count))?;
+                        continue;
+                    }
                     serve_window(worker, ep, &mut bufs, size, count)?;
                 }
             }
@@ -371,25 +342,6 @@ fn serve_latency(
         let got = wait(worker.tag_recv(DATA, TAG_MASK_ALL, buf), "receive")?;
         check_len(&got, size)?;
         buf = wait(ep.tag_send(DATA, got.buf), "send")?.buf;
-    }
-    Ok(())
-}
-
-/// [`serve_latency`] awaiting its requests (`--async`).
-#[cfg(feature = "tokio")]
-async fn serve_latency_async(worker: &Worker, ep: &Ep, size: u64, total: u64) -> Result<()> {
-    let mut buf = alloc(size)?;
-    for _ in 0..total {
-        let got = worker
-            .tag_recv(DATA, TAG_MASK_ALL, buf)
-            .await
-            .map_err(|e| failed("receive", e))?;
-        check_len(&got, size)?;
-        buf = ep
-            .tag_send(DATA, got.buf)
-            .await
-            .map_err(|e| failed("send", e))?
-            .buf;
     }
     Ok(())
 }
@@ -647,57 +599,6 @@ fn latency_row(
     Ok(PingpongRow::latency(size, protocol, (warm, timed), &rtt))
 }
 
-/// [`latency`] awaiting its requests (`--async`).
-#[cfg(feature = "tokio")]
-async fn latency_async(
-    &Run {
-        worker, ep, clock, ..
-    }: &Run<'_>,
-    size: u64,
-    protocol: &str,
-    (warm, timed): (u64, u64),
-    run_clock: bool,
-) -> Result<PingpongRow> {
-    let total = warm + timed;
-    let mut sbuf = pattern(size, total)?;
-    let mut rbuf = alloc(size)?;
-    let mut rtt = histogram();
-    let mut t0 = clock.now();
-    for i in 0..total {
-        if run_clock && i == warm {
-            t0 = clock.now();
-        }
-        sbuf = ep
-            .tag_send(DATA, sbuf)
-            .await
-            .map_err(|e| failed("send", e))?
-            .buf;
-        let got = worker
-            .tag_recv(DATA, TAG_MASK_ALL, rbuf)
-            .await
-            .map_err(|e| failed("receive", e))?;
-        if !run_clock {
-            let t1 = clock.now();
-            if i >= warm {
-                record(&mut rtt, clock.between(t0, t1));
-            }
-            t0 = t1;
-        }
-        check_len(&got, size)?;
-        rbuf = got.buf;
-    }
-    latency_row(
-        size,
-        protocol,
-        (warm, timed),
-        run_clock,
-        (sbuf, rbuf),
-        rtt,
-        clock,
-        t0,
-    )
-}
-
 /// What a bandwidth run sends from.
 enum Source {
     /// One buffer, shared by every send of the window (`Ep::tag_send_shared`).
@@ -750,6 +651,23 @@ fn send_window(
     Ok(())
 }
 
+/// [`send_window`], or with `--async` [`send_window_async`] on the side's runtime.
+fn send_window_in(
+    run: &Run,
+    src: &mut Source,
+    window: usize,
+    count: u64,
+    gaps: Option<&mut Histogram<u64>>,
+) -> Result<()> {
+    #[cfg(feature = "tokio")]
+    if let Some(t) = run.tasks {
+        return t
+            .rt
+            .block_on(send_window_async(run, src, window, count, gaps));
+    }
+    send_window(run, src, window, count, gaps)
+}
+
 fn bandwidth(
     run: &Run,
     size: u64,
@@ -769,12 +687,12 @@ fn bandwidth(
     };
     let window = w as usize;
     if warm > 0 {
-        send_window(run, &mut src, window, warm, None)?;
+        send_window_in(run, &mut src, window, warm, None)?;
     }
     let mut gaps = histogram();
     let t0 = run.clock.now();
     let per_send = (!run_clock).then_some(&mut gaps);
-    send_window(run, &mut src, window, timed, per_send)?;
+    send_window_in(run, &mut src, window, timed, per_send)?;
     let elapsed = run.clock.since(t0);
     if gaps.is_empty() {
         // Timed as a whole, or a single window (no send waited for another): its mean is
