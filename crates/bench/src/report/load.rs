@@ -351,10 +351,16 @@ impl RunData {
         let rdma = l.transport("rdma", "RDMA (Soft-RoCE)", &RDMA_REFS)?;
         let tcp = l.transport("tcp", "TCP (loopback)", &TCP_REFS)?;
         let shm = l.transport("shm", "shared memory (two processes, one host)", &SHM_REFS)?;
-        // The sections scripts/bench-hotpath, bench-endpoints, bench-rma and bench-twonode
-        // wrote.
+        // The sections scripts/bench-hotpath, bench-endpoints, bench-rma, bench-async and
+        // bench-twonode wrote.
         let mut sections = Vec::new();
-        for name in ["hotpath.md", "endpoints.md", "rma.md", "twonode.md"] {
+        for name in [
+            "hotpath.md",
+            "endpoints.md",
+            "rma.md",
+            "async.md",
+            "twonode.md",
+        ] {
             sections.extend(read_text(&dir.join(name))?);
         }
         Ok(RunData {

@@ -137,8 +137,8 @@ pub struct RunData {
     /// Shared-memory results between two processes of this host (shm/).
     pub shm: Transport,
     /// The Markdown sections `scripts/bench-hotpath` (`hotpath.md`), `scripts/bench-endpoints`
-    /// (`endpoints.md`), `scripts/bench-rma` (`rma.md`) and `scripts/bench-twonode`
-    /// (`twonode.md`) wrote, those present.
+    /// (`endpoints.md`), `scripts/bench-rma` (`rma.md`), `scripts/bench-async` (`async.md`)
+    /// and `scripts/bench-twonode` (`twonode.md`) wrote, those present.
     pub sections: Vec<String>,
 }
 
