@@ -37,6 +37,12 @@ impl Flushing {
         let cs = &self.ep.inner.cs;
         cs.is_closing() || cs.flushed()
     }
+
+    /// Blocks the calling thread until the flush is done, progressing the worker meanwhile
+    /// when nothing else does (for a deadline, [`Ep::flush`]).
+    pub fn wait(self) -> Result<()> {
+        futures_lite::future::block_on(self)
+    }
 }
 
 impl Future for Flushing {
@@ -102,6 +108,12 @@ impl Closing {
     /// Whether the endpoint is closed (closing) now. Progresses nothing.
     pub fn is_done(&self) -> bool {
         self.already || self.ep.inner.cs.is_closing()
+    }
+
+    /// Blocks the calling thread until the close ends (at the latest at its deadline),
+    /// progressing the worker meanwhile when nothing else does: what [`Ep::close`] returns.
+    pub fn wait(self) -> Result<()> {
+        futures_lite::future::block_on(self)
     }
 }
 

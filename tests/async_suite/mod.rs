@@ -367,16 +367,18 @@ pub fn a_million_round_trips_lose_no_wake_up() {
 }
 
 /// Requests made on workers with no driver (nor progress thread) still complete as
-/// futures: polled again at once, each drives its worker itself.
+/// futures: polled again at once, each drives its worker itself; so do a flush and a close
+/// waited for by a thread (`Flushing::wait`, `Closing::wait`).
 pub fn futures_complete_without_a_driver() {
     init_log();
     let ctx = context(WaitMode::BusyPoll);
     let server = ctx.worker().unwrap();
-    let (cep, _sep) = connected(&server, &ctx.worker().unwrap());
+    let (cep, sep) = connected(&server, &ctx.worker().unwrap());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    let ep = cep.clone();
     rt.block_on(async move {
         let recv: Request = server.tag_recv(5, TAG_MASK_ALL, vec![0; 8]);
         let send = cep.tag_send(5, 5u64.to_le_bytes().to_vec());
@@ -386,6 +388,17 @@ pub fn futures_complete_without_a_driver() {
         assert_eq!(got.unwrap().buf, 5u64.to_le_bytes());
         sent.unwrap();
     });
+    // The nonblocking flush and close, waited for by a thread: each drives the worker.
+    let big = ep.tag_send(6, vec![1u8; 1 << 20]);
+    let server_side = std::thread::spawn({
+        let server = sep.worker().clone();
+        move || server.recv_vec(6, TAG_MASK_ALL).unwrap().0.len()
+    });
+    ep.flush_nb().wait().expect("flushed");
+    assert_eq!(server_side.join().unwrap(), 1 << 20);
+    big.wait().unwrap();
+    ep.close_nb().wait().expect("closed");
+    assert!(!ep.is_connected());
 }
 
 /// The event-loop protocol on its own (no runtime): a worker counted as loop-driven before
