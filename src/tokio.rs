@@ -39,14 +39,8 @@ use crate::listener::{Accepts, Listener};
 use crate::worker::{LoopDriver, Worker};
 
 /// How many progress calls in a row that find nothing the driver of a busy-polling worker
-/// makes (yielding between them) before it arms the worker and sleeps. An armed worker's
-/// shared-memory peers ring its doorbell (a system call) for each message: a receiver whose
-/// task takes the messages itself (its future spins while it is the lone waiter) finds
-/// nothing in its driver's calls between two bursts, and with 256 of them it armed between
-/// bursts and slowed its sender to a system call per message. 8 B message rate over shared
-/// memory, `pingpong --bw --async` against `Request::wait` (7.3-7.7 M msg/s) in the same
-/// runs: 2.5-2.7 M msg/s with 256, 4.8-5.9 M with 2048, 6.0 M with 16384.
-pub const SPIN_POLLS: u32 = 2048;
+/// makes (yielding between them) before it arms the worker and sleeps.
+pub const SPIN_POLLS: u32 = 256;
 
 /// The longest the driver sleeps without looking at the worker, however far its next timer
 /// is (a bound on what a missed timer could cost, not a tick: nothing needs it).
@@ -186,7 +180,9 @@ async fn run(fd: AsyncFd<WorkerFd>) {
         let sleep = worker
             .next_timeout()
             .map_or(MAX_SLEEP, |t| t.min(MAX_SLEEP));
-        if let Ok(ready) = ::tokio::time::timeout(sleep, fd.readable()).await {
+        let woke = ::tokio::time::timeout(sleep, fd.readable()).await;
+        worker.driver.woke_in_loop();
+        if let Ok(ready) = woke {
             match ready {
                 // What made it readable is taken by the next `arm`, after a progress call:
                 // tokio's readiness is cleared now, so the next wait is for news.
