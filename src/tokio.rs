@@ -23,8 +23,7 @@
 //! told once, at its first shared-memory connection, whether it may sleep: drive it from
 //! before then, or its driver can never sleep on those connections and keeps spinning.
 
-use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use ::tokio::io::unix::AsyncFd;
@@ -35,7 +34,7 @@ use ::tokio::task::JoinHandle;
 use crate::config::WaitMode;
 use crate::ep::Ep;
 use crate::error::{Error, Result};
-use crate::listener::{Accepts, Listener};
+use crate::listener::Listener;
 use crate::worker::{LoopDriver, Worker};
 
 /// How many progress calls in a row that find nothing the driver of a busy-polling worker
@@ -59,12 +58,23 @@ pub fn drive(worker: &Worker) -> Result<Driver> {
         let _in = handle.enter();
         // (tokio 1.54 deprecates the safe constructor for `AsyncFd::register_with_interest`,
         // an `unsafe fn` whose contract is that the fd stays open and the same while it is
-        // registered. `WorkerFd` owns a handle to the worker, which owns the fd: both hold
-        // by construction, so the safe call is sound here, and keeps `unsafe` out of this
-        // crate.)
+        // registered. `WorkerFd` owns its fd, a duplicate of the worker's: it holds by
+        // construction, so the safe call is sound here, and keeps `unsafe` out of this
+        // crate. A duplicate, so that several drivers of one worker each register theirs:
+        // epoll refuses the same fd twice.)
+        let dup = worker
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Error::os("duplicating the worker's fd", e))?;
         #[allow(deprecated)]
-        AsyncFd::with_interest(WorkerFd(worker.clone()), Interest::READABLE)
-            .map_err(|e| Error::os("registering the worker's fd with tokio", e))?
+        AsyncFd::with_interest(
+            WorkerFd {
+                worker: worker.clone(),
+                fd: dup,
+            },
+            Interest::READABLE,
+        )
+        .map_err(|e| Error::os("registering the worker's fd with tokio", e))?
     };
     let task = handle.spawn(run(fd));
     Ok(Driver {
@@ -95,13 +105,15 @@ impl std::fmt::Debug for Driver {
     }
 }
 
-/// The worker's fd, for tokio's reactor; the handle keeps the worker (and the fd) alive
-/// while the reactor watches it.
-struct WorkerFd(Worker);
+/// The worker's fd for tokio's reactor (a duplicate, owned), and the worker it drives.
+struct WorkerFd {
+    worker: Worker,
+    fd: OwnedFd,
+}
 
 impl AsRawFd for WorkerFd {
     fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
+        self.fd.as_raw_fd()
     }
 }
 
@@ -113,9 +125,14 @@ impl AsRawFd for WorkerFd {
 /// was: requests it answered whose setup goes on are returned by a later accept. An error
 /// if called outside a runtime, or the listener's own (see [`Listener::accept`]).
 pub async fn accept(listener: &Listener) -> Result<Ep> {
-    // (As in `drive`: `ListenerFd` owns what owns the fd, so the safe constructor is sound.)
+    // (As in `drive`: a duplicate of the listener's fd, owned, so that the safe constructor
+    // is sound and several tasks may accept on one listener at once.)
+    let dup = listener
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| Error::os("duplicating the listener's fd", e))?;
     #[allow(deprecated)]
-    let fd = AsyncFd::with_interest(ListenerFd(listener.accepts().clone()), Interest::READABLE)
+    let fd = AsyncFd::with_interest(dup, Interest::READABLE)
         .map_err(|e| Error::os("registering the listener's fd with tokio", e))?;
     loop {
         if let Some(ep) = listener.try_accept()? {
@@ -137,18 +154,8 @@ pub async fn accept(listener: &Listener) -> Result<Ep> {
     }
 }
 
-/// A listener's fd, for tokio's reactor; the handle keeps what owns the fd alive while the
-/// reactor watches it.
-struct ListenerFd(Arc<Accepts>);
-
-impl AsRawFd for ListenerFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.fd().as_raw_fd()
-    }
-}
-
 async fn run(fd: AsyncFd<WorkerFd>) {
-    let worker = &fd.get_ref().0;
+    let worker = &fd.get_ref().worker;
     let spins = match worker.wait_mode() {
         WaitMode::BusyPoll => SPIN_POLLS,
         WaitMode::Event => 0,

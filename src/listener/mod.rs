@@ -255,12 +255,6 @@ impl Listener {
         Some(next.saturating_duration_since(Instant::now()))
     }
 
-    /// What owns the listener's fd (an event loop's registration keeps it).
-    #[cfg(feature = "tokio")]
-    pub(crate) fn accepts(&self) -> &Arc<Accepts> {
-        &self.accepts
-    }
-
     /// One round of [`Listener::accept`]: the accepts under way moved on (those `ready`
     /// names have news), the requests that came answered; the first endpoint set up, or
     /// `None` when nothing more can be done without waiting.

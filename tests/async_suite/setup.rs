@@ -19,7 +19,8 @@ fn context_timeout(ms: u64) -> Context {
 /// server takes all their requests before it answers any (a connect waits for its answer,
 /// so one connect at a time would leave a single request to take), then accepts them, and
 /// every connect completes with a working endpoint. Then as many more through
-/// `rdmx::tokio::accept`, the client's futures awaited together.
+/// `rdmx::tokio::accept` in two tasks at once, the client's futures awaited together; the
+/// server has two drivers.
 pub fn many_connects_proceed_at_once() {
     init_log();
     run(async move {
@@ -27,8 +28,10 @@ pub fn many_connects_proceed_at_once() {
         let ctx = context(WaitMode::Event);
         let server = ctx.worker().unwrap();
         let client = ctx.worker().unwrap();
+        // (Two drivers of the server: more than one does no harm.)
         let _drivers = (
             rdmx::tokio::drive(&server).unwrap(),
+            rdmx::tokio::drive(&server).expect("a second driver of one worker"),
             rdmx::tokio::drive(&client).unwrap(),
         );
         let listener = Arc::new(
@@ -76,21 +79,30 @@ pub fn many_connects_proceed_at_once() {
             assert_eq!(got.buf, [i as u8]);
         }
 
-        // The same through the async accept, which answers each request as it comes.
-        let l = listener.clone();
-        let accepting = tokio::spawn(async move {
-            let mut eps = Vec::new();
-            for _ in 0..n {
-                eps.push(rdmx::tokio::accept(&l).await.expect("accept"));
-            }
-            eps
-        });
+        // The same through the async accept, which answers each request as it comes: two
+        // tasks accepting on the listener at once.
+        let accepting: Vec<_> = [n / 2, n - n / 2]
+            .into_iter()
+            .map(|count| {
+                let l = listener.clone();
+                tokio::spawn(async move {
+                    let mut eps = Vec::new();
+                    for _ in 0..count {
+                        eps.push(rdmx::tokio::accept(&l).await.expect("accept"));
+                    }
+                    eps
+                })
+            })
+            .collect();
         let connecting: Vec<_> = (0..n).map(|_| client.connect_nb(&addr)).collect();
         let mut more = Vec::new();
         for c in connecting {
             more.push(c.await.expect("connect"));
         }
-        let accepted = accepting.await.unwrap();
+        let mut accepted = Vec::new();
+        for a in accepting {
+            accepted.extend(a.await.unwrap());
+        }
         assert_eq!((more.len(), accepted.len()), (n, n));
         more[n - 1].tag_send(7, b"last".to_vec()).await.unwrap();
         let got = server.tag_recv(7, TAG_MASK_ALL, vec![0; 8]).await.unwrap();
