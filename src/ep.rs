@@ -239,7 +239,7 @@ impl EpInner {
         let cs = &self.cs;
         let done = self.worker.driver.wait_until(
             WaitFor::News,
-            || cs.is_closing() || cs.flushed(),
+            || cs.flush_over(),
             Some(Instant::now() + timeout),
         );
         if done {
@@ -266,6 +266,22 @@ impl EpInner {
     }
 }
 
+impl EpInner {
+    /// Closes the connection now if its flush is over, else leaves the close to the worker,
+    /// which closes it once its sends completed or at `timeout` from now (failing those
+    /// still pending): never blocks. Returns that deadline (the worker's coarse clock), or
+    /// `None` when it closed now.
+    pub(crate) fn close_when_flushed(&self, timeout: Duration) -> Option<u64> {
+        let driver = &self.worker.driver;
+        if self.cs.flush_over() {
+            driver.close_conn(self.cs.id);
+            None
+        } else {
+            Some(driver.linger(&self.cs, timeout))
+        }
+    }
+}
+
 impl Drop for EpInner {
     /// The last handle is gone: never blocks. An endpoint with nothing pending closes now;
     /// one with sends still in flight (dropped requests go on, fire and forget) lingers,
@@ -275,13 +291,7 @@ impl Drop for EpInner {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        let cs = &self.cs;
-        let driver = &self.worker.driver;
-        if cs.is_closing() || cs.flushed() {
-            driver.close_conn(cs.id);
-        } else {
-            driver.linger(cs, driver.cfg.connect_timeout());
-        }
+        self.close_when_flushed(self.worker.driver.cfg.connect_timeout());
     }
 }
 

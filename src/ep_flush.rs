@@ -16,26 +16,56 @@ use std::time::Duration;
 use crate::ep::Ep;
 use crate::error::{Error, Result};
 
-/// An endpoint's flush under way: ready when every send on it has completed and nothing is
-/// left to post, or the endpoint is closing. Made by [`Ep::flush_nb`].
-#[must_use = "a flush is only waited for by awaiting it"]
-pub struct Flushing {
+/// A task waiting on an endpoint for news, with the waker it registered (forgotten when
+/// this is dropped).
+struct NewsWait {
     ep: Ep,
     registered: Option<Waker>,
 }
 
-impl Flushing {
-    pub(crate) fn new(ep: Ep) -> Self {
-        Flushing {
+impl NewsWait {
+    fn new(ep: Ep) -> Self {
+        NewsWait {
             ep,
             registered: None,
         }
     }
 
+    /// Ready once the endpoint's flush is over (the worker's `Driver::poll_news`).
+    fn poll_flush_over(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let inner = &self.ep.inner;
+        inner
+            .worker
+            .driver
+            .poll_news(cx, &mut self.registered, || inner.cs.flush_over())
+    }
+}
+
+impl Drop for NewsWait {
+    fn drop(&mut self) {
+        if let Some(w) = self.registered.take() {
+            self.ep.inner.worker.driver.forget_news_task(&w);
+        }
+    }
+}
+
+/// An endpoint's flush under way: ready when every send on it has completed and nothing is
+/// left to post, or the endpoint is closing. Made by [`Ep::flush_nb`].
+#[must_use = "a flush is only waited for by awaiting it"]
+pub struct Flushing {
+    wait: NewsWait,
+}
+
+impl Flushing {
+    pub(crate) fn new(ep: Ep) -> Self {
+        Flushing {
+            wait: NewsWait::new(ep),
+        }
+    }
+
     /// Whether the endpoint is flushed (or closing) now. Progresses nothing.
     pub fn is_done(&self) -> bool {
-        let cs = &self.ep.inner.cs;
-        cs.is_closing() || cs.flushed()
+        self.wait.ep.inner.cs.flush_over()
     }
 
     /// Blocks the calling thread until the flush is done, progressing the worker meanwhile
@@ -49,20 +79,7 @@ impl Future for Flushing {
     type Output = Result<()>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        let this = self.get_mut();
-        let cs = &this.ep.inner.cs;
-        let driver = &this.ep.inner.worker.driver;
-        driver
-            .poll_news(cx, &mut this.registered, || cs.is_closing() || cs.flushed())
-            .map(Ok)
-    }
-}
-
-impl Drop for Flushing {
-    fn drop(&mut self) {
-        if let Some(w) = self.registered.take() {
-            self.ep.inner.worker.driver.forget_news_task(&w);
-        }
+        self.get_mut().wait.poll_flush_over(cx).map(Ok)
     }
 }
 
@@ -70,44 +87,38 @@ impl Drop for Flushing {
 /// once the endpoint is closed. The close goes on if the future is dropped.
 #[must_use = "a close goes on without its future, but only the future tells how it ended"]
 pub struct Closing {
-    ep: Ep,
-    /// The close's deadline on the worker's coarse clock, and the timeout it came from.
-    deadline_ns: u64,
+    wait: NewsWait,
+    /// The deadline the worker closes it at (its coarse clock), with what was still pending
+    /// failed; `None` when it closed at once, or another close of the endpoint came first
+    /// (this one has nothing to do).
+    deadline_ns: Option<u64>,
+    /// The timeout the deadline came from.
     timeout: Duration,
-    /// Whether another close of the endpoint came first (this one has nothing to do).
-    already: bool,
-    registered: Option<Waker>,
+    /// Whether the close has ended, or another close of the endpoint came first.
+    ended: bool,
 }
 
 impl Closing {
     pub(crate) fn new(ep: Ep, timeout: Duration) -> Self {
-        let deadline_ns = crate::clock::coarse_now_ns()
-            .saturating_add(timeout.as_nanos().min(u64::MAX as _) as u64);
         let inner = &ep.inner;
         let already = inner.closed.swap(true, Ordering::AcqRel);
-        if !already {
-            let cs = &inner.cs;
-            let driver = &inner.worker.driver;
-            if cs.is_closing() || cs.flushed() {
-                driver.close_conn(cs.id);
-            } else {
-                // The worker closes it once drained, or at the deadline, should this
-                // future be dropped; the future closes it as soon as it sees it drained.
-                driver.linger(cs, timeout);
-            }
-        }
+        // (The worker closes it once its flush is over, or at the deadline, should this
+        // future be dropped; the future closes it as soon as it sees the flush over.)
+        let deadline_ns = match already {
+            true => None,
+            false => inner.close_when_flushed(timeout),
+        };
         Closing {
-            ep,
+            wait: NewsWait::new(ep),
             deadline_ns,
             timeout,
-            already,
-            registered: None,
+            ended: already,
         }
     }
 
     /// Whether the endpoint is closed (closing) now. Progresses nothing.
     pub fn is_done(&self) -> bool {
-        self.already || self.ep.inner.cs.is_closing()
+        self.ended || self.wait.ep.inner.cs.is_closing()
     }
 
     /// Blocks the calling thread until the close ends (at the latest at its deadline),
@@ -122,43 +133,34 @@ impl Future for Closing {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let this = self.get_mut();
-        if this.already {
+        if this.ended {
             return Poll::Ready(Ok(()));
         }
-        let inner = &this.ep.inner;
-        let (cs, driver) = (&inner.cs, &inner.worker.driver);
-        let drained = || cs.is_closing() || cs.flushed();
-        if driver
-            .poll_news(cx, &mut this.registered, drained)
-            .is_pending()
-        {
+        if this.wait.poll_flush_over(cx).is_pending() {
             return Poll::Pending;
         }
-        this.already = true;
-        if cs.is_closing() && crate::clock::coarse_now_ns() >= this.deadline_ns {
+        this.ended = true;
+        let inner = &this.wait.ep.inner;
+        let cs = &inner.cs;
+        let past = this
+            .deadline_ns
+            .is_some_and(|d| crate::clock::coarse_now_ns() >= d);
+        if cs.is_closing() && past {
             // The worker closed it at the deadline, its sends failed.
             return Poll::Ready(Err(Error::Timeout(
                 this.timeout,
                 format!("closing the endpoint to {:?}: sends still pending", cs.peer),
             )));
         }
-        driver.close_conn(cs.id);
+        inner.worker.driver.close_conn(cs.id);
         Poll::Ready(Ok(()))
-    }
-}
-
-impl Drop for Closing {
-    fn drop(&mut self) {
-        if let Some(w) = self.registered.take() {
-            self.ep.inner.worker.driver.forget_news_task(&w);
-        }
     }
 }
 
 impl std::fmt::Debug for Flushing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Flushing")
-            .field("ep", &self.ep)
+            .field("ep", &self.wait.ep)
             .field("done", &self.is_done())
             .finish()
     }
@@ -167,7 +169,7 @@ impl std::fmt::Debug for Flushing {
 impl std::fmt::Debug for Closing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Closing")
-            .field("ep", &self.ep)
+            .field("ep", &self.wait.ep)
             .field("done", &self.is_done())
             .finish()
     }

@@ -23,7 +23,7 @@
 //! told once, at its first shared-memory connection, whether it may sleep: drive it from
 //! before then, or its driver can never sleep on those connections and keeps spinning.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 use ::tokio::io::unix::AsyncFd;
@@ -56,27 +56,15 @@ pub fn drive(worker: &Worker) -> Result<Driver> {
     let fd = {
         // (Registered with the reactor in the runtime's context.)
         let _in = handle.enter();
-        // (tokio 1.54 deprecates the safe constructor for `AsyncFd::register_with_interest`,
-        // an `unsafe fn` whose contract is that the fd stays open and the same while it is
-        // registered. `WorkerFd` owns its fd, a duplicate of the worker's: it holds by
-        // construction, so the safe call is sound here, and keeps `unsafe` out of this
-        // crate. A duplicate, so that several drivers of one worker each register theirs:
-        // epoll refuses the same fd twice.)
-        let dup = worker
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| Error::os("duplicating the worker's fd", e))?;
-        #[allow(deprecated)]
-        AsyncFd::with_interest(
-            WorkerFd {
-                worker: worker.clone(),
-                fd: dup,
-            },
-            Interest::READABLE,
-        )
-        .map_err(|e| Error::os("registering the worker's fd with tokio", e))?
+        watch(
+            worker.as_fd(),
+            [
+                "duplicating the worker's fd",
+                "registering the worker's fd with tokio",
+            ],
+        )?
     };
-    let task = handle.spawn(run(fd));
+    let task = handle.spawn(run(fd, worker.clone()));
     Ok(Driver {
         task,
         _counted: counted,
@@ -105,16 +93,20 @@ impl std::fmt::Debug for Driver {
     }
 }
 
-/// The worker's fd for tokio's reactor (a duplicate, owned), and the worker it drives.
-struct WorkerFd {
-    worker: Worker,
-    fd: OwnedFd,
-}
-
-impl AsRawFd for WorkerFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
+/// Registers a duplicate of `fd` with the current runtime's reactor for input (errors named
+/// by the `calls` that fail: duplicating it, registering it). A duplicate, so that several registrations of one fd (drivers of one worker,
+/// tasks accepting on one listener) each have theirs: epoll refuses the same fd twice.
+/// (tokio 1.54 deprecates the safe constructor for `AsyncFd::register_with_interest`, an
+/// `unsafe fn` whose contract is that the fd stays open and the same while it is
+/// registered: the `AsyncFd` owns its duplicate, so that holds by construction, the safe
+/// call is sound, and `unsafe` stays out of this crate.)
+fn watch(fd: BorrowedFd<'_>, calls: [&'static str; 2]) -> Result<AsyncFd<OwnedFd>> {
+    let [duplicating, registering] = calls;
+    let dup = fd
+        .try_clone_to_owned()
+        .map_err(|e| Error::os(duplicating, e))?;
+    #[allow(deprecated)]
+    AsyncFd::with_interest(dup, Interest::READABLE).map_err(|e| Error::os(registering, e))
 }
 
 /// Accepts a connection on `listener` without blocking the task: [`Listener::accept`] for
@@ -125,15 +117,13 @@ impl AsRawFd for WorkerFd {
 /// was: requests it answered whose setup goes on are returned by a later accept. An error
 /// if called outside a runtime, or the listener's own (see [`Listener::accept`]).
 pub async fn accept(listener: &Listener) -> Result<Ep> {
-    // (As in `drive`: a duplicate of the listener's fd, owned, so that the safe constructor
-    // is sound and several tasks may accept on one listener at once.)
-    let dup = listener
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|e| Error::os("duplicating the listener's fd", e))?;
-    #[allow(deprecated)]
-    let fd = AsyncFd::with_interest(dup, Interest::READABLE)
-        .map_err(|e| Error::os("registering the listener's fd with tokio", e))?;
+    let fd = watch(
+        listener.as_fd(),
+        [
+            "duplicating the listener's fd",
+            "registering the listener's fd with tokio",
+        ],
+    )?;
     loop {
         if let Some(ep) = listener.try_accept()? {
             return Ok(ep);
@@ -154,8 +144,7 @@ pub async fn accept(listener: &Listener) -> Result<Ep> {
     }
 }
 
-async fn run(fd: AsyncFd<WorkerFd>) {
-    let worker = &fd.get_ref().worker;
+async fn run(fd: AsyncFd<OwnedFd>, worker: Worker) {
     let spins = match worker.wait_mode() {
         WaitMode::BusyPoll => SPIN_POLLS,
         WaitMode::Event => 0,

@@ -238,13 +238,8 @@ impl Listener {
     /// [`Listener::next_timeout`], an event loop accepts without blocking: call this when
     /// the fd is readable or the timeout passes (`rdmx::tokio::accept` does).
     pub fn try_accept(&self) -> Result<Option<Ep>> {
-        let (a, mut ready) = (&self.accepts, Vec::new());
-        a.poll
-            .wait(&mut ready, Some(Duration::ZERO))
-            .map_err(|e| Error::os("epoll_wait", e))?;
-        if ready.iter().any(|r| r.token == WAKER) {
-            a.waker.drain();
-        }
+        let mut ready = Vec::new();
+        self.accepts.take_ready(&mut ready, Some(Duration::ZERO))?;
         self.accept_step(&mut ready)
     }
 
@@ -346,12 +341,7 @@ impl Listener {
             (d, p) => d.or(p),
         };
         let timeout = until.map(|u| u.saturating_duration_since(now));
-        a.poll
-            .wait(ready, timeout)
-            .map_err(|e| Error::os("epoll_wait", e))?;
-        if ready.iter().any(|r| r.token == WAKER) {
-            a.waker.drain();
-        }
+        a.take_ready(ready, timeout)?;
         Ok(true)
     }
 }
@@ -372,6 +362,18 @@ impl AsRawFd for Listener {
 }
 
 impl Accepts {
+    /// Waits up to `timeout` (`None`: for ever) for the listener's fds, into `ready`; the
+    /// waker's wake-up taken.
+    fn take_ready(&self, ready: &mut Vec<Ready>, timeout: Option<Duration>) -> Result<()> {
+        self.poll
+            .wait(ready, timeout)
+            .map_err(|e| Error::os("epoll_wait", e))?;
+        if ready.iter().any(|r| r.token == WAKER) {
+            self.waker.drain();
+        }
+        Ok(())
+    }
+
     /// The listener's epoll fd.
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.poll.fd()

@@ -110,6 +110,12 @@ impl Conn {
         self.pending_sends.load(Ordering::Acquire) == 0 && self.idle()
     }
 
+    /// Whether a flush of the connection is over: it is [flushed](Conn::flushed) or closing
+    /// (what is left then fails).
+    pub(crate) fn flush_over(&self) -> bool {
+        self.is_closing() || self.flushed()
+    }
+
     /// The fd that becomes readable when the connection has news (data, a hang-up), if it
     /// has one of its own (an RDMA connection's events come through its worker's channel).
     pub(crate) fn event_fd(&self) -> Option<BorrowedFd<'_>> {

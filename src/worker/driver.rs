@@ -211,8 +211,9 @@ impl Driver {
     }
 
     /// Closes `cs` once its sends have completed, or at `timeout` from now (failing those
-    /// still pending): for an endpoint whose last handle was dropped, without blocking.
-    pub(crate) fn linger(&self, cs: &Arc<Conn>, timeout: Duration) {
+    /// still pending): for an endpoint whose last handle was dropped, or closed by
+    /// [`crate::Ep::close_nb`], without blocking. Returns that deadline on the coarse clock.
+    pub(crate) fn linger(&self, cs: &Arc<Conn>, timeout: Duration) -> u64 {
         let deadline = crate::clock::coarse_now_ns().saturating_add(timeout.as_nanos() as u64);
         log::debug!(
             "{:?}: last handle dropped with {} sends pending; closing once they complete",
@@ -220,6 +221,7 @@ impl Driver {
             cs.pending_sends.load(Ordering::Acquire)
         );
         self.with_protocol(|st| st.lingering.push((cs.clone(), deadline)));
+        deadline
     }
 
     /// Closes a connection locally (after the caller flushed it).

@@ -61,7 +61,8 @@ impl Driver {
     #[inline]
     pub(crate) fn forget_task(&self, slot: &RequestKey) {
         if self.sleepers.any() {
-            self.sleepers.forget_task(WaitFor::Request(slot.index));
+            self.sleepers
+                .forget_task(WaitFor::Request(slot.index), None);
         }
     }
 
@@ -69,13 +70,13 @@ impl Driver {
     /// connection closing): the progress call that makes some wakes it.
     pub(crate) fn register_news_task(&self, waker: &Waker) {
         self.sleepers
-            .register_news_task(waker, || self.state.lock());
+            .register_task(WaitFor::News, waker, || self.state.lock());
     }
 
     /// Forgets the task `waker` awaiting news, if it is registered.
     pub(crate) fn forget_news_task(&self, waker: &Waker) {
         if self.sleepers.any() {
-            self.sleepers.forget_news_task(waker);
+            self.sleepers.forget_task(WaitFor::News, Some(waker));
         }
     }
 

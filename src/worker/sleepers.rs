@@ -47,6 +47,17 @@ struct Sleeper {
     on: WaitFor,
 }
 
+impl Sleeper {
+    /// Whether this is the task registered for `on`: a request's (one task awaits it), or
+    /// for news the task `waker` (`None`: none).
+    fn is_task(&self, on: WaitFor, waker: Option<&Waker>) -> bool {
+        let Wakee::Task(w) = &self.wakee else {
+            return false;
+        };
+        self.on == on && (on != WaitFor::News || waker.is_some_and(|x| w.will_wake(x)))
+    }
+}
+
 /// The sleepers of one worker.
 #[derive(Default)]
 pub(crate) struct Sleepers {
@@ -96,10 +107,12 @@ impl Sleepers {
         }
     }
 
-    /// Registers the task `waker` for `on` (a request's slot: one task awaits it), in place
-    /// of the waker it registered before, while holding what `lock` returns (as
-    /// [`Sleepers::sleep`] does). The caller checks its condition after this, and forgets
-    /// the registration once it no longer waits ([`Sleepers::forget_task`]).
+    /// Registers the task `waker` for `on`, while holding what `lock` returns (as
+    /// [`Sleepers::sleep`] does): for a request's slot, in place of the waker its one task
+    /// registered before; for news, once per task (several tasks may wait for news: each
+    /// is one entry, found again by [`Waker::will_wake`]). The caller checks its condition
+    /// after this, and forgets the registration once it no longer waits
+    /// ([`Sleepers::forget_task`]).
     ///
     /// A task's entry is listed and counted in one section of the list's lock (inside
     /// `lock`'s): a waker that removes it (and uncounts it) always finds it counted. (Listed
@@ -109,10 +122,7 @@ impl Sleepers {
     pub(crate) fn register_task<G>(&self, on: WaitFor, waker: &Waker, lock: impl FnOnce() -> G) {
         let _guard = lock();
         let mut list = self.list.lock();
-        let mine = list
-            .iter_mut()
-            .find(|s| s.on == on && matches!(s.wakee, Wakee::Task(_)));
-        if let Some(s) = mine {
+        if let Some(s) = list.iter_mut().find(|s| s.is_task(on, Some(waker))) {
             if let Wakee::Task(w) = &mut s.wakee {
                 w.clone_from(waker);
             }
@@ -125,43 +135,10 @@ impl Sleepers {
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Registers the task `waker` for news (several tasks may wait for news: each is one
-    /// entry, found again by [`Waker::will_wake`]), as [`Sleepers::register_task`] does.
-    pub(crate) fn register_news_task<G>(&self, waker: &Waker, lock: impl FnOnce() -> G) {
-        let _guard = lock();
+    /// Forgets the task registered for `on` (for news: the task `waker`), if one is.
+    pub(crate) fn forget_task(&self, on: WaitFor, waker: Option<&Waker>) {
         let mut list = self.list.lock();
-        let mine = |s: &Sleeper| {
-            s.on == WaitFor::News && matches!(&s.wakee, Wakee::Task(w) if w.will_wake(waker))
-        };
-        if list.iter().any(mine) {
-            return;
-        }
-        list.push(Sleeper {
-            wakee: Wakee::Task(waker.clone()),
-            on: WaitFor::News,
-        });
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Forgets the task `waker` registered for news, if it is.
-    pub(crate) fn forget_news_task(&self, waker: &Waker) {
-        let mut list = self.list.lock();
-        let mine = |s: &Sleeper| {
-            s.on == WaitFor::News && matches!(&s.wakee, Wakee::Task(w) if w.will_wake(waker))
-        };
-        if let Some(i) = list.iter().position(mine) {
-            list.swap_remove(i);
-            self.count.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Forgets the task registered for `on`, if one is.
-    pub(crate) fn forget_task(&self, on: WaitFor) {
-        let mut list = self.list.lock();
-        if let Some(i) = list
-            .iter()
-            .position(|s| s.on == on && matches!(s.wakee, Wakee::Task(_)))
-        {
+        if let Some(i) = list.iter().position(|s| s.is_task(on, waker)) {
             list.swap_remove(i);
             self.count.fetch_sub(1, Ordering::Relaxed);
         }
