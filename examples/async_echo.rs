@@ -94,14 +94,18 @@ async fn serve_on(
     size: usize,
 ) -> rdmx::Result<()> {
     let eps: Arc<RwLock<HashMap<ConnId, Ep>>> = Arc::default();
+    // (A client may send as soon as its connect completes, before the accepting task has
+    // put the endpoint in the map: a handler waits for it, told by this.)
+    let accepted = Arc::new(tokio::sync::Notify::new());
     let accepting = {
-        let eps = eps.clone();
+        let (eps, accepted) = (eps.clone(), accepted.clone());
         tokio::spawn(async move {
             loop {
                 match rdmx::tokio::accept(&listener).await {
                     Ok(ep) => {
                         log::info!("accepted {:?} over {}", ep.peer_addr(), ep.transport());
                         eps.write().unwrap().insert(ep.id(), ep);
+                        accepted.notify_waiters();
                     }
                     Err(e) => {
                         log::error!("accept: {e}");
@@ -115,6 +119,7 @@ async fn serve_on(
     let mut tasks = Vec::new();
     for _ in 0..handlers {
         let (worker, eps, stop_tx) = (worker.clone(), eps.clone(), stop_tx.clone());
+        let accepted = accepted.clone();
         tasks.push(tokio::spawn(async move {
             loop {
                 let req = worker.tag_recv(REQUEST, REQUEST, vec![0; size]).await?;
@@ -122,11 +127,11 @@ async fn serve_on(
                     let _ = stop_tx.send(true);
                     return Ok::<_, rdmx::Error>(());
                 }
-                let ep = req
-                    .conn
-                    .and_then(|id| eps.read().unwrap().get(&id).cloned());
-                let Some(ep) = ep else {
-                    log::warn!("a request from an endpoint not accepted yet or gone");
+                let Some(id) = req.conn else {
+                    continue;
+                };
+                let Some(ep) = endpoint(&eps, &accepted, id).await else {
+                    log::warn!("a request from an endpoint never accepted, or gone");
                     continue;
                 };
                 let mut reply = req.buf;
@@ -142,6 +147,27 @@ async fn serve_on(
     accepting.abort();
     println!("server: stopped");
     Ok(())
+}
+
+/// The server's endpoint `id`, waiting up to a second for the accepting task to add it.
+async fn endpoint(
+    eps: &RwLock<HashMap<ConnId, Ep>>,
+    accepted: &tokio::sync::Notify,
+    id: ConnId,
+) -> Option<Ep> {
+    let added = async {
+        loop {
+            // (Made before the look: an endpoint added after it wakes this.)
+            let next = accepted.notified();
+            if let Some(ep) = eps.read().unwrap().get(&id).cloned() {
+                return ep;
+            }
+            next.await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(1), added)
+        .await
+        .ok()
 }
 
 /// The clients: `tasks` tasks making `calls` calls each over `endpoints` shared endpoints.
